@@ -1,0 +1,368 @@
+"""The words of the scheduling core: resources, nodes, workloads, leases, the snapshot, reasons and decisions.
+
+This module owns the immutable value types that every policy reads and every driver (the control actor, the
+simulator, the benchmark) builds. Nothing here imports Ray, reads a clock or draws random numbers.
+
+Glossary
+- *resources*: GPU count, CPU count and memory in GiB. Logical: what Ray schedules by, not what a process uses.
+- *gang*: ``workers`` identical bundles of ``per_worker`` resources that start all together or not at all.
+- *placement*: one node id per worker of a gang, in worker order.
+- *workload*: one submission (a training gang, a sweep, a serving shortfall...) as the core sees it.
+- *lease*: a workload that holds resources now, with where it runs and since when.
+- *class*: the workload class (pretrain, finetune, ...) with its priority and preemption rules.
+- *team quota*: per resource, a ``nominal`` share, how much more it may ``borrow`` from the others' unused quota,
+  and how much of its own unused nominal it may ``lend``. ``None`` for a limit means unlimited.
+- *snapshot*: everything the cycle needs, frozen at one instant; ``now`` is passed beside it.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Tuple, Union
+
+RESOURCE_NAMES: Tuple[str, ...] = ("gpu", "cpu", "memory")
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A bundle of logical resources. ``memory`` is in GiB."""
+
+    gpu: float = 0.0
+    cpu: float = 0.0
+    memory: float = 0.0
+
+    def __add__(self, other: "Resources") -> "Resources":
+        return Resources(self.gpu + other.gpu, self.cpu + other.cpu, self.memory + other.memory)
+
+    def __sub__(self, other: "Resources") -> "Resources":
+        return Resources(self.gpu - other.gpu, self.cpu - other.cpu, self.memory - other.memory)
+
+    def scale(self, k: float) -> "Resources":
+        return Resources(self.gpu * k, self.cpu * k, self.memory * k)
+
+    def fits_in(self, other: "Resources") -> bool:
+        # A small epsilon absorbs float sums of fractional requests (0.1 + 0.2 ...).
+        return (
+            self.gpu <= other.gpu + 1e-9
+            and self.cpu <= other.cpu + 1e-9
+            and self.memory <= other.memory + 1e-9
+        )
+
+    def get(self, name: str) -> float:
+        return getattr(self, name)
+
+    def items(self):
+        return ((n, getattr(self, n)) for n in RESOURCE_NAMES)
+
+    def is_zero(self) -> bool:
+        return self.gpu == 0 and self.cpu == 0 and self.memory == 0
+
+    def __str__(self) -> str:
+        parts = []
+        if self.gpu:
+            parts.append(f"{self.gpu:g} GPU")
+        if self.cpu:
+            parts.append(f"{self.cpu:g} CPU")
+        if self.memory:
+            parts.append(f"{self.memory:g} GiB")
+        return ", ".join(parts) or "nothing"
+
+
+ZERO = Resources()
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A schedulable node. ``free`` is capacity minus what leases hold on it."""
+
+    id: str
+    capacity: Resources
+    free: Resources
+    features: frozenset = frozenset()
+    # Label values used by the ``group`` placement (e.g. {"rack": "r1"}) and data locality ({"datasets": ...}).
+    labels: Mapping[str, str] = field(default_factory=dict)
+    node_type: str = ""
+    # Datasets cached on this node's local disk, for data-locality placement.
+    datasets: frozenset = frozenset()
+
+
+class Strategy(str, enum.Enum):
+    PACK = "pack"
+    SPREAD = "spread"
+    STRICT_PACK = "strict-pack"
+    STRICT_SPREAD = "strict-spread"
+    BALANCED = "balanced"
+    GROUP = "group"
+    DATA_LOCALITY = "data-locality"
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    workers: int
+    per_worker: Resources
+    strategy: str = "pack"
+    features: frozenset = frozenset()
+    # For the ``group`` strategy: the node label whose value all workers must share (e.g. "rack").
+    group_by: str = "rack"
+
+    @property
+    def total(self) -> Resources:
+        return self.per_worker.scale(self.workers)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadClass:
+    name: str
+    priority: int
+    preemptible: bool
+    min_runtime_s: float = 0.0
+    checkpoint_interval_s: float = 0.0
+    grace_period_s: float = 30.0
+    retry_budget: int = 0
+    queue_time_target_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    id: str
+    team: str
+    cls: WorkloadClass
+    gang: Gang
+    submit_time: float
+    # What the scheduler is told about the runtime once running (seconds); None when the user gave none.
+    runtime_estimate_s: Optional[float] = None
+    data_snapshot: Optional[str] = None
+    # GPU-seconds this workload already received in earlier attempts (for LAS and for progress accounting).
+    attained_gpu_s: float = 0.0
+    kind: str = "train"
+
+    @property
+    def priority(self) -> int:
+        return self.cls.priority
+
+
+class LeaseState(str, enum.Enum):
+    RUNNING = "running"
+    # Told to stop (preempted or cancelled); still holds its resources until it is gone.
+    TERMINATING = "terminating"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    workload: Workload
+    placement: Tuple[str, ...]
+    start_time: float
+    last_checkpoint_time: Optional[float] = None
+    state: LeaseState = LeaseState.RUNNING
+
+    @property
+    def id(self) -> str:
+        return self.workload.id
+
+    @property
+    def team(self) -> str:
+        return self.workload.team
+
+    def progress_at_risk_s(self, now: float) -> float:
+        """Seconds of work a stop now would lose: time since the last checkpoint (or since start)."""
+        ref = self.last_checkpoint_time if self.last_checkpoint_time is not None else self.start_time
+        return max(0.0, now - max(ref, self.start_time))
+
+    def expected_end(self) -> Optional[float]:
+        est = self.workload.runtime_estimate_s
+        return None if est is None else self.start_time + est
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    nominal: float
+    borrowing_limit: Optional[float] = None
+    lending_limit: Optional[float] = None
+
+    @property
+    def guaranteed(self) -> float:
+        """The part of the nominal quota that is never lent."""
+        if self.lending_limit is None:
+            return 0.0
+        return max(0.0, self.nominal - self.lending_limit)
+
+    @property
+    def ceiling(self) -> float:
+        return float("inf") if self.borrowing_limit is None else self.nominal + self.borrowing_limit
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    name: str
+    quotas: Mapping[str, Quota]
+    weight: float = 1.0
+    # GPU-seconds of past usage with exponential decay, maintained by the driver (fair share reads it).
+    decayed_usage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Which policy runs on each axis, with their parameters. Names are looked up in the registries."""
+
+    ordering: str = "priority"
+    backfill: str = "easy"
+    preemption: str = "default"
+    # Upper bound on admissions in one cycle, so a cycle stays short; the rest wait for the next cycle.
+    max_admissions_per_cycle: int = 64
+    # LAS: attained-service thresholds (GPU-seconds) of the discretized queues, Tiresias-style.
+    las_thresholds: Tuple[float, ...] = (3600.0, 36000.0)
+    # Fair share: half-life of decayed usage, used by drivers that maintain Team.decayed_usage.
+    fair_share_half_life_s: float = 7 * 24 * 3600.0
+    # Runtime assumed for a lease with no estimate when computing reservations (EASY backfill).
+    default_runtime_s: float = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a cycle reads, frozen. ``queues`` maps team -> its pending workloads in submit order."""
+
+    nodes: Tuple[Node, ...]
+    leases: Tuple[Lease, ...]
+    queues: Mapping[str, Tuple[Workload, ...]]
+    teams: Mapping[str, Team]
+    config: SchedulerConfig = SchedulerConfig()
+
+    def pending(self) -> Tuple[Workload, ...]:
+        return tuple(w for q in self.queues.values() for w in q)
+
+
+# ---------------------------------------------------------------------------------------------------- reasons
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaExceeded:
+    team: str
+    resource: str
+    used: float
+    nominal: float
+    borrowable: float
+    needed: float
+
+    def __str__(self) -> str:
+        return (
+            f"team {self.team} uses {self.used:g} of {self.nominal:g} {self.resource.upper()} nominal"
+            f" + {self.borrowable:g} borrowable; this gang needs {self.needed:g}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NoCapacity:
+    workers: int
+    per_worker: Resources
+    best_node: Optional[str]
+    best_node_free: Resources
+    free_total: Resources
+
+    def __str__(self) -> str:
+        best = f"best node {self.best_node} has {self.best_node_free} free" if self.best_node else "no node matches"
+        return (
+            f"needs {self.workers} x ({self.per_worker}); {best}; cluster has {self.free_total} free in all"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """This gang is the head of the queue: resources are held back for it from ``start`` on."""
+
+    start: float
+    inner: NoCapacity
+
+    def __str__(self) -> str:
+        return f"head of queue, reserved start at t={self.start:.0f}s; {self.inner}"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedByReservation:
+    head: str
+    reserved_start: float
+    inner: NoCapacity | None = None
+
+    def __str__(self) -> str:
+        return f"would delay {self.head}, reserved to start at t={self.reserved_start:.0f}s"
+
+
+@dataclass(frozen=True, slots=True)
+class BehindHead:
+    head: str
+
+    def __str__(self) -> str:
+        return f"waits behind {self.head} (no backfill)"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingForPreemption:
+    victims: Tuple[str, ...]
+
+    def __str__(self) -> str:
+        return "waiting for preempted " + ", ".join(self.victims) + " to stop"
+
+
+@dataclass(frozen=True, slots=True)
+class NotReached:
+    """The cycle's admission budget ran out before this workload was looked at."""
+
+    def __str__(self) -> str:
+        return "not reached in this cycle"
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    field: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"can never run: {self.field}: {self.detail}"
+
+
+Reason = Union[
+    QuotaExceeded, NoCapacity, Reserved, BlockedByReservation, BehindHead, WaitingForPreemption, NotReached, Infeasible
+]
+
+
+# -------------------------------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    workload: Workload
+    placement: Tuple[str, ...]
+    borrowing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    preemptor: Workload
+    victims: Tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    workload: Workload
+    reason: Reason
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    workload: Workload
+    reason: Infeasible
+
+
+Decision = Union[Admit, Preempt, Pending, Reject]
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    admitted: Tuple[Admit, ...]
+    preempted: Tuple[Preempt, ...]
+    pending: Tuple[Pending, ...]
+
+    @property
+    def decisions(self) -> Tuple[Decision, ...]:
+        return self.admitted + self.preempted + self.pending
