@@ -205,6 +205,7 @@ class SchedulerConfig:
     """Which policy runs on each axis, with their parameters. Names are looked up in the registries."""
 
     ordering: str = "priority"
+    admission: str = "quota"
     backfill: str = "easy"
     preemption: str = "default"
     # Upper bound on admissions in one cycle, so a cycle stays short; the rest wait for the next cycle.
@@ -226,6 +227,8 @@ class Snapshot:
     queues: Mapping[str, Tuple[Workload, ...]]
     teams: Mapping[str, Team]
     config: SchedulerConfig = SchedulerConfig()
+    # Team -> resources its leases hold; derived from ``leases`` when a driver does not keep it.
+    usage: Optional[Mapping[str, Resources]] = None
 
     def pending(self) -> Tuple[Workload, ...]:
         return tuple(w for q in self.queues.values() for w in q)
@@ -366,3 +369,11 @@ class CycleResult:
     @property
     def decisions(self) -> Tuple[Decision, ...]:
         return self.admitted + self.preempted + self.pending
+
+
+__all__ = [
+    "RESOURCE_NAMES", "Resources", "ZERO", "Node", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
+    "Lease", "Quota", "Team", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
+    "BlockedByReservation", "BehindHead", "WaitingForPreemption", "NotReached", "Infeasible", "Reason", "Admit",
+    "Preempt", "Pending", "Reject", "Decision", "CycleResult",
+]

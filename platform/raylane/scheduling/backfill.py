@@ -1,0 +1,114 @@
+"""The backfill axis: may a workload start ahead of a gang that is waiting for capacity?
+
+When the first workload in queue order cannot be placed for lack of capacity (not quota), the backfill policy says
+what the workloads behind it may do:
+- ``none``: nothing starts behind it (strict order; head-of-line blocking, the FIFO baseline).
+- ``easy``: EASY backfilling. The blocked head gets a reservation: the earliest time (the *shadow time*) at which,
+  as running leases end by their runtime estimates, its whole gang can be placed, and on which nodes. A later
+  workload may start now if it fits now and either ends, by its own estimate, before the shadow time, or uses only
+  what the head will not need on those nodes at the shadow time. A workload with no estimate can only use the latter.
+- ``greedy``: anything that fits starts (Kueue's BestEffortFIFO); large gangs can starve.
+Leases with no runtime estimate are assumed to end ``cfg.default_runtime_s`` after they started; leases already
+terminating are assumed gone now.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Protocol, Tuple
+
+from raylane.scheduling.capacity import Capacity
+from raylane.scheduling.placement import place
+from raylane.scheduling.registry import Registry
+from raylane.scheduling.types import Lease, LeaseState, Resources, SchedulerConfig, Workload
+
+
+@dataclass
+class Reservation:
+    head: str
+    # None: the head can never start on what runs now (its start is unknown); nothing may delay it.
+    shadow_time: Optional[float]
+    # What the head leaves unused at the shadow time on the nodes it is planned on; other nodes are not limited.
+    spare: Dict[str, Resources]
+
+
+class BackfillPolicy(Protocol):
+    def reserve(self, head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,
+                cfg: SchedulerConfig) -> Optional[Reservation]:
+        """Called once per cycle for the first capacity-blocked workload. None: nothing is reserved."""
+
+    def allows(self, w: Workload, placement: Tuple[str, ...], res: Optional[Reservation], now: float) -> bool:
+        """Whether ``w`` may start now on ``placement`` given the reservation; may consume the reservation's spare."""
+
+
+BACKFILLS: Registry[BackfillPolicy] = Registry("backfill", default="easy")
+
+
+@BACKFILLS.register("none")
+class NoBackfill:
+    def reserve(self, head, cap, leases, now, cfg):
+        return Reservation(head.id, None, {})
+
+    def allows(self, w, placement, res, now):
+        return res is None
+
+
+@BACKFILLS.register("greedy")
+class Greedy:
+    def reserve(self, head, cap, leases, now, cfg):
+        return None
+
+    def allows(self, w, placement, res, now):
+        return True
+
+
+def expected_end(lease: Lease, now: float, cfg: SchedulerConfig) -> float:
+    if lease.state is LeaseState.TERMINATING:
+        return now
+    est = lease.workload.runtime_estimate_s
+    end = lease.start_time + (est if est is not None else cfg.default_runtime_s)
+    return max(end, now)
+
+
+def shadow(head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,
+           cfg: SchedulerConfig) -> Reservation:
+    """The earliest time the head's gang fits as leases end by their estimates, and where."""
+    scratch = cap.copy()
+    need_gpu = head.gang.total.gpu
+    free_gpu = sum(r.gpu for r in scratch.free.values())
+    for lease in sorted(leases, key=lambda l: expected_end(l, now, cfg)):
+        scratch.give_placement(lease.placement, lease.workload.gang.per_worker)
+        free_gpu += lease.workload.gang.total.gpu
+        if free_gpu + 1e-9 < need_gpu:
+            continue
+        plan = place(head.gang, scratch, head.data_snapshot)
+        if plan is not None:
+            spare: Dict[str, Resources] = {}
+            for nid in plan:
+                spare[nid] = spare.get(nid, scratch.free[nid]) - head.gang.per_worker
+            return Reservation(head.id, expected_end(lease, now, cfg), spare)
+    return Reservation(head.id, None, {})
+
+
+@BACKFILLS.register("easy")
+class Easy:
+    def reserve(self, head, cap, leases, now, cfg):
+        return shadow(head, cap, leases, now, cfg)
+
+    def allows(self, w, placement, res, now):
+        if res is None:
+            return True
+        est = w.runtime_estimate_s
+        if res.shadow_time is not None and est is not None and now + est <= res.shadow_time:
+            return True
+        # Otherwise it may only use what the head leaves spare on its planned nodes.
+        use: Dict[str, Resources] = {}
+        for nid in placement:
+            if nid in res.spare:
+                use[nid] = use.get(nid, Resources()) + w.gang.per_worker
+        if res.shadow_time is None and use:
+            return False
+        if all(u.fits_in(res.spare[nid]) for nid, u in use.items()):
+            for nid, u in use.items():
+                res.spare[nid] = res.spare[nid] - u
+            return True
+        return False

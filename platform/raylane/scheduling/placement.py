@@ -1,0 +1,177 @@
+"""Gang placement: which node each worker of a gang goes to, all or nothing.
+
+One class per strategy, registered by the strategy's name (the ``Gang.strategy`` field). A placement policy reads a
+``Capacity`` and returns one node id per worker, or ``None`` when the whole gang cannot be placed now. It never
+changes the capacity: the cycle takes what it returns. Every strategy honours the gang's required node features.
+
+Strategies (the Ray placement-group strategy each maps to is in ``RAY_STRATEGY``):
+- pack: as few nodes as possible, fullest fitting node first (best fit); soft.
+- strict-pack: every worker on one node.
+- spread: one worker per node where possible, emptiest nodes first; soft.
+- strict-spread: every worker on a different node.
+- balanced: each worker to the node with the most free GPUs at that moment, so load stays even.
+- group: every worker on nodes that share one value of a node label (``Gang.group_by``, e.g. a rack or NVLink
+  domain); the fullest group that fits is chosen.
+- data-locality: pack onto nodes that cache the workload's data snapshot; if they cannot hold it, pack anywhere.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Dict, Iterable, List, Optional, Protocol, Tuple
+
+from raylane.scheduling.capacity import Capacity
+from raylane.scheduling.registry import Registry
+from raylane.scheduling.types import Gang, Resources
+
+Placement = Tuple[str, ...]
+
+# The Ray placement-group strategy a gang's reservation uses; node choice is pinned per bundle by the driver.
+RAY_STRATEGY = {
+    "pack": "PACK",
+    "strict-pack": "STRICT_PACK",
+    "spread": "SPREAD",
+    "strict-spread": "STRICT_SPREAD",
+    "balanced": "SPREAD",
+    "group": "PACK",
+    "data-locality": "PACK",
+}
+
+
+class PlacementPolicy(Protocol):
+    """Chooses nodes for a gang. Must not mutate ``cap``; returns ``None`` unless every worker is placed."""
+
+    def place(self, gang: Gang, cap: Capacity, data_snapshot: Optional[str] = None) -> Optional[Placement]: ...
+
+
+PLACEMENTS: Registry[PlacementPolicy] = Registry("placement", default="pack")
+
+
+def slots(free: Resources, per_worker: Resources) -> int:
+    """How many workers of ``per_worker`` fit in ``free``."""
+    n = math.inf
+    for req, have in ((per_worker.gpu, free.gpu), (per_worker.cpu, free.cpu), (per_worker.memory, free.memory)):
+        if req > 0:
+            n = min(n, math.floor(have / req + 1e-9))
+    return 1 << 30 if n is math.inf else max(0, int(n))
+
+
+def _matching(cap: Capacity, gang: Gang, ids: Iterable[str]) -> Iterable[Tuple[str, int]]:
+    feats = gang.features
+    for nid in ids:
+        if feats and not feats <= cap.nodes[nid].features:
+            continue
+        k = slots(cap.free[nid], gang.per_worker)
+        if k > 0:
+            yield nid, k
+
+
+def _greedy_fill(gang: Gang, cap: Capacity, ids: Iterable[str], per_node_cap: int) -> Optional[Placement]:
+    out: List[str] = []
+    need = gang.workers
+    for nid, k in _matching(cap, gang, ids):
+        take = min(k, need, per_node_cap)
+        out.extend([nid] * take)
+        need -= take
+        if need == 0:
+            return tuple(out)
+    return None
+
+
+def _single_node(gang: Gang, cap: Capacity, ids: Iterable[str]) -> Optional[Placement]:
+    for nid, k in _matching(cap, gang, ids):
+        if k >= gang.workers:
+            return (nid,) * gang.workers
+    return None
+
+
+@PLACEMENTS.register("strict-pack")
+class StrictPack:
+    def place(self, gang, cap, data_snapshot=None):
+        return _single_node(gang, cap, cap.ascending(gang.per_worker.gpu * gang.workers))
+
+
+@PLACEMENTS.register("pack")
+class Pack:
+    def place(self, gang, cap, data_snapshot=None):
+        one = _single_node(gang, cap, cap.ascending(gang.per_worker.gpu * gang.workers))
+        if one is not None or gang.workers == 1:
+            return one
+        # No single node holds the gang: fill the emptiest nodes first so it spans as few nodes as possible.
+        return _greedy_fill(gang, cap, cap.descending(gang.per_worker.gpu), gang.workers)
+
+
+@PLACEMENTS.register("spread")
+class Spread:
+    def place(self, gang, cap, data_snapshot=None):
+        distinct = _greedy_fill(gang, cap, cap.descending(gang.per_worker.gpu), 1)
+        if distinct is not None:
+            return distinct
+        return Balanced().place(gang, cap)
+
+
+@PLACEMENTS.register("strict-spread")
+class StrictSpread:
+    def place(self, gang, cap, data_snapshot=None):
+        return _greedy_fill(gang, cap, cap.descending(gang.per_worker.gpu), 1)
+
+
+@PLACEMENTS.register("balanced")
+class Balanced:
+    def place(self, gang, cap, data_snapshot=None):
+        if gang.workers == 1:
+            return _greedy_fill(gang, cap, cap.descending(gang.per_worker.gpu), 1)
+        # Gather enough candidate slots, emptiest nodes first, then hand workers out one at a time to the node
+        # with the most free GPUs left.
+        heap: List[Tuple[float, str, int]] = []
+        total = 0
+        for nid, k in _matching(cap, gang, cap.descending(gang.per_worker.gpu)):
+            heap.append((-cap.free[nid].gpu, nid, k))
+            total += k
+            if total >= gang.workers and len(heap) >= gang.workers:
+                break
+        if total < gang.workers:
+            return None
+        heapq.heapify(heap)
+        out = []
+        for _ in range(gang.workers):
+            neg, nid, k = heapq.heappop(heap)
+            out.append(nid)
+            if k > 1:
+                heapq.heappush(heap, (neg + gang.per_worker.gpu, nid, k - 1))
+        return tuple(out)
+
+
+@PLACEMENTS.register("group")
+class Group:
+    def place(self, gang, cap, data_snapshot=None):
+        groups: Dict[str, List[Tuple[str, int]]] = {}
+        for nid, k in _matching(cap, gang, cap.descending(gang.per_worker.gpu)):
+            value = cap.nodes[nid].labels.get(gang.group_by)
+            if value is not None:
+                groups.setdefault(value, []).append((nid, k))
+        best: Optional[Tuple[int, str]] = None
+        for value, members in groups.items():
+            spare = sum(k for _, k in members) - gang.workers
+            if spare >= 0 and (best is None or (spare, value) < best):
+                best = (spare, value)
+        if best is None:
+            return None
+        ids = [nid for nid, _ in groups[best[1]]]
+        return _greedy_fill(gang, cap, ids, gang.workers)
+
+
+@PLACEMENTS.register("data-locality")
+class DataLocality:
+    def place(self, gang, cap, data_snapshot=None):
+        if data_snapshot:
+            local = [nid for nid in cap.descending(gang.per_worker.gpu) if data_snapshot in cap.nodes[nid].datasets]
+            local.sort(key=lambda nid: cap.free[nid].gpu)
+            got = _single_node(gang, cap, local) or _greedy_fill(gang, cap, reversed(local), gang.workers)
+            if got is not None:
+                return got
+        return Pack().place(gang, cap)
+
+
+def place(gang: Gang, cap: Capacity, data_snapshot: Optional[str] = None) -> Optional[Placement]:
+    return PLACEMENTS.get(gang.strategy).place(gang, cap, data_snapshot)

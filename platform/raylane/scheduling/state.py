@@ -1,0 +1,178 @@
+"""The state a driver keeps between cycles, and the snapshots it hands out (Kueue's cache, in small).
+
+``ClusterState`` owns: nodes and what is free on them, the team queues (each kept sorted by the ordering's queue
+key), the leases, team usage and decayed usage. Only a driver (the control actor, the simulator) changes it, and
+only through these methods; the cycle reads the immutable ``Snapshot`` it returns. Keeping usage and free capacity
+up to date incrementally is what lets a cycle over 10,000 pending workloads and 1,000 nodes stay in milliseconds.
+
+Pure: no Ray, no clock (every method that needs time takes ``now``).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import replace
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+from raylane.errors import NotFoundError
+from raylane.scheduling.ordering import ORDERINGS
+from raylane.scheduling.types import (
+    Admit,
+    Lease,
+    LeaseState,
+    Node,
+    Resources,
+    SchedulerConfig,
+    Snapshot,
+    Team,
+    Workload,
+)
+
+
+class ClusterState:
+    def __init__(self, nodes: Iterable[Node], teams: Mapping[str, Team], config: SchedulerConfig = SchedulerConfig()):
+        self.config = config
+        self._order = ORDERINGS.get(config.ordering)
+        self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
+        self.teams: Dict[str, Team] = dict(teams)
+        self.leases: Dict[str, Lease] = {}
+        self.usage: Dict[str, Resources] = {}
+        self._queues: Dict[str, List[Tuple[Tuple, Workload]]] = {}
+        self._where: Dict[str, str] = {}  # pending workload id -> team
+        self._queue_cache: Dict[str, Tuple[Workload, ...]] = {}
+        self._leases_cache: Optional[Tuple[Lease, ...]] = None
+        self._nodes_cache: Optional[Tuple[Node, ...]] = None
+        self._decayed_at: Optional[float] = None
+
+    # -- nodes ---------------------------------------------------------------------------------------------
+    def add_node(self, node: Node) -> None:
+        self.nodes[node.id] = node
+        self._nodes_cache = None
+
+    def remove_node(self, node_id: str) -> None:
+        self.nodes.pop(node_id, None)
+        self._nodes_cache = None
+
+    def _adjust(self, placement: Tuple[str, ...], per_worker: Resources, sign: int) -> None:
+        for nid in placement:
+            n = self.nodes.get(nid)
+            if n is not None:
+                free = n.free + per_worker if sign > 0 else n.free - per_worker
+                self.nodes[nid] = replace(n, free=free)
+        self._nodes_cache = None
+
+    # -- queue ---------------------------------------------------------------------------------------------
+    def enqueue(self, w: Workload) -> None:
+        if w.id in self._where or w.id in self.leases:
+            raise ValueError(f"workload {w.id} is already known")
+        q = self._queues.setdefault(w.team, [])
+        key = self._order.queue_key(w, self.config)
+        bisect.insort(q, (key, w), key=lambda e: e[0])
+        self._where[w.id] = w.team
+        self._queue_cache.pop(w.team, None)
+
+    def dequeue(self, workload_id: str) -> Workload:
+        team = self._where.pop(workload_id, None)
+        if team is None:
+            raise NotFoundError(f"no pending workload {workload_id!r}")
+        q = self._queues[team]
+        for i, (_, w) in enumerate(q):
+            if w.id == workload_id:
+                del q[i]
+                self._queue_cache.pop(team, None)
+                return w
+        raise NotFoundError(f"no pending workload {workload_id!r}")  # pragma: no cover - _where and queues agree
+
+    def is_pending(self, workload_id: str) -> bool:
+        return workload_id in self._where
+
+    def pending_count(self) -> int:
+        return len(self._where)
+
+    def pending(self) -> List[Workload]:
+        return [w for q in self._queues.values() for _, w in q]
+
+    # -- leases --------------------------------------------------------------------------------------------
+    def start(self, admit: Admit, now: float) -> Lease:
+        """Apply an Admit decision: the workload leaves its queue and holds its placement from ``now``."""
+        w = self.dequeue(admit.workload.id)
+        lease = Lease(w, tuple(admit.placement), now, None, LeaseState.RUNNING)
+        self.leases[w.id] = lease
+        self._adjust(lease.placement, w.gang.per_worker, -1)
+        self.usage[w.team] = self.usage.get(w.team, Resources()) + w.gang.total
+        self._leases_cache = None
+        return lease
+
+    def mark_terminating(self, workload_id: str) -> Lease:
+        lease = self._lease(workload_id)
+        lease = replace(lease, state=LeaseState.TERMINATING)
+        self.leases[workload_id] = lease
+        self._leases_cache = None
+        return lease
+
+    def checkpointed(self, workload_id: str, now: float) -> None:
+        lease = self._lease(workload_id)
+        self.leases[workload_id] = replace(lease, last_checkpoint_time=now)
+        self._leases_cache = None
+
+    def finish(self, workload_id: str, now: float) -> Lease:
+        """The lease's work ended (done, failed, cancelled or stopped): give its resources back."""
+        lease = self.leases.pop(workload_id, None)
+        if lease is None:
+            raise NotFoundError(f"no lease {workload_id!r}")
+        w = lease.workload
+        self._adjust(lease.placement, w.gang.per_worker, +1)
+        self.usage[w.team] = self.usage.get(w.team, Resources()) - w.gang.total
+        self._leases_cache = None
+        self._charge(w.team, w.gang.total.gpu * max(0.0, now - lease.start_time), now)
+        return lease
+
+    def requeue(self, lease: Lease, now: float, attained_gpu_s: Optional[float] = None) -> Workload:
+        """Put a stopped lease's workload back in its queue, keeping its original submit time (its place)."""
+        w = lease.workload
+        if attained_gpu_s is None:
+            attained_gpu_s = w.attained_gpu_s + w.gang.total.gpu * max(0.0, now - lease.start_time)
+        w2 = replace(w, attained_gpu_s=attained_gpu_s)
+        self.enqueue(w2)
+        return w2
+
+    def _lease(self, workload_id: str) -> Lease:
+        lease = self.leases.get(workload_id)
+        if lease is None:
+            raise NotFoundError(f"no lease {workload_id!r}")
+        return lease
+
+    # -- fair share ------------------------------------------------------------------------------------------
+    def _charge(self, team: str, gpu_s: float, now: float) -> None:
+        t = self.teams.get(team)
+        if t is not None and gpu_s > 0:
+            self.decay(now)
+            self.teams[team] = replace(t, decayed_usage=t.decayed_usage + gpu_s)
+
+    def decay(self, now: float) -> None:
+        """Age every team's decayed usage to ``now`` with the configured half-life."""
+        if self._decayed_at is None:
+            self._decayed_at = now
+            return
+        dt = now - self._decayed_at
+        if dt <= 0:
+            return
+        f = math.pow(0.5, dt / self.config.fair_share_half_life_s)
+        self.teams = {k: replace(t, decayed_usage=t.decayed_usage * f) for k, t in self.teams.items()}
+        self._decayed_at = now
+
+    # -- snapshot ------------------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        if self._nodes_cache is None:
+            self._nodes_cache = tuple(self.nodes.values())
+        if self._leases_cache is None:
+            self._leases_cache = tuple(self.leases.values())
+        queues = {}
+        for team, q in self._queues.items():
+            t = self._queue_cache.get(team)
+            if t is None:
+                t = self._queue_cache[team] = tuple(w for _, w in q)
+            if t:
+                queues[team] = t
+        return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
+                        usage=dict(self.usage))
