@@ -1,0 +1,104 @@
+"""``raylane policy ...`` and ``raylane spec ...``: checking policy and workload spec files without a cluster.
+
+This module owns the two command groups and how a ``ValidationError`` is shown to a user: one line per error,
+``path: got VALUE; ALLOWED``, on stderr, exit status 1. It reads files through ``raylane.config.loader`` only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from raylane.config.loader import load_policy, load_spec
+from raylane.config.models import ClusterPolicy, WorkloadSpec
+from raylane.errors import FatalError, NotFoundError, ValidationError
+
+policy_app = typer.Typer(help="Check cluster policy files (policies/*.yaml).", no_args_is_help=True)
+spec_app = typer.Typer(help="Check workload spec files.", no_args_is_help=True)
+
+# Resolved at print time, so tests that swap sys.stdout/sys.stderr see the output.
+_out = Console(highlight=False, soft_wrap=True)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_error(exc: FatalError) -> None:
+    """Show a ``ValidationError`` as one line per problem, anything else as its message; both on stderr."""
+    if isinstance(exc, ValidationError):
+        _err.print(f"{exc.source}: {len(exc.errors)} error(s)", style="bold red", markup=False)
+        for path, value, allowed in exc.errors:
+            _err.print(f"  {path}: got {value!r}; {allowed}", markup=False)
+    else:
+        _err.print(str(exc), style="bold red", markup=False)
+
+
+def _n(items, one: str, many: str = "") -> str:
+    return f"{len(items)} {one if len(items) == 1 else (many or one + 's')}"
+
+
+def policy_summary(path: Path, p: ClusterPolicy) -> str:
+    s = p.scheduler
+    return (
+        f"OK {path}: {_n(p.classes, 'class', 'classes')}, {_n(p.teams, 'team')} ({', '.join(p.teams)}),"
+        f" {_n(p.node_features, 'node feature')}, {_n(p.prices, 'price')};"
+        f" ordering={s.ordering} backfill={s.backfill} preemption={s.preemption} admission={s.admission}"
+    )
+
+
+def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path]) -> str:
+    g = s.gang
+    res = g.resources.to_core()
+    placement = g.placement or "class default"
+    checked = f"against {policy_path}" if policy_path else "alone (pass --policy to check team, class and features)"
+    return (
+        f"OK {path}: {s.name} ({s.kind}, class {s.class_}, team {s.team}): {g.workers} x ({res}),"
+        f" placement {placement}; checked {checked}"
+    )
+
+
+@policy_app.command("check")
+def policy_check(
+    files: List[Path] = typer.Argument(..., help="Policy YAML files.", show_default=False),
+) -> None:
+    """Validate policy files; print every error of each file, exit 1 if any file is invalid."""
+    failed = False
+    for f in files:
+        try:
+            policy = load_policy(f)
+        except FatalError as exc:
+            print_error(exc)
+            failed = True
+        else:
+            _out.print(policy_summary(f, policy), markup=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+@spec_app.command("check")
+def spec_check(
+    files: List[Path] = typer.Argument(..., help="Workload spec YAML files.", show_default=False),
+    policy: Optional[Path] = typer.Option(
+        None, "--policy", "-p", help="Also check teams, classes and node features against this policy file."
+    ),
+) -> None:
+    """Validate workload specs (against a policy when given); print every error, exit 1 if any file is invalid."""
+    pol = None
+    if policy is not None:
+        try:
+            pol = load_policy(policy)
+        except FatalError as exc:
+            print_error(exc)
+            raise typer.Exit(1)
+    failed = False
+    for f in files:
+        try:
+            spec = load_spec(f, pol)
+        except FatalError as exc:
+            print_error(exc)
+            failed = True
+        else:
+            _out.print(spec_summary(f, spec, policy), markup=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+__all__ = ["policy_app", "spec_app", "policy_check", "spec_check", "print_error", "NotFoundError"]

@@ -1,0 +1,461 @@
+"""The cluster policy and the workload spec as users write them (YAML), and their conversion to the core's types.
+
+This module owns the *schema* of ``policies/*.yaml`` and of workload specs: field names, types, units, defaults and
+the checks that need more than one field. It does not read files (``raylane.config.loader`` does) and it does not
+decide anything about scheduling: it turns text into ``raylane.scheduling.types`` values and stops there.
+
+Words
+- *policy*: one cluster's scheduler choices, workload classes, teams with quotas, node features and prices.
+- *spec*: one submission: who (team), what kind of work (class, kind), how big (gang), why (run.intent).
+- *duration*: seconds as a number, or a string such as ``90s``, ``10m``, ``2h``, ``1d`` or ``1h30m``.
+- *memory*: GiB as a number, or a string such as ``16Gi``, ``512Mi`` or ``1Ti``.
+- *allowed text*: the human phrase an error shows after the bad value ("one of fifo, priority, ...").
+
+Defaults live in one place: the core dataclasses (``SchedulerConfig``, ``WorkloadClass``, ``Team``, ``Quota``,
+``Gang``) hold them, and the fields below read them from there. Names of policies are listed once, in the
+``*_POLICIES`` constants below (placement strategies come from the core's ``Strategy`` enum); when the core's
+registries are importable without side effects these constants can be built from ``Registry.names()``.
+
+Every model forbids unknown fields: a typo is an error, never a silently ignored key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Annotated, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from raylane.errors import UnknownNameError, ValidationError
+from raylane.scheduling.types import (
+    RESOURCE_NAMES,
+    Gang,
+    Quota,
+    Resources,
+    SchedulerConfig,
+    Strategy,
+    Team,
+    Workload,
+    WorkloadClass,
+)
+
+__all__ = [
+    "ORDERING_POLICIES",
+    "BACKFILL_POLICIES",
+    "PREEMPTION_POLICIES",
+    "ADMISSION_POLICIES",
+    "PLACEMENT_STRATEGIES",
+    "WORKLOAD_KINDS",
+    "RESOURCE_NAMES",
+    "Allowed",
+    "parse_duration",
+    "parse_memory",
+    "SchedulerSpec",
+    "WorkloadClassSpec",
+    "QuotaSpec",
+    "TeamSpec",
+    "ClusterPolicy",
+    "ResourcesSpec",
+    "GangSpec",
+    "RunMetadata",
+    "WorkloadSpec",
+    "policy_name_errors",
+    "validate_spec_against_policy",
+]
+
+# ------------------------------------------------------------------------------------------- allowed names
+
+# The names each axis accepts. One place; the loader's messages and the CLI read them from here.
+ORDERING_POLICIES: Tuple[str, ...] = ("fifo", "priority", "fair-share", "las", "srtf")
+BACKFILL_POLICIES: Tuple[str, ...] = ("none", "easy", "greedy")
+PREEMPTION_POLICIES: Tuple[str, ...] = ("default", "none", "ordering")
+ADMISSION_POLICIES: Tuple[str, ...] = ("quota", "none")
+PLACEMENT_STRATEGIES: Tuple[str, ...] = tuple(s.value for s in Strategy)
+WORKLOAD_KINDS: Tuple[str, ...] = ("train", "tune", "serve", "batch", "eval")
+
+# Defaults that the core does not hold (yet).
+DEFAULT_ADMISSION = "quota"
+DEFAULT_KIND = "train"
+
+_SCHED = SchedulerConfig()
+_CLASS = {f.name: f.default for f in dataclasses.fields(WorkloadClass) if f.default is not dataclasses.MISSING}
+_TEAM = {f.name: f.default for f in dataclasses.fields(Team) if f.default is not dataclasses.MISSING}
+_QUOTA = {f.name: f.default for f in dataclasses.fields(Quota) if f.default is not dataclasses.MISSING}
+_GANG = {f.name: f.default for f in dataclasses.fields(Gang) if f.default is not dataclasses.MISSING}
+_RES = Resources()
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowed:
+    """``Annotated`` marker: the text an error shows as "what is allowed" for a field of this type."""
+
+    text: str
+
+
+def _err(kind: str, allowed: str) -> PydanticCustomError:
+    # The message is the allowed text itself; braces would be read as template fields by pydantic.
+    return PydanticCustomError(f"raylane_{kind}", allowed.replace("{", "(").replace("}", ")"))
+
+
+def _one_of(names: Tuple[str, ...]) -> Any:
+    allowed = "one of " + ", ".join(names)
+
+    def check(value: str) -> str:
+        if value not in names:
+            raise _err("one_of", allowed)
+        return value
+
+    return Annotated[str, AfterValidator(check), Allowed(allowed)]
+
+
+# ------------------------------------------------------------------------------------------- scalar types
+
+NAME_MAX = 63
+_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+NAME_ALLOWED = (
+    f"a name of at most {NAME_MAX} lowercase letters, digits and '-', starting and ending with a letter or digit"
+)
+
+
+def _check_name(value: str) -> str:
+    if len(value) > NAME_MAX or not _NAME_RE.fullmatch(value):
+        raise _err("name", NAME_ALLOWED)
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name), Allowed(NAME_ALLOWED)]
+
+DURATION_ALLOWED = "a duration: seconds as a number >= 0, or a string like 90s, 10m, 2h, 1d or 1h30m"
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d)")
+
+
+def _number(value: Any) -> Optional[float]:
+    """A finite number from a YAML scalar (bool is not a number here), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            x = float(value.strip())
+        except ValueError:
+            return None
+        return x if math.isfinite(x) else None
+    return None
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``, ``"1h30m"``, ``"500ms"``. ValueError otherwise."""
+    x = _number(value)
+    if x is None and isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        parts = list(_DURATION_PART.finditer(text))
+        if text and parts and "".join(p.group(0) for p in parts) == text:
+            x = sum(float(p.group(1)) * _DURATION_UNITS[p.group(2)] for p in parts)
+    if x is None or x < 0:
+        raise ValueError(f"{value!r} is not {DURATION_ALLOWED}")
+    return x
+
+
+MEMORY_ALLOWED = "memory in GiB: a number >= 0, or a string like 16Gi, 512Mi or 1Ti"
+_MEMORY_UNITS = {"ki": 1.0 / (1 << 20), "mi": 1.0 / 1024, "gi": 1.0, "ti": 1024.0}
+_MEMORY_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*([KMGT]i)B?", re.IGNORECASE)
+
+
+def parse_memory(value: Any) -> float:
+    """GiB from ``16``, ``"16Gi"``, ``"16GiB"``, ``"512Mi"``, ``"1Ti"``. ValueError otherwise (``"16G"`` included:
+    decimal units are refused rather than guessed)."""
+    x = _number(value)
+    if x is None and isinstance(value, str):
+        m = _MEMORY_RE.fullmatch(value.strip())
+        if m:
+            x = float(m.group(1)) * _MEMORY_UNITS[m.group(2).lower()]
+    if x is None or x < 0:
+        raise ValueError(f"{value!r} is not {MEMORY_ALLOWED}")
+    return x
+
+
+def _wrap(parse: Callable[[Any], float], kind: str, allowed: str) -> Callable[[Any], float]:
+    def validate(value: Any) -> float:
+        try:
+            return parse(value)
+        except ValueError:
+            raise _err(kind, allowed) from None
+
+    return validate
+
+
+Duration = Annotated[float, BeforeValidator(_wrap(parse_duration, "duration", DURATION_ALLOWED)), Allowed(DURATION_ALLOWED)]
+Memory = Annotated[float, BeforeValidator(_wrap(parse_memory, "memory", MEMORY_ALLOWED)), Allowed(MEMORY_ALLOWED)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+OrderingName = _one_of(ORDERING_POLICIES)
+BackfillName = _one_of(BACKFILL_POLICIES)
+PreemptionName = _one_of(PREEMPTION_POLICIES)
+AdmissionName = _one_of(ADMISSION_POLICIES)
+PlacementName = _one_of(PLACEMENT_STRATEGIES)
+KindName = _one_of(WORKLOAD_KINDS)
+ResourceName = _one_of(RESOURCE_NAMES)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, populate_by_name=False)
+
+
+# ------------------------------------------------------------------------------------------------ policy
+
+
+class SchedulerSpec(_Model):
+    """Which policy runs on each axis of the scheduling cycle, and their parameters."""
+
+    ordering: OrderingName = _SCHED.ordering
+    backfill: BackfillName = _SCHED.backfill
+    preemption: PreemptionName = _SCHED.preemption
+    admission: AdmissionName = DEFAULT_ADMISSION
+    max_admissions_per_cycle: int = Field(default=_SCHED.max_admissions_per_cycle, ge=1)
+    # Attained GPU-time boundaries of the LAS queues; "1h" means 3600 GPU-seconds.
+    las_thresholds: Tuple[Duration, ...] = _SCHED.las_thresholds
+    fair_share_half_life: Duration = _SCHED.fair_share_half_life_s
+    default_runtime: Duration = _SCHED.default_runtime_s
+
+    @field_validator("las_thresholds")
+    @classmethod
+    def _increasing(cls, v: Tuple[float, ...]) -> Tuple[float, ...]:
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise _err("increasing", "strictly increasing GPU-time thresholds (durations), e.g. [1h, 10h]")
+        return v
+
+    @field_validator("fair_share_half_life", "default_runtime")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise _err("positive", "a duration > 0, like 7d or 24h")
+        return v
+
+
+class WorkloadClassSpec(_Model):
+    """A workload class: how important its work is and what a preemption may cost it."""
+
+    priority: int
+    preemptible: bool
+    # A preemptible workload is not stopped before it ran this long (unless the cluster has no other choice).
+    min_runtime: Duration = _CLASS["min_runtime_s"]
+    checkpoint_every: Duration = _CLASS["checkpoint_interval_s"]
+    grace_period: Duration = _CLASS["grace_period_s"]
+    retry_budget: int = Field(default=_CLASS["retry_budget"], ge=0)
+    # Past this wait the queue reports the workload as late (0: no target).
+    queue_time_target: Duration = _CLASS["queue_time_target_s"]
+    default_placement: PlacementName = _GANG["strategy"]
+
+    def to_core(self, name: str) -> WorkloadClass:
+        return WorkloadClass(
+            name=name,
+            priority=self.priority,
+            preemptible=self.preemptible,
+            min_runtime_s=self.min_runtime,
+            checkpoint_interval_s=self.checkpoint_every,
+            grace_period_s=self.grace_period,
+            retry_budget=self.retry_budget,
+            queue_time_target_s=self.queue_time_target,
+        )
+
+
+class QuotaSpec(_Model):
+    """One resource of a team's quota. ``null`` for a limit means unlimited (see ``raylane.scheduling.admission``)."""
+
+    nominal: NonNegative
+    borrowing_limit: Optional[NonNegative] = _QUOTA["borrowing_limit"]
+    lending_limit: Optional[NonNegative] = _QUOTA["lending_limit"]
+
+    # A field validator, not a model one: it runs (and reports) even when borrowing_limit is invalid.
+    @field_validator("lending_limit")
+    @classmethod
+    def _lend_at_most_nominal(cls, v: Optional[float], info: ValidationInfo) -> Optional[float]:
+        nominal = info.data.get("nominal")
+        if v is not None and nominal is not None and v > nominal:
+            raise _err("lending", f"a number from 0 to nominal ({nominal:g}), or null to lend all unused nominal quota")
+        return v
+
+    def to_core(self) -> Quota:
+        return Quota(self.nominal, self.borrowing_limit, self.lending_limit)
+
+
+class TeamSpec(_Model):
+    weight: float = Field(default=_TEAM["weight"], gt=0)
+    # A resource with no entry is not limited for this team.
+    quotas: Dict[ResourceName, QuotaSpec] = Field(default_factory=dict)
+
+    def to_core(self, name: str) -> Team:
+        return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight)
+
+
+class ClusterPolicy(_Model):
+    """Everything an operator decides for one cluster. Loaded from ``policies/*.yaml`` by ``raylane.config.loader``."""
+
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    classes: Dict[Name, WorkloadClassSpec] = Field(min_length=1)
+    teams: Dict[Name, TeamSpec] = Field(min_length=1)
+    # Tag -> what it means; workload specs may only ask for declared tags.
+    node_features: Dict[Name, str] = Field(default_factory=dict)
+    # Node type -> price of one GPU-hour (for CPU-only nodes: of one node-hour), in any one currency.
+    prices: Dict[Name, NonNegative] = Field(default_factory=dict)
+
+    def to_scheduler_config(self) -> SchedulerConfig:
+        s = self.scheduler
+        kwargs: Dict[str, Any] = dict(
+            ordering=s.ordering,
+            backfill=s.backfill,
+            preemption=s.preemption,
+            max_admissions_per_cycle=s.max_admissions_per_cycle,
+            las_thresholds=tuple(s.las_thresholds),
+            fair_share_half_life_s=s.fair_share_half_life,
+            default_runtime_s=s.default_runtime,
+        )
+        # SchedulerConfig does not carry the admission policy yet; pass it on once the core grows the field.
+        if "admission" in {f.name for f in dataclasses.fields(SchedulerConfig)}:
+            kwargs["admission"] = s.admission
+        return SchedulerConfig(**kwargs)
+
+    def workload_class(self, name: str) -> WorkloadClass:
+        spec = self.classes.get(name)
+        if spec is None:
+            raise UnknownNameError("workload class", name, list(self.classes))
+        return spec.to_core(name)
+
+    def core_teams(self) -> Dict[str, Team]:
+        return {name: t.to_core(name) for name, t in self.teams.items()}
+
+
+# -------------------------------------------------------------------------------------------------- spec
+
+
+class ResourcesSpec(_Model):
+    """What one worker of a gang needs."""
+
+    gpu: NonNegative = _RES.gpu
+    cpu: NonNegative = _RES.cpu
+    memory: Memory = _RES.memory
+
+    def to_core(self) -> Resources:
+        return Resources(gpu=self.gpu, cpu=self.cpu, memory=self.memory)
+
+
+class GangSpec(_Model):
+    workers: int = Field(default=1, ge=1)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    # None: the class's default_placement.
+    placement: Optional[PlacementName] = None
+    # For the ``group`` placement: the node label all workers must share.
+    group_by: str = Field(default=_GANG["group_by"], min_length=1)
+    features: List[Name] = Field(default_factory=list)
+
+
+INTENT_ALLOWED = "a sentence saying why this run exists"
+
+
+def _check_intent(value: str) -> str:
+    if not value.strip():
+        raise _err("intent", INTENT_ALLOWED)
+    return value
+
+
+Intent = Annotated[str, AfterValidator(_check_intent), Allowed(INTENT_ALLOWED)]
+
+
+class RunMetadata(_Model):
+    """Why the run exists and what it ran on; recorded with the run (e.g. as MLflow tags)."""
+
+    intent: Intent
+    owner: Optional[str] = None
+    # None: filled in at submit (e.g. the git commit of the working tree).
+    code_version: Optional[str] = None
+    data_snapshot: Optional[str] = None
+
+
+class WorkloadSpec(_Model):
+    """One submission. Kind-specific sections (``sweep:``, ``serve:``) are to be added as optional fields, each
+    checked against ``kind`` by a model validator, so specs written today stay valid."""
+
+    name: Name
+    team: Name
+    class_: Name = Field(alias="class")
+    kind: KindName = DEFAULT_KIND
+    gang: GangSpec = Field(default_factory=GangSpec)
+    runtime_estimate: Optional[Duration] = None
+    # A python module (``workloads.train_lm``) or command the workload runs.
+    entrypoint: Optional[str] = Field(default=None, min_length=1)
+    # Passed to the workload unread.
+    config: Dict[str, Any] = Field(default_factory=dict)
+    run: RunMetadata
+
+    def to_core(self, workload_id: str, policy: ClusterPolicy, submit_time: float) -> Workload:
+        """The core's ``Workload``; raises ``ValidationError`` when the spec does not fit the policy."""
+        errors = validate_spec_against_policy(self, policy)
+        if errors:
+            raise ValidationError(f"workload {self.name}", errors)
+        cls_spec = policy.classes[self.class_]
+        g = self.gang
+        gang = Gang(
+            workers=g.workers,
+            per_worker=g.resources.to_core(),
+            strategy=g.placement or cls_spec.default_placement,
+            features=frozenset(g.features),
+            group_by=g.group_by,
+        )
+        return Workload(
+            id=workload_id,
+            team=self.team,
+            cls=cls_spec.to_core(self.class_),
+            gang=gang,
+            submit_time=submit_time,
+            runtime_estimate_s=self.runtime_estimate,
+            data_snapshot=self.run.data_snapshot,
+            kind=self.kind,
+        )
+
+
+def _names(names) -> str:
+    names = list(names)
+    return ", ".join(names) if names else "(none declared)"
+
+
+def policy_name_errors(
+    policy: ClusterPolicy, *, team: Optional[str] = None, class_: Optional[str] = None, features: Sequence[str] = ()
+) -> List[Tuple[str, Any, str]]:
+    """The names a spec uses that ``policy`` does not declare (None: not checked)."""
+    errors: List[Tuple[str, Any, str]] = []
+    if team is not None and team not in policy.teams:
+        errors.append(("team", team, f"a team of the policy: one of {_names(policy.teams)}"))
+    if class_ is not None and class_ not in policy.classes:
+        errors.append(("class", class_, f"a class of the policy: one of {_names(policy.classes)}"))
+    for i, tag in enumerate(features):
+        if tag not in policy.node_features:
+            errors.append(
+                (f"gang.features[{i}]", tag, f"a node feature declared by the policy: one of {_names(policy.node_features)}")
+            )
+    return errors
+
+
+def validate_spec_against_policy(spec: WorkloadSpec, policy: ClusterPolicy) -> List[Tuple[str, Any, str]]:
+    """Every way ``spec`` does not fit ``policy``, as (field path, value, what is allowed). Empty when it fits."""
+    errors = policy_name_errors(policy, team=spec.team, class_=spec.class_, features=spec.gang.features)
+    # A gang larger than its team's quota ceiling could never be admitted; say so now rather than queue forever.
+    team = policy.teams.get(spec.team)
+    if team is not None and policy.scheduler.admission == "quota":
+        per_worker = spec.gang.resources.to_core()
+        for r, q in team.quotas.items():
+            need = per_worker.get(r) * spec.gang.workers
+            ceiling = q.to_core().ceiling
+            if need > ceiling + 1e-9:
+                errors.append(
+                    (
+                        f"gang.resources.{r}",
+                        per_worker.get(r),
+                        f"at most {ceiling:g} {r} for the whole gang ({spec.gang.workers} workers): team {spec.team}"
+                        f" may hold {q.nominal:g} nominal + {q.borrowing_limit:g} borrowed",
+                    )
+                )
+    return errors
