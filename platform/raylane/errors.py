@@ -28,6 +28,9 @@ class ValidationError(FatalError):
         lines += [f"  {path}: got {value!r}; {allowed}" for path, value, allowed in self.errors]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self):  # crosses process boundaries (Ray task errors) intact
+        return (type(self), (self.source, self.errors))
+
 
 class UnknownNameError(FatalError, KeyError):
     """A policy, strategy or other registered name that does not exist."""
@@ -38,6 +41,9 @@ class UnknownNameError(FatalError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return self.args[0]
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.name, self.known))
 
 
 class InfeasibleError(FatalError):

@@ -1,0 +1,420 @@
+"""The control actor: one detached, named Ray actor that owns the queue, the leases and team usage.
+
+It owns: the journal (every change is appended before it is acted on), the workload records, and the
+``ClusterState`` that the pure scheduling cycle reads. It runs the cycle whenever something changes (submit,
+cancel, release, a node joining or leaving) and on a slow tick (minimum runtimes pass, preemption deadlines fall),
+and turns decisions into Ray objects: an admitted gang gets a placement group whose bundles are pinned, one per
+worker, to the nodes the core chose (the gang's atomic reservation); a preempted gang is asked to stop and, after
+its class's grace period, is stopped by force.
+
+Restarted (it is created with ``max_restarts=-1``), it replays the journal and reconciles what it finds with the
+placement groups that exist: a lease whose group is gone goes back to the queue at its original submit time.
+
+Words: *reservation* is the placement group named ``raylane-<workload id>``; *release* is a workload telling the
+actor it has stopped (done, failed, or yielded after a preemption).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any, Dict, List, Optional
+
+import ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
+from raylane.control.journal import Journal
+from raylane.control.records import Record, State
+from raylane.errors import InfeasibleError, NotFoundError
+from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
+from raylane.scheduling.types import Lease, NotReached, QuotaExceeded, Reserved, Resources
+
+log = logging.getLogger("raylane.control")
+
+CONTROL_NAME = "raylane-control"
+NAMESPACE = "raylane"
+GiB = 1024 ** 3
+FEATURE_LABEL_PREFIX = "feature.raylane.io/"
+NODE_TYPE_LABEL = "raylane.io/node-type"
+DATASETS_LABEL = "raylane.io/datasets"
+
+
+def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
+    """Core ``Node``s (capacity only) from ``ray.nodes()``; feature tags come from ``feature.raylane.io/<tag>``."""
+    from raylane.scheduling.types import Node
+
+    out = []
+    for n in ray_nodes:
+        if not n.get("Alive"):
+            continue
+        res = n.get("Resources", {})
+        labels = dict(n.get("Labels") or {})
+        cap = Resources(res.get("GPU", 0.0), res.get("CPU", 0.0), res.get("memory", 0.0) / GiB)
+        feats = frozenset(k[len(FEATURE_LABEL_PREFIX):] for k, v in labels.items()
+                          if k.startswith(FEATURE_LABEL_PREFIX) and v in ("true", "1", "yes"))
+        datasets = frozenset(filter(None, labels.get(DATASETS_LABEL, "").split(".")))
+        out.append(Node(n["NodeID"], cap, cap, feats, labels, labels.get(NODE_TYPE_LABEL, ""), datasets))
+    return out
+
+
+def bundle_for(per_worker: Resources) -> Dict[str, float]:
+    b = {"CPU": per_worker.cpu, "GPU": per_worker.gpu, "memory": int(per_worker.memory * GiB)}
+    b = {k: v for k, v in b.items() if v}
+    return b or {"CPU": 0.001}
+
+
+class ControlActor:
+    def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
+                 admit_timeout_s: float = 30.0):
+        self.policy = load_policy_from_dict(policy, "control policy")
+        self.tick_s = tick_s
+        self.admit_timeout_s = admit_timeout_s
+        self.journal = Journal(journal_path)
+        self.records: Dict[str, Record] = {}
+        self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
+        self._node_ids: set = set()
+        self._wake: Optional[asyncio.Event] = None
+        self._admitted: Dict[str, asyncio.Event] = {}
+        self._loop_task: Optional[asyncio.Task] = None
+        self._started = time.time()
+        self.cycles = 0
+        self._recover()
+
+    # ------------------------------------------------------------------------------------------- recovery
+    def _recover(self) -> None:
+        for e in self.journal.replay():
+            if e.kind == "submitted":
+                self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"])
+            rec = self.records.get(e.workload_id)
+            if rec is not None:
+                rec.apply(e)
+        self._refresh_nodes()
+        existing = {v["name"]: v for v in placement_group_table().values()
+                    if v.get("state") != "REMOVED" and v.get("name")}
+        for rec in self.records.values():
+            if rec.state.terminal:
+                continue
+            w = self._core(rec)
+            self.state.enqueue(w)
+            if rec.state.holds_lease:
+                if rec.pg_name in existing or rec.job_id:
+                    self.state.start(Admit(w, rec.placement), rec.admitted_at or time.time())
+                    if rec.state is State.PREEMPTING:
+                        self.state.mark_terminating(rec.id)
+                else:
+                    self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s,
+                                 note="reservation lost while the control plane was down; back in the queue")
+                    self.state.dequeue(rec.id)
+                    self.state.enqueue(self._core(rec))
+
+    def _core(self, rec: Record):
+        spec = load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=self.policy)
+        w = spec.to_core(rec.id, self.policy, rec.submit_time)
+        from dataclasses import replace
+
+        return replace(w, attained_gpu_s=rec.attained_gpu_s)
+
+    def _append(self, kind: str, rec: Record, **data):
+        e = self.journal.append(kind, rec.id, **data)
+        rec.apply(e)
+        return e
+
+    # ----------------------------------------------------------------------------------------------- loop
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None:
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_event_loop().create_task(self._loop())
+
+    def _poke(self) -> None:
+        self._ensure_loop()
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._tick()
+            except Exception:  # the loop must survive a bad tick; the error is logged with its traceback
+                log.exception("control loop tick failed")
+
+    def _refresh_nodes(self) -> bool:
+        nodes = nodes_from_ray(ray.nodes())
+        ids = {n.id for n in nodes}
+        if ids == self._node_ids:
+            return False
+        for gone in self._node_ids - ids:
+            self.state.remove_node(gone)
+        used: Dict[str, Resources] = {}
+        for lease in self.state.leases.values():
+            for nid in lease.placement:
+                used[nid] = used.get(nid, Resources()) + lease.workload.gang.per_worker
+        from dataclasses import replace
+
+        for n in nodes:
+            if n.id not in self._node_ids:
+                self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources())))
+        self._node_ids = ids
+        return True
+
+    async def _tick(self) -> None:
+        now = time.time()
+        self._refresh_nodes()
+        await self._enforce_deadlines(now)
+        self.state.decay(now)
+        result = cycle(self.state.snapshot(), now)
+        self.cycles += 1
+        for p in result.preempted:
+            for vid in p.victims:
+                self._preempt(vid, p.reason, now)
+        for a in result.admitted:
+            self._admit(a, now)
+        for p in result.pending:
+            rec = self.records[p.workload.id]
+            rec.reason, rec.position = str(p.reason), p.position
+            rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
+
+    def _admit(self, a: Admit, now: float) -> None:
+        rec = self.records[a.workload.id]
+        pg_name = f"raylane-{rec.id}"
+        # Journal first, then act; roll back if the reservation cannot be made.
+        self._append("admitted", rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
+                     note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
+                          + (" (borrowing)" if a.borrowing else ""))
+        self.state.start(a, now)
+        w = a.workload
+        try:
+            pg = placement_group(
+                [bundle_for(w.gang.per_worker)] * w.gang.workers,
+                strategy=RAY_STRATEGY.get(w.gang.strategy, "PACK"),
+                name=pg_name,
+                lifetime="detached",
+                bundle_label_selector=[{"ray.io/node-id": nid} for nid in a.placement],
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure to reserve is rolled back the same way
+            self._rollback(rec, f"placement group could not be created: {exc}")
+            return
+        asyncio.get_event_loop().create_task(self._confirm(rec, pg))
+
+    async def _confirm(self, rec: Record, pg) -> None:
+        try:
+            await asyncio.wait_for(pg.ready(), timeout=self.admit_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            remove_placement_group(pg)
+            self._rollback(rec, f"reservation not ready in {self.admit_timeout_s:g}s ({type(exc).__name__})")
+            return
+        ev = self._admitted.get(rec.id)
+        if ev is not None:
+            ev.set()
+
+    def _rollback(self, rec: Record, why: str) -> None:
+        if rec.id in self.state.leases:
+            lease = self.state.finish(rec.id, time.time())
+            self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s, note=f"admission rolled back: {why}")
+            self.state.requeue(lease, time.time(), rec.attained_gpu_s)
+        self._poke()
+
+    def _preempt(self, wid: str, reason: str, now: float) -> None:
+        rec = self.records[wid]
+        if rec.state is State.PREEMPTING:
+            return
+        grace = self.policy.workload_class(rec.cls).grace_period_s
+        self._append("preempting", rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
+        self.state.mark_terminating(wid)
+        if rec.job_id is None and rec.state is not State.RUNNING:
+            # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
+            self._release_lease(rec, now, outcome="preempted before start")
+
+    async def _enforce_deadlines(self, now: float) -> None:
+        for rec in list(self.records.values()):
+            if rec.state is State.PREEMPTING and rec.stop_deadline is not None and now >= rec.stop_deadline:
+                await self._force_stop(rec)
+                self._release_lease(rec, now, outcome="stopped by force after the grace period")
+
+    async def _force_stop(self, rec: Record) -> None:
+        if rec.pg_name:
+            try:
+                remove_placement_group(ray.util.get_placement_group(rec.pg_name))
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def _release_lease(self, rec: Record, now: float, outcome: str, step: Optional[int] = None) -> None:
+        """A preempted lease is over: free it and put the workload back at its original place."""
+        if rec.id not in self.state.leases:
+            return
+        lease = self.state.finish(rec.id, now)
+        attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
+        self._remove_pg(rec)
+        self._append("requeued", rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
+                     note=f"back in the queue ({outcome})")
+        self.state.requeue(lease, now, attained)
+        self._poke()
+
+    def _remove_pg(self, rec: Record) -> None:
+        if rec.pg_name:
+            try:
+                remove_placement_group(ray.util.get_placement_group(rec.pg_name))
+            except Exception:  # noqa: BLE001 - already removed
+                pass
+
+    # ------------------------------------------------------------------------------------------------ API
+    async def submit(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""
+        self._ensure_loop()
+        parsed = load_spec_from_dict(spec, f"spec {spec.get('name', '?') if isinstance(spec, dict) else '?'}",
+                                     policy=self.policy)
+        wid = f"{parsed.name}-{secrets.token_hex(3)}"
+        now = time.time()
+        w = parsed.to_core(wid, self.policy, now)
+        self._refresh_nodes()
+        why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+        data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if why is not None:
+            rec = Record(wid, data, now)
+            self.records[wid] = rec
+            self.journal.append("submitted", wid, spec=data, submit_time=now)
+            self._append("rejected", rec, reason=str(why), note=f"rejected at submit: {why}")
+            raise InfeasibleError(f"{wid} rejected: {why}")
+        rec = Record(wid, data, now)
+        self.records[wid] = rec
+        self._append_submitted(rec, data, now)
+        self.state.enqueue(w)
+        self._poke()
+        return rec.public()
+
+    def _append_submitted(self, rec: Record, data, now) -> None:
+        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now,
+                                note=f"submitted by {data.get('run', {}).get('owner', '?')}: "
+                                     f"{data.get('run', {}).get('intent', '')}")
+        rec.apply(e)
+
+    async def cancel(self, wid: str) -> Dict[str, Any]:
+        rec = self._get(wid)
+        if rec.state.terminal:
+            return rec.public()
+        now = time.time()
+        if self.state.is_pending(wid):
+            self.state.dequeue(wid)
+        elif wid in self.state.leases:
+            self.state.finish(wid, now)
+            self._remove_pg(rec)
+        self._append("cancelled", rec, note="cancelled")
+        ev = self._admitted.get(wid)
+        if ev is not None:
+            ev.set()
+        self._poke()
+        return rec.public()
+
+    async def release(self, wid: str, outcome: str, state: str = "SUCCEEDED", step: Optional[int] = None,
+                      detail: str = "") -> Dict[str, Any]:
+        """The workload stopped. ``outcome``: 'finished', 'failed' or 'yielded' (after a preemption)."""
+        rec = self._get(wid)
+        now = time.time()
+        if rec.state.terminal:
+            return rec.public()
+        if outcome == "yielded":
+            self._release_lease(rec, now, outcome=f"yielded at step {step}", step=step)
+        else:
+            if wid in self.state.leases:
+                self.state.finish(wid, now)
+            self._remove_pg(rec)
+            self._append("finished", rec, state=state, outcome=outcome, step=step,
+                         note=f"{state.lower()}: {detail or outcome}")
+        self._poke()
+        return rec.public()
+
+    async def report(self, wid: str, kind: str, **data) -> Dict[str, Any]:
+        """Progress from a running workload: kind 'running' (with job_id), 'checkpointed' (with step), 'event'."""
+        rec = self._get(wid)
+        if kind == "checkpointed" and wid in self.state.leases:
+            self.state.checkpointed(wid, time.time())
+        self._append(kind, rec, **data)
+        return {"stop": rec.state is State.PREEMPTING, "state": rec.state.value}
+
+    async def should_stop(self, wid: str) -> bool:
+        rec = self.records.get(wid)
+        return rec is None or rec.state in (State.PREEMPTING, State.CANCELLED)
+
+    async def wait_admission(self, wid: str, timeout_s: float = 5.0) -> Dict[str, Any]:
+        """Wait up to ``timeout_s`` for the workload's reservation to be ready; returns its record either way."""
+        rec = self._get(wid)
+        self._ensure_loop()
+        if rec.state in (State.PENDING, State.ADMITTED):
+            ev = self._admitted.setdefault(wid, asyncio.Event())
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=timeout_s)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                ev.clear()
+        out = rec.public()
+        out["ready"] = rec.state in (State.ADMITTED, State.RUNNING) and rec.pg_name is not None
+        return out
+
+    async def status(self, wid: str) -> Dict[str, Any]:
+        return self._get(wid).public()
+
+    async def queue(self, include_done: bool = False) -> List[Dict[str, Any]]:
+        self._ensure_loop()
+        now = time.time()
+        rows = []
+        for rec in self.records.values():
+            if rec.state.terminal and not include_done:
+                continue
+            rows.append({
+                "id": rec.id, "team": rec.team, "class": rec.cls, "kind": rec.spec.get("kind", "train"),
+                "state": rec.state.value, "resources": _gang_text(rec.spec),
+                "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
+                "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
+            })
+        rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
+        return rows
+
+    async def explain(self, wid: str) -> Dict[str, Any]:
+        rec = self._get(wid)
+        out = rec.public()
+        out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)]
+        team = self.state.teams.get(rec.team)
+        if team is not None:
+            used = self.state.usage.get(rec.team, Resources())
+            out["team_quota"] = {r: {"used": used.get(r), "nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
+                                     "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
+        return out
+
+    async def info(self) -> Dict[str, Any]:
+        self._ensure_loop()
+        return {"cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
+                "leases": len(self.state.leases), "journal": self.journal.path, "started": self._started,
+                "scheduler": self.state.config.__dict__ if hasattr(self.state.config, "__dict__") else
+                {k: getattr(self.state.config, k) for k in self.state.config.__dataclass_fields__}}
+
+    async def ping(self) -> bool:
+        self._ensure_loop()
+        return True
+
+    def _get(self, wid: str) -> Record:
+        rec = self.records.get(wid)
+        if rec is None:
+            raise NotFoundError(f"no workload {wid!r}")
+        return rec
+
+
+def _fields(reason) -> Dict[str, Any]:
+    fields = getattr(reason, "__dataclass_fields__", {})
+    out = {}
+    for k in fields:
+        v = getattr(reason, k)
+        out[k] = str(v) if hasattr(v, "__dataclass_fields__") else v
+    return out
+
+
+def _gang_text(spec: Dict[str, Any]) -> str:
+    g = spec.get("gang", {})
+    r = g.get("resources", {})
+    parts = [f"{r[k]:g} {k.upper() if k != 'memory' else 'GiB'}" for k in ("gpu", "cpu", "memory") if r.get(k)]
+    return f"{g.get('workers', 1)} x ({', '.join(parts) or '-'})"

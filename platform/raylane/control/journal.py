@@ -1,0 +1,62 @@
+"""The control actor's durable journal: an append-only log of every state change, in sqlite.
+
+The control actor writes an entry *before* it acts on a change (admit before creating the placement group,
+preempt before telling the workload), and rebuilds its whole state by replaying the journal when it starts. The
+journal owns nothing else. One file per control plane; sqlite's WAL mode makes each append durable on commit.
+
+Entry kinds: ``submitted``, ``rejected``, ``admitted``, ``running``, ``checkpointed``, ``preempting``,
+``requeued``, ``finished``, ``cancelled``, ``event`` (free-form notes shown by ``explain``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    ts: float
+    kind: str
+    workload_id: str
+    data: Dict[str, Any]
+
+
+class Journal:
+    def __init__(self, path: str):
+        self.path = os.path.abspath(os.path.expanduser(path))
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,"
+            " kind TEXT NOT NULL, workload_id TEXT NOT NULL, data TEXT NOT NULL)"
+        )
+
+    def append(self, kind: str, workload_id: str, ts: Optional[float] = None, **data: Any) -> Entry:
+        ts = time.time() if ts is None else ts
+        cur = self._db.execute(
+            "INSERT INTO journal (ts, kind, workload_id, data) VALUES (?, ?, ?, ?)",
+            (ts, kind, workload_id, json.dumps(data, sort_keys=True, default=str)),
+        )
+        return Entry(cur.lastrowid, ts, kind, workload_id, data)
+
+    def replay(self) -> Iterator[Entry]:
+        for seq, ts, kind, wid, data in self._db.execute(
+            "SELECT seq, ts, kind, workload_id, data FROM journal ORDER BY seq"
+        ):
+            yield Entry(seq, ts, kind, wid, json.loads(data))
+
+    def entries_for(self, workload_id: str) -> Iterator[Entry]:
+        for seq, ts, kind, wid, data in self._db.execute(
+            "SELECT seq, ts, kind, workload_id, data FROM journal WHERE workload_id = ? ORDER BY seq", (workload_id,)
+        ):
+            yield Entry(seq, ts, kind, wid, json.loads(data))
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,115 @@
+"""What the control plane remembers about each workload, rebuilt from the journal on every start.
+
+A ``Record`` is the control actor's view of one submission across its whole life: pending, admitted (holding a
+reservation), running, preempting, and its end. Only the control actor changes records, and only by applying
+journal entries (``apply``), so the live path and recovery run the same code.
+
+States: PENDING -> ADMITTED -> RUNNING -> (PREEMPTING -> PENDING)* -> SUCCEEDED | FAILED | CANCELLED;
+REJECTED at submit.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from raylane.control.journal import Entry
+
+
+class State(str, enum.Enum):
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    RUNNING = "RUNNING"
+    PREEMPTING = "PREEMPTING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    REJECTED = "REJECTED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.REJECTED)
+
+    @property
+    def holds_lease(self) -> bool:
+        return self in (State.ADMITTED, State.RUNNING, State.PREEMPTING)
+
+
+@dataclass
+class Record:
+    id: str
+    spec: Dict[str, Any]
+    submit_time: float
+    state: State = State.PENDING
+    reason: str = ""
+    reason_data: Dict[str, Any] = field(default_factory=dict)
+    position: Optional[int] = None
+    placement: Tuple[str, ...] = ()
+    pg_name: Optional[str] = None
+    admitted_at: Optional[float] = None
+    attained_gpu_s: float = 0.0
+    last_checkpoint: Optional[float] = None
+    step: Optional[int] = None
+    preemptions: int = 0
+    restarts: int = 0
+    attempts: int = 0
+    job_id: Optional[str] = None
+    stop_deadline: Optional[float] = None
+    outcome: str = ""
+    ended_at: Optional[float] = None
+    events: List[Tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def team(self) -> str:
+        return self.spec.get("team", "")
+
+    @property
+    def cls(self) -> str:
+        return self.spec.get("class", "")
+
+    def apply(self, e: Entry) -> None:
+        """Change this record as the journal entry says. The single place where record state moves."""
+        d = e.data
+        if e.kind == "rejected":
+            self.state, self.reason, self.ended_at = State.REJECTED, d.get("reason", ""), e.ts
+        elif e.kind == "admitted":
+            self.state = State.ADMITTED
+            self.placement = tuple(d["placement"])
+            self.pg_name = d.get("pg_name")
+            self.admitted_at = e.ts
+            self.attempts += 1
+            self.reason, self.position, self.reason_data = "", None, {}
+        elif e.kind == "running":
+            self.state = State.RUNNING
+            self.job_id = d.get("job_id", self.job_id)
+        elif e.kind == "job":
+            self.job_id = d.get("job_id")
+        elif e.kind == "checkpointed":
+            self.last_checkpoint = e.ts
+            self.step = d.get("step", self.step)
+        elif e.kind == "preempting":
+            self.state = State.PREEMPTING
+            self.stop_deadline = d.get("deadline")
+            self.preemptions += 1 if d.get("preemption", True) else 0
+        elif e.kind == "requeued":
+            self.state = State.PENDING
+            self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
+            self.step = d.get("step", self.step)
+            self.restarts += 1 if d.get("restart") else 0
+            self.placement, self.pg_name, self.admitted_at, self.stop_deadline = (), None, None, None
+        elif e.kind in ("finished", "cancelled"):
+            self.state = State.CANCELLED if e.kind == "cancelled" else State(d.get("state", "SUCCEEDED"))
+            self.outcome = d.get("outcome", "")
+            self.step = d.get("step", self.step)
+            self.ended_at = e.ts
+            self.stop_deadline = None
+        note = d.get("note")
+        if note:
+            self.events.append((e.ts, note))
+
+    def public(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["state"] = self.state.value
+        out["team"] = self.team
+        out["class"] = self.cls
+        return out
