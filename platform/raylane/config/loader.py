@@ -40,6 +40,7 @@ __all__ = [
     "load_spec",
     "load_spec_from_dict",
     "read_yaml",
+    "validate_document",
     "pydantic_errors",
 ]
 
@@ -278,7 +279,11 @@ def _describe(tp: Any) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def _validate(model: Type[pydantic.BaseModel], data: Any, source: str, extra: ErrorList) -> Any:
+def validate_document(
+    model: Type[pydantic.BaseModel], data: Any, source: str, extra: Sequence[Tuple[str, Any, str]] = ()
+) -> Any:
+    """``model`` from a parsed document, or ``ValidationError`` with every problem (``extra`` first: e.g. the
+    duplicate keys ``read_yaml`` found). For any ``StrictModel``, e.g. the cluster file's."""
     errors = list(extra)
     result = None
     if not isinstance(data, Mapping):
@@ -293,9 +298,12 @@ def _validate(model: Type[pydantic.BaseModel], data: Any, source: str, extra: Er
     return result
 
 
+_validate = validate_document  # the name raylane.config.cluster imports
+
+
 def load_policy_from_dict(data: Any, source: str = "policy", *, _extra: ErrorList = ()) -> ClusterPolicy:
     """A ``ClusterPolicy`` from parsed YAML; raises ``ValidationError`` with every problem."""
-    return _validate(ClusterPolicy, data, source, list(_extra))
+    return validate_document(ClusterPolicy, data, source, _extra)
 
 
 def load_policy(path: Union[str, Path, None] = None) -> ClusterPolicy:
@@ -312,7 +320,7 @@ def load_spec_from_dict(
     errors = list(_extra)
     spec = None
     try:
-        spec = _validate(WorkloadSpec, data, source, [])
+        spec = validate_document(WorkloadSpec, data, source)
     except ValidationError as exc:
         errors.extend(exc.errors)
     if spec is not None and policy is not None:

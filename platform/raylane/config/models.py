@@ -12,9 +12,8 @@ Words
 - *allowed text*: the human phrase an error shows after the bad value ("one of fifo, priority, ...").
 
 Defaults live in one place: the core dataclasses (``SchedulerConfig``, ``WorkloadClass``, ``Team``, ``Quota``,
-``Gang``) hold them, and the fields below read them from there. Names of policies are listed once, in the
-``*_POLICIES`` constants below (placement strategies come from the core's ``Strategy`` enum); when the core's
-registries are importable without side effects these constants can be built from ``Registry.names()``.
+``Gang``) hold them, and the fields below read them from there. The names a policy axis accepts come from the
+core's registries (``ORDERINGS``, ``BACKFILLS``, ...), exposed here as the ``*_POLICIES`` constants.
 
 Every model forbids unknown fields: a typo is an error, never a silently ignored key.
 """
@@ -29,13 +28,17 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from raylane.errors import UnknownNameError, ValidationError
+from raylane.scheduling.admission import ADMISSIONS
+from raylane.scheduling.backfill import BACKFILLS
+from raylane.scheduling.ordering import ORDERINGS
+from raylane.scheduling.placement import PLACEMENTS
+from raylane.scheduling.preemption import PREEMPTIONS
 from raylane.scheduling.types import (
     RESOURCE_NAMES,
     Gang,
     Quota,
     Resources,
     SchedulerConfig,
-    Strategy,
     Team,
     Workload,
     WorkloadClass,
@@ -50,6 +53,10 @@ __all__ = [
     "WORKLOAD_KINDS",
     "RESOURCE_NAMES",
     "Allowed",
+    "StrictModel",
+    "Duration",
+    "Memory",
+    "Name",
     "parse_duration",
     "parse_memory",
     "SchedulerSpec",
@@ -67,16 +74,15 @@ __all__ = [
 
 # ------------------------------------------------------------------------------------------- allowed names
 
-# The names each axis accepts. One place; the loader's messages and the CLI read them from here.
-ORDERING_POLICIES: Tuple[str, ...] = ("fifo", "priority", "fair-share", "las", "srtf")
-BACKFILL_POLICIES: Tuple[str, ...] = ("none", "easy", "greedy")
-PREEMPTION_POLICIES: Tuple[str, ...] = ("default", "none", "ordering")
-ADMISSION_POLICIES: Tuple[str, ...] = ("quota", "none")
-PLACEMENT_STRATEGIES: Tuple[str, ...] = tuple(s.value for s in Strategy)
+# The names each axis accepts come from the core's registries: a policy module that registers itself is at once
+# accepted here and listed in the error messages.
+ORDERING_POLICIES: Tuple[str, ...] = tuple(ORDERINGS.names())
+BACKFILL_POLICIES: Tuple[str, ...] = tuple(BACKFILLS.names())
+PREEMPTION_POLICIES: Tuple[str, ...] = tuple(PREEMPTIONS.names())
+ADMISSION_POLICIES: Tuple[str, ...] = tuple(ADMISSIONS.names())
+PLACEMENT_STRATEGIES: Tuple[str, ...] = tuple(PLACEMENTS.names())
+# Workload kinds have no registry (yet): the drivers that run each kind will be looked up by these names.
 WORKLOAD_KINDS: Tuple[str, ...] = ("train", "tune", "serve", "batch", "eval")
-
-# Defaults that the core does not hold (yet).
-DEFAULT_ADMISSION = "quota"
 DEFAULT_KIND = "train"
 
 _SCHED = SchedulerConfig()
@@ -201,8 +207,13 @@ KindName = _one_of(WORKLOAD_KINDS)
 ResourceName = _one_of(RESOURCE_NAMES)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, populate_by_name=False)
+class StrictModel(BaseModel):
+    """Base of every Raylane config model: unknown fields are errors, numbers are finite, instances immutable."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+_Model = StrictModel  # the name raylane.config.cluster imports
 
 
 # ------------------------------------------------------------------------------------------------ policy
@@ -214,7 +225,7 @@ class SchedulerSpec(_Model):
     ordering: OrderingName = _SCHED.ordering
     backfill: BackfillName = _SCHED.backfill
     preemption: PreemptionName = _SCHED.preemption
-    admission: AdmissionName = DEFAULT_ADMISSION
+    admission: AdmissionName = _SCHED.admission
     max_admissions_per_cycle: int = Field(default=_SCHED.max_admissions_per_cycle, ge=1)
     # Attained GPU-time boundaries of the LAS queues; "1h" means 3600 GPU-seconds.
     las_thresholds: Tuple[Duration, ...] = _SCHED.las_thresholds
@@ -241,7 +252,7 @@ class WorkloadClassSpec(_Model):
 
     priority: int
     preemptible: bool
-    # A preemptible workload is not stopped before it ran this long (unless the cluster has no other choice).
+    # Work of a preemptible class is never preempted before it ran this long.
     min_runtime: Duration = _CLASS["min_runtime_s"]
     checkpoint_every: Duration = _CLASS["checkpoint_interval_s"]
     grace_period: Duration = _CLASS["grace_period_s"]
@@ -305,8 +316,9 @@ class ClusterPolicy(_Model):
 
     def to_scheduler_config(self) -> SchedulerConfig:
         s = self.scheduler
-        kwargs: Dict[str, Any] = dict(
+        return SchedulerConfig(
             ordering=s.ordering,
+            admission=s.admission,
             backfill=s.backfill,
             preemption=s.preemption,
             max_admissions_per_cycle=s.max_admissions_per_cycle,
@@ -314,10 +326,6 @@ class ClusterPolicy(_Model):
             fair_share_half_life_s=s.fair_share_half_life,
             default_runtime_s=s.default_runtime,
         )
-        # SchedulerConfig does not carry the admission policy yet; pass it on once the core grows the field.
-        if "admission" in {f.name for f in dataclasses.fields(SchedulerConfig)}:
-            kwargs["admission"] = s.admission
-        return SchedulerConfig(**kwargs)
 
     def workload_class(self, name: str) -> WorkloadClass:
         spec = self.classes.get(name)
