@@ -308,6 +308,12 @@ def test_empty_file_is_an_error(tmp_path):
     assert_has_error(errors_of(load_policy, f), "(top level)", None, "a mapping with fields")
 
 
+def test_binary_file_is_an_error(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_bytes(b"classes: \xff\xfe\n")
+    assert_has_error(errors_of(load_policy, f), "byte 9", None, "UTF-8 text")
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(NotFoundError, match=r"policy file .*nope\.yaml not found"):
         load_policy(tmp_path / "nope.yaml")

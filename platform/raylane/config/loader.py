@@ -105,7 +105,10 @@ def read_yaml(path: Union[str, Path], what: str = "file") -> Tuple[Any, ErrorLis
     if not p.is_file():
         hint = "" if not p.exists() else " (it is a directory)"
         raise NotFoundError(f"{what} {p} not found{hint}")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError(str(p), [(f"byte {e.start}", e.object[e.start:e.start + 8], "UTF-8 text")]) from None
     return _parse_yaml(text, str(p))
 
 
