@@ -25,6 +25,7 @@ import random
 import shutil
 import tempfile
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, Literal, Mapping, Optional, Union
@@ -114,14 +115,48 @@ def parse_config(config: Union[Mapping[str, Any], TrainConfig]) -> TrainConfig:
 
 
 def _describe(error: Mapping[str, Any]) -> tuple[str, object, str]:
+    """One pydantic error as (path, value, what is allowed), the allowed part written from the field's own bounds."""
     loc = tuple(error["loc"])
     path = ".".join(str(p) for p in loc) or "<config>"
+    parent = _model_at(loc[:-1])
     if error["type"] == "extra_forbidden":
-        parent = {(): TrainConfig, ("corpus",): CorpusConfig, ("model",): ModelConfig}.get(loc[:-1])
         keys = ", ".join(sorted(parent.model_fields)) if parent else "none"
         return path, error.get("input"), f"unknown key; allowed keys: {keys}"
-    msg = error["msg"].removeprefix("Value error, ")
-    return path, error.get("input"), msg
+    info = parent.model_fields.get(loc[-1]) if parent and loc else None
+    if error["type"] == "value_error" or info is None:  # a check of our own: its message says what is allowed
+        return path, error.get("input"), error["msg"].removeprefix("Value error, ")
+    return path, error.get("input"), _expected(info.annotation, info.metadata)
+
+
+def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+    model: Any = TrainConfig
+    for part in loc:
+        info = model.model_fields.get(part) if isinstance(part, str) else None
+        model = info.annotation if info is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    return model
+
+
+_KIND = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_BOUND = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def _expected(annotation: Any, metadata: list[Any]) -> str:
+    """``Optional[Annotated[float, Field(gt=0)]]`` -> "null or a number > 0"."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Union and type(None) in args:
+        inner = next(a for a in args if a is not type(None))
+        return "null or " + _expected(inner, metadata)
+    if typing.get_origin(annotation) is Annotated:
+        base, *extra = args
+        metadata = [*metadata, *(m for e in extra for m in getattr(e, "metadata", [e]))]
+        annotation = base
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"a mapping with keys among: {', '.join(sorted(annotation.model_fields))}"
+    bounds = [f"{_BOUND[name]} {getattr(m, name)}" for m in metadata for name in _BOUND if hasattr(m, name)]
+    kind = _KIND.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    return " ".join([kind, " and ".join(bounds)]) if bounds else kind
 
 
 # ---------------------------------------------------------------------------------------------------------------

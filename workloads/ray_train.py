@@ -1,0 +1,139 @@
+"""Ray Train adapter of the reference training loop: ``TorchTrainer(train_loop_per_worker, train_loop_config=...)``.
+
+This module is the only one in ``workloads`` that imports Ray. It turns Ray Train's session into ``TrainHooks``:
+
+- resume: ``ray.train.get_checkpoint()``, copied to a local directory; Ray Train hands the latest reported
+  checkpoint to a retried worker group and to a new ``fit()`` with the same ``RunConfig(name, storage_path)``.
+- checkpoint: every rank calls ``ray.train.report(metrics, checkpoint=...)`` (a barrier); only rank 0 has files.
+- metrics: ``ray.train.report(metrics)`` every ``report_every`` steps (rank 0's are the ones Ray keeps).
+- stop: ``stop_poll()`` runs on rank 0 and its answer reaches every rank through
+  ``ray.train.collective.broadcast_from_rank_zero``; with ``yield_on_preemption`` a node drain seen by
+  ``ray.train.get_preemption_info()`` also makes the run yield.
+- DDP: ``ray.train.torch.prepare_model`` when the group has more than one worker.
+
+Config: the keys of ``workloads.train_lm.TrainConfig`` plus the adapter's own, all optional:
+``stop_poll`` (zero-argument callable -> bool, picklable, run on rank 0; a ``RetryableError`` it raises counts as
+"keep going"), ``wrap_hooks`` (callable taking and returning ``TrainHooks``, e.g. an MLflow ``ForwardingHooks``),
+``report_every`` (int >= 1, default 1) and ``yield_on_preemption`` (bool, default False; costs one more collective
+per step). ``check_config`` validates the lot on the driver before anything is launched.
+
+The function returns ``TrainResult.to_dict()``, which ``Result.return_value`` carries: ``status`` is ``"yielded"``
+when the run stopped on request.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from torch import nn
+
+from raylane.errors import RetryableError, ValidationError
+from workloads.train_lm import TrainConfig, TrainHooks, parse_config, train
+
+import ray.train
+import ray.train.torch
+from ray.train.collective import broadcast_from_rank_zero
+
+__all__ = ["AdapterOptions", "RayTrainHooks", "check_config", "train_loop_per_worker"]
+
+logger = logging.getLogger(__name__)
+
+_ADAPTER_KEYS = ("stop_poll", "wrap_hooks", "report_every", "yield_on_preemption")
+
+
+@dataclass(frozen=True)
+class AdapterOptions:
+    stop_poll: Optional[Callable[[], bool]] = None
+    wrap_hooks: Optional[Callable[[TrainHooks], TrainHooks]] = None
+    report_every: int = 1
+    yield_on_preemption: bool = False
+
+
+def check_config(config: Mapping[str, Any]) -> tuple[AdapterOptions, TrainConfig]:
+    """Split ``config`` into the adapter's options and a ``TrainConfig``; one ``ValidationError`` lists every problem."""
+    errors: list[tuple[str, object, str]] = []
+    if not isinstance(config, Mapping):
+        raise ValidationError("ray train config", [("<config>", config, "a mapping of config keys to values")])
+    opts = {k: config[k] for k in _ADAPTER_KEYS if k in config}
+    for key in ("stop_poll", "wrap_hooks"):
+        if opts.get(key) is not None and not callable(opts[key]):
+            errors.append((key, opts[key], "a callable or null"))
+    every = opts.get("report_every", 1)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        errors.append(("report_every", every, "an integer >= 1"))
+    if not isinstance(opts.get("yield_on_preemption", False), bool):
+        errors.append(("yield_on_preemption", opts["yield_on_preemption"], "true or false"))
+    train_cfg = None
+    try:
+        train_cfg = parse_config({k: v for k, v in config.items() if k not in _ADAPTER_KEYS})
+    except ValidationError as exc:
+        errors += exc.errors
+    if errors or train_cfg is None:
+        raise ValidationError("ray train config", errors)
+    return AdapterOptions(**opts), train_cfg
+
+
+class RayTrainHooks(TrainHooks):
+    """``TrainHooks`` over the Ray Train session of the calling worker; see the module docstring."""
+
+    def __init__(self, options: AdapterOptions = AdapterOptions()):
+        ctx = ray.train.get_context()
+        self.world_rank = ctx.get_world_rank()
+        self.world_size = ctx.get_world_size()
+        self.options = options
+        self._resume_dir: Optional[tempfile.TemporaryDirectory] = None
+
+    def load_checkpoint(self) -> Optional[str]:
+        found = ray.train.get_checkpoint()
+        if found is None:
+            return None
+        self._resume_dir = tempfile.TemporaryDirectory(prefix="raylane-resume-")
+        return found.to_directory(self._resume_dir.name)
+
+    def save_checkpoint(self, dir_path: Optional[str], step: int, metrics: Mapping[str, float]) -> None:
+        checkpoint = ray.train.Checkpoint.from_directory(dir_path) if dir_path is not None else None
+        # Named by step so that the run's storage lists checkpoints in training order.
+        ray.train.report({**metrics, "step": step}, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint_{step:08d}")
+
+    def report(self, step: int, metrics: Mapping[str, float]) -> None:
+        if step % self.options.report_every == 0:
+            ray.train.report({**metrics, "step": step})
+
+    def should_stop(self) -> bool:
+        stop = False
+        if self.options.yield_on_preemption:
+            stop = ray.train.get_preemption_info() is not None
+        if self.options.stop_poll is not None:
+            asked = self._poll() if self.world_rank == 0 else None
+            stop = bool(broadcast_from_rank_zero(asked)) or stop
+        return stop
+
+    def _poll(self) -> bool:
+        try:
+            return bool(self.options.stop_poll())
+        except RetryableError as exc:  # the control plane is restarting: keep training, ask again next step
+            logger.warning("stop_poll failed, will ask again next step: %s", exc)
+            return False
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        if self.world_size > 1:
+            return ray.train.torch.prepare_model(model)
+        return model
+
+    def close(self) -> None:
+        if self._resume_dir is not None:
+            self._resume_dir.cleanup()
+            self._resume_dir = None
+
+
+def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-worker function for ``ray.train.torch.TorchTrainer``; returns ``TrainResult.to_dict()``."""
+    options, train_cfg = check_config(config)
+    hooks = RayTrainHooks(options)
+    try:
+        wrapped = options.wrap_hooks(hooks) if options.wrap_hooks is not None else hooks
+        return train(train_cfg, hooks=wrapped).to_dict()
+    finally:
+        hooks.close()
