@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from raylane import cli_config
+from raylane import cli_cluster, cli_config
 
 app = typer.Typer(
     name="raylane",
@@ -21,6 +21,7 @@ app = typer.Typer(
 # Command groups, one line each.
 app.add_typer(cli_config.policy_app, name="policy")
 app.add_typer(cli_config.spec_app, name="spec")
+cli_cluster.register(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,170 @@
+"""Commands that act on a running cluster: up, down, submit, queue, explain, cancel.
+
+They connect to Ray (the local cluster from ``raylane up``, or ``RAY_ADDRESS``) and call the control actor through
+``raylane.control.client``. Errors for users are printed without tracebacks; exit status 1 means the input was
+wrong or refused, 2 that the control plane could not be reached.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from raylane.errors import FatalError, RaylaneError, RetryableError
+
+console = Console()
+err = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def _errors():
+    try:
+        yield
+    except FatalError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1)
+    except (RetryableError, ConnectionError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+
+
+def connect():
+    """Connect this process to the cluster's Ray (quietly) and return the control actor's handle."""
+    import ray
+
+    from raylane import localcluster
+    from raylane.control.client import get_control
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        try:
+            ray.init(address=localcluster.address(), namespace="raylane", logging_level="ERROR",
+                     log_to_driver=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise RetryableError(f"no Ray cluster to connect to ({exc}); start one with `raylane up`") from exc
+    return get_control()
+
+
+def up(
+    cluster: Optional[Path] = typer.Option(None, "--cluster", "-c", help="Cluster file (default: embedded)."),
+    policy: Optional[Path] = typer.Option(None, "--policy", "-p", help="Policy file (default: policies/local.yaml)."),
+    journal: Optional[str] = typer.Option(None, help="Journal path (default: ~/.raylane/journal.db)."),
+    fresh: bool = typer.Option(False, help="Start with an empty journal."),
+):
+    """Start a local Ray cluster with logical GPUs and feature-tagged nodes, and the control actor."""
+    from raylane import localcluster
+    from raylane.config.cluster import load_cluster
+    from raylane.config.loader import _REPO_ROOT, default_policy_path, load_policy
+    from raylane.control.client import journal_path, start_control
+
+    with _errors():
+        spec = load_cluster(cluster)
+        local = _REPO_ROOT / "policies" / "local.yaml"
+        pol_path = policy or (local if local.is_file() else default_policy_path())
+        load_policy(pol_path)  # refuse a bad policy before starting anything
+        jpath = journal_path(journal)
+        if fresh and os.path.exists(jpath):
+            os.remove(jpath)
+        t0 = time.time()
+        st = localcluster.up(spec)
+        import ray
+
+        ray.init(address=st["address"], namespace="raylane", logging_level="ERROR", log_to_driver=False)
+        start_control(pol_path, jpath)
+        console.print(f"Ray cluster [bold]{spec.name}[/bold] up in {time.time() - t0:.1f}s: "
+                      f"{1 + sum(g.count for g in spec.nodes)} nodes, {spec.total_gpus} GPUs; "
+                      f"dashboard {st['dashboard']}; control actor ready (journal {jpath})")
+
+
+def down():
+    """Stop the local Ray cluster (and with it the control actor)."""
+    from raylane import localcluster
+
+    localcluster.down()
+    console.print("local Ray cluster stopped")
+
+
+def submit(
+    spec: Path = typer.Argument(..., help="Workload spec (YAML)."),
+    wait: bool = typer.Option(False, help="Wait until admitted."),
+):
+    """Submit a workload spec to the control actor; prints its id, state and queue position."""
+    from raylane.config.loader import read_yaml
+    from raylane.control.client import call
+
+    with _errors():
+        data, _ = read_yaml(spec, "spec file")
+        h = connect()
+        rec = call(h, "submit", data)
+        if wait:
+            while rec["state"] == "PENDING":
+                rec = call(h, "wait_admission", rec["id"], 5.0)
+        pos = f" at position {rec['position']}" if rec.get("position") else ""
+        console.print(f"{rec['id']}: {rec['state']}{pos}")
+
+
+def queue(
+    all_: bool = typer.Option(False, "--all", "-a", help="Include finished, cancelled and rejected workloads."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """The queue: id, team, class, state, resources, waited, position, reason."""
+    from raylane.control.client import call
+
+    with _errors():
+        rows = call(connect(), "queue", all_)
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    console.print(queue_table(rows))
+
+
+def queue_table(rows) -> Table:
+    t = Table(title="raylane queue", show_lines=False)
+    for col in ("ID", "TEAM", "CLASS", "STATE", "RESOURCES", "WAITED", "POS", "REASON"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["id"], r["team"], r["class"], r["state"], r["resources"], f"{r['waited_s']:.0f}s",
+                  str(r["position"] or "-"), r["reason"] or "")
+    return t
+
+
+def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
+    """Why a workload is where it is: state, reason with numbers, team quota, and its journal."""
+    from raylane.control.client import call
+
+    with _errors():
+        out = call(connect(), "explain", workload_id)
+    if as_json:
+        console.print_json(json.dumps(out, default=str))
+        return
+    console.print(f"[bold]{out['id']}[/bold] team={out['team']} class={out['class']} state={out['state']}")
+    if out.get("reason"):
+        console.print(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
+    for r, q in (out.get("team_quota") or {}).items():
+        console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
+                      f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
+    console.print(f"  preemptions={out['preemptions']} restarts={out['restarts']} step={out.get('step')}")
+    for e in out["journal"]:
+        ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
+        console.print(f"  {ts} {e['kind']:<13} {e.get('note', '')}", highlight=False)
+
+
+def cancel(workload_id: str = typer.Argument(...)):
+    """Cancel a workload: dequeue it, or stop it and release its resources."""
+    from raylane.control.client import call
+
+    with _errors():
+        rec = call(connect(), "cancel", workload_id)
+    console.print(f"{rec['id']}: {rec['state']}")
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (up, down, submit, queue, explain, cancel):
+        app.command(fn.__name__)(fn)
