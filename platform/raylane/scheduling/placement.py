@@ -107,7 +107,19 @@ class Spread:
         distinct = _greedy_fill(gang, cap, cap.descending(gang.per_worker.gpu), 1)
         if distinct is not None:
             return distinct
-        return Balanced().place(gang, cap)
+        # More workers than nodes with room: deal them out round by round, emptiest node first in each round, so
+        # the gang still spans every node that has room and no node gets two more workers than another.
+        nodes = list(_matching(cap, gang, cap.descending(gang.per_worker.gpu)))
+        if sum(k for _, k in nodes) < gang.workers:
+            return None
+        count = {nid: 0 for nid, _ in nodes}
+        need = gang.workers
+        while need:
+            for nid, k in nodes:
+                if need and count[nid] < k:
+                    count[nid] += 1
+                    need -= 1
+        return tuple(nid for nid, _ in nodes for _ in range(count[nid]))
 
 
 @PLACEMENTS.register("strict-spread")
