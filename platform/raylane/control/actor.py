@@ -78,6 +78,8 @@ class ControlActor:
         self._wake: Optional[asyncio.Event] = None
         self._admitted: Dict[str, asyncio.Event] = {}
         self._loop_task: Optional[asyncio.Task] = None
+        self._workers: Dict[str, list] = {}
+        self._jobs_checked = 0.0
         self._started = time.time()
         self.cycles = 0
         self._recover()
@@ -86,7 +88,8 @@ class ControlActor:
     def _recover(self) -> None:
         for e in self.journal.replay():
             if e.kind == "submitted":
-                self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"])
+                self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
+                                                     job_id=e.data.get("job_id"))
             rec = self.records.get(e.workload_id)
             if rec is not None:
                 rec.apply(e)
@@ -165,6 +168,7 @@ class ControlActor:
     async def _tick(self) -> None:
         now = time.time()
         self._refresh_nodes()
+        self._watch_jobs(now)
         await self._enforce_deadlines(now)
         self.state.decay(now)
         result = cycle(self.state.snapshot(), now)
@@ -223,10 +227,11 @@ class ControlActor:
         rec = self.records[wid]
         if rec.state is State.PREEMPTING:
             return
+        started = rec.state is State.RUNNING
         grace = self.policy.workload_class(rec.cls).grace_period_s
         self._append("preempting", rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
         self.state.mark_terminating(wid)
-        if rec.job_id is None and rec.state is not State.RUNNING:
+        if not started:
             # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
             self._release_lease(rec, now, outcome="preempted before start")
 
@@ -237,6 +242,11 @@ class ControlActor:
                 self._release_lease(rec, now, outcome="stopped by force after the grace period")
 
     async def _force_stop(self, rec: Record) -> None:
+        for h in self._workers.pop(rec.id, []):
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
         if rec.pg_name:
             try:
                 remove_placement_group(ray.util.get_placement_group(rec.pg_name))
@@ -263,7 +273,7 @@ class ControlActor:
                 pass
 
     # ------------------------------------------------------------------------------------------------ API
-    async def submit(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+    async def submit(self, spec: Dict[str, Any], job_id: Optional[str] = None) -> Dict[str, Any]:
         """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""
         self._ensure_loop()
         parsed = load_spec_from_dict(spec, f"spec {spec.get('name', '?') if isinstance(spec, dict) else '?'}",
@@ -280,15 +290,15 @@ class ControlActor:
             self.journal.append("submitted", wid, spec=data, submit_time=now)
             self._append("rejected", rec, reason=str(why), note=f"rejected at submit: {why}")
             raise InfeasibleError(f"{wid} rejected: {why}")
-        rec = Record(wid, data, now)
+        rec = Record(wid, data, now, job_id=job_id)
         self.records[wid] = rec
-        self._append_submitted(rec, data, now)
+        self._append_submitted(rec, data, now, job_id)
         self.state.enqueue(w)
         self._poke()
         return rec.public()
 
-    def _append_submitted(self, rec: Record, data, now) -> None:
-        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now,
+    def _append_submitted(self, rec: Record, data, now, job_id=None) -> None:
+        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now, job_id=job_id,
                                 note=f"submitted by {data.get('run', {}).get('owner', '?')}: "
                                      f"{data.get('run', {}).get('intent', '')}")
         rec.apply(e)
@@ -304,6 +314,9 @@ class ControlActor:
             self.state.finish(wid, now)
             self._remove_pg(rec)
         self._append("cancelled", rec, note="cancelled")
+        await self._force_stop(rec)
+        if rec.job_id:
+            self._stop_job(rec.job_id)
         ev = self._admitted.get(wid)
         if ev is not None:
             ev.set()
@@ -333,8 +346,60 @@ class ControlActor:
         rec = self._get(wid)
         if kind == "checkpointed" and wid in self.state.leases:
             self.state.checkpointed(wid, time.time())
+        if kind == "running" and rec.state is not State.ADMITTED:
+            return {"stop": True, "state": rec.state.value}  # preempted or cancelled before the gang started
         self._append(kind, rec, **data)
+        if kind == "running":
+            # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
+            # counting the capacity, so nothing else is admitted into it meanwhile.
+            self._remove_pg(rec)
         return {"stop": rec.state is State.PREEMPTING, "state": rec.state.value}
+
+    async def register_workers(self, wid: str, handles: list) -> None:
+        """The actors of a running gang, so that a preemption past its grace period can stop them."""
+        self._workers[wid] = list(handles)
+
+    async def class_info(self, name: str) -> Dict[str, Any]:
+        c = self.policy.workload_class(name)
+        return {k: getattr(c, k) for k in c.__dataclass_fields__}
+
+    def _jobs(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
+
+    def _stop_job(self, job_id: str) -> None:
+        try:
+            self._jobs().stop_job(job_id)
+        except Exception as exc:  # noqa: BLE001 - the job may be gone already
+            log.info("stop_job %s: %s", job_id, exc)
+
+    def _watch_jobs(self, now: float) -> None:
+        """A workload whose Ray job ended without telling us (driver killed, job stopped) releases its lease."""
+        if now - self._jobs_checked < 5.0:
+            return
+        self._jobs_checked = now
+        live = [r for r in self.records.values() if r.job_id and not r.state.terminal]
+        if not live:
+            return
+        try:
+            client = self._jobs()
+        except Exception:  # noqa: BLE001 - no dashboard: nothing to watch
+            return
+        for rec in live:
+            try:
+                status = str(client.get_job_status(rec.job_id))
+            except Exception:  # noqa: BLE001 - unknown job id
+                continue
+            if status.endswith(("STOPPED", "FAILED", "SUCCEEDED")):
+                if rec.id in self.state.leases:
+                    self.state.finish(rec.id, now)
+                elif self.state.is_pending(rec.id):
+                    self.state.dequeue(rec.id)
+                self._remove_pg(rec)
+                kind = "cancelled" if status.endswith("STOPPED") else "finished"
+                self._append(kind, rec, state="FAILED", outcome=f"ray job {status.split('.')[-1].lower()}",
+                             note=f"its Ray job {rec.job_id} ended ({status.split('.')[-1]}) without releasing")
 
     async def should_stop(self, wid: str) -> bool:
         rec = self.records.get(wid)

@@ -82,8 +82,8 @@ class Record:
         elif e.kind == "running":
             self.state = State.RUNNING
             self.job_id = d.get("job_id", self.job_id)
-        elif e.kind == "job":
-            self.job_id = d.get("job_id")
+        elif e.kind == "event" and d.get("restart"):
+            self.restarts += 1
         elif e.kind == "checkpointed":
             self.last_checkpoint = e.ts
             self.step = d.get("step", self.step)

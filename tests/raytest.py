@@ -1,0 +1,57 @@
+"""Shared helpers for tests on a real Ray cluster: a small multi-node cluster and polling with deadlines."""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def wait_for(pred: Callable[[], T], timeout: float = 30.0, every: float = 0.2, what: str = "condition") -> T:
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+
+
+def local_policy(**class_overrides) -> dict:
+    """policies/local.yaml as a dict, with per-class overrides, e.g. pretrain={"min_runtime": 0}."""
+    data = yaml.safe_load((REPO / "policies" / "local.yaml").read_text())
+    data = copy.deepcopy(data)
+    for cls, over in class_overrides.items():
+        data["classes"][cls].update(over)
+    return data
+
+
+def spec(name: str, team: str, cls: str, *, workers: int = 1, gpu: float = 1, cpu: float = 0.5,
+         features=(), placement=None, config=None, kind: str = "train") -> dict:
+    gang = {"workers": workers, "resources": {"gpu": gpu, "cpu": cpu}, "features": list(features)}
+    if placement:
+        gang["placement"] = placement
+    return {"name": name, "team": team, "class": cls, "kind": kind, "gang": gang, "config": config or {},
+            "run": {"intent": f"test {name}", "owner": "pytest"}}
+
+
+def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-sim", "ssd"])), gpus: int = 2,
+                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False):
+    """A head (no GPUs) and one node per entry with logical GPUs and feature labels."""
+    from ray.cluster_utils import Cluster
+
+    from raylane.localcluster import node_labels
+    from raylane.config.cluster import NodeGroup
+
+    c = Cluster(initialize_head=True, connect=False,
+                head_node_args={"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard})
+    for name, feats in gpu_nodes:
+        c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)))
+    c.wait_for_nodes()
+    return c

@@ -1,0 +1,126 @@
+"""The control actor on a real multi-node Ray cluster: submit, admit into a real placement group, cancel, quota
+refusal, infeasible rejection, preemption of a reservation, and a kill-and-restart with the queue intact."""
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from raylane.control.client import call, start_control, stop_control  # noqa: E402
+from raylane.errors import InfeasibleError, NotFoundError, ValidationError  # noqa: E402
+from tests.raytest import local_policy, spec, start_cluster, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ctl(tmp_path_factory):
+    cluster = start_cluster()
+    ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
+    journal = str(tmp_path_factory.mktemp("journal") / "journal.db")
+    # No minimum runtime for pretrain so that preemption is immediate in these tests.
+    handle = start_control(local_policy(pretrain={"min_runtime": 0}), journal, tick_s=0.2)
+    yield handle
+    stop_control()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def pg_table():
+    return {v["name"]: v for v in ray.util.placement_group_table().values() if v["state"] != "REMOVED"}
+
+
+def node_by_feature(feature):
+    for n in ray.nodes():
+        if n["Alive"] and n["Labels"].get(f"feature.raylane.io/{feature}") == "true":
+            return n["NodeID"]
+    raise AssertionError(feature)
+
+
+def drain(ctl):
+    for row in call(ctl, "queue"):
+        call(ctl, "cancel", row["id"])
+    wait_for(lambda: not pg_table(), what="all reservations released")
+
+
+def test_submit_admits_into_pinned_placement_group(ctl):
+    drain(ctl)
+    rec = call(ctl, "submit", spec("feat", "team-a", "pretrain", workers=2, features=["nvlink"]))
+    rec = wait_for(lambda: (r := call(ctl, "wait_admission", rec["id"], 2.0))["ready"] and r, what="admission")
+    assert rec["state"] == "ADMITTED"
+    pg = pg_table()[rec["pg_name"]]
+    assert pg["state"] == "CREATED"
+    # Both bundles sit on the node the core chose, the only one with the nvlink feature.
+    assert set(pg["bundles_to_node_id"].values()) == {node_by_feature("nvlink")} == set(rec["placement"])
+    assert [b.get("GPU") for b in pg["bundles"].values()] == [1.0, 1.0]
+
+
+def test_quota_refusal_gives_reason_and_position(ctl):
+    drain(ctl)
+    ids = [call(ctl, "submit", spec(f"q{i}", "team-a", "pretrain", workers=2))["id"] for i in range(3)]
+    # team-a: nominal 2 + borrowing 2 = 4 GPUs: two gangs of 2 run, the third waits on quota.
+    wait_for(lambda: sum(r["state"] == "ADMITTED" for r in call(ctl, "queue")) == 2, what="two admitted")
+    row = wait_for(lambda: next((r for r in call(ctl, "queue") if r["state"] == "PENDING" and r["reason"]), None),
+                   what="pending reason")
+    assert row["id"] == ids[2] and row["position"] == 1
+    assert "team team-a uses 4 of 2 GPU nominal + 0 borrowable; this gang needs 2" in row["reason"]
+    explained = call(ctl, "explain", ids[2])
+    assert explained["reason_data"]["type"] == "QuotaExceeded"
+    assert explained["team_quota"]["gpu"]["used"] == 4
+
+
+def test_infeasible_and_invalid_requests_are_refused_at_submit(ctl):
+    with pytest.raises(InfeasibleError, match="fits no set of nodes"):
+        call(ctl, "submit", spec("big", "team-a", "pretrain", workers=3, placement="strict-pack"))
+    with pytest.raises(ValidationError) as err:
+        call(ctl, "submit", spec("nope", "team-zzz", "pretrain"))
+    assert "team" in str(err.value) and "team-zzz" in str(err.value)
+    rejected = [r for r in call(ctl, "queue", True) if r["state"] == "REJECTED"]
+    assert any(r["id"].startswith("big-") for r in rejected)
+    with pytest.raises(NotFoundError):
+        call(ctl, "status", "no-such-workload")
+
+
+def test_cancel_releases_and_next_is_admitted(ctl):
+    drain(ctl)
+    first = [call(ctl, "submit", spec(f"c{i}", "team-a", "pretrain", workers=2))["id"] for i in range(2)]
+    wait_for(lambda: all(call(ctl, "status", i)["state"] == "ADMITTED" for i in first), what="two admitted")
+    waiting = call(ctl, "submit", spec("c-wait", "team-a", "pretrain", workers=2))["id"]
+    assert call(ctl, "cancel", first[0])["state"] == "CANCELLED"
+    wait_for(lambda: call(ctl, "status", waiting)["state"] == "ADMITTED", what="waiting one admitted")
+    assert f"raylane-{first[0]}" not in pg_table()
+
+
+def test_higher_class_of_other_team_reclaims_borrowed_gpus(ctl):
+    drain(ctl)
+    a = [call(ctl, "submit", spec(f"p{i}", "team-a", "pretrain", workers=2))["id"] for i in range(2)]
+    wait_for(lambda: all(call(ctl, "status", i)["state"] == "ADMITTED" for i in a), what="team-a holds 4 GPUs")
+    b = call(ctl, "submit", spec("ft", "team-b", "finetune", workers=2))["id"]
+    wait_for(lambda: call(ctl, "status", b)["state"] == "ADMITTED", what="team-b admitted")
+    states = sorted(call(ctl, "status", i)["state"] for i in a)
+    assert states == ["ADMITTED", "PENDING"]  # exactly one victim: the borrowed gang
+    victim = next(i for i in a if call(ctl, "status", i)["state"] == "PENDING")
+    assert call(ctl, "status", victim)["preemptions"] == 1
+    assert f"raylane-{victim}" not in pg_table()
+
+
+def test_kill_and_restart_keeps_queue_and_leases(ctl):
+    drain(ctl)
+    ids = [call(ctl, "submit", spec(f"k{i}", "team-a", "pretrain", workers=2))["id"] for i in range(3)]
+    wait_for(lambda: sum(call(ctl, "status", i)["state"] == "ADMITTED" for i in ids) == 2, what="two admitted")
+    before = {r["id"]: r["state"] for r in call(ctl, "queue")}
+    pgs_before = set(pg_table())
+    ray.kill(ctl, no_restart=False)
+    after = wait_for(lambda: _try_queue(ctl), timeout=60, what="control actor back")
+    assert {r["id"]: r["state"] for r in after} == before
+    assert set(pg_table()) == pgs_before
+    # The restarted actor still schedules: cancelling a running gang admits the waiting one.
+    running = [i for i in ids if before[i] == "ADMITTED"]
+    waiting = next(i for i in ids if before[i] == "PENDING")
+    call(ctl, "cancel", running[0])
+    wait_for(lambda: call(ctl, "status", waiting)["state"] == "ADMITTED", what="admission after restart")
+
+
+def _try_queue(ctl):
+    try:
+        return call(ctl, "queue", timeout=5)
+    except Exception:  # noqa: BLE001 - restarting
+        return None
