@@ -1,0 +1,660 @@
+"""MLflow tracking of Raylane workloads: one MLflow run per logical workload, across restarts and preemptions.
+
+This module owns the MLflow side of a workload: which experiment and run hold it, what the run records about the
+spec and the environment it ran in, the run's event log, and the training metrics rank 0 of a gang reports.
+It is the only module that writes the ``raylane.*`` tags and params of a run; the driver writes through
+``RunTracker``, rank 0 of a training gang through ``MlflowHooks``. It never imports Ray.
+
+Words:
+- *workload id*: the control plane's id of one submission (``pretrain-tiny-lm-1a2b3c``). It is the key of the run:
+  the run carries it as the tag ``raylane.workload_id`` and ``RunTracker.start()`` finds the run by it, so a driver
+  that restarts, or a workload resumed after a preemption, goes on writing the same run.
+- *attempt*: one stretch of execution of a workload, ended by a preemption, a yield, a crash or the finish. Attempts
+  do not end the MLflow run (see *run lifecycle*); they are recorded as *events*.
+- *event*: a line of the run's ``events.jsonl`` artifact (``{"seq", "time", "kind", "detail", "data"}``), in the
+  order the driver recorded them. Kinds ``preempted`` and ``restarted`` also bump the tags ``raylane.preemptions``
+  and ``raylane.restarts``, which are counted from the log itself so the two never disagree.
+- *global step*: the optimizer step the training loop reports, which goes on from the checkpoint after a resume.
+  Every metric is logged against it.
+- *high-water mark*: the tag ``raylane.metrics_step``, the last global step whose metrics reached MLflow. It is
+  written in the same ``log_batch`` as the metrics, so a resumed attempt that re-runs steps past its checkpoint
+  (after a crash, say) does not log them twice: steps at or below the mark are dropped. On CPU the re-run steps are
+  bit-identical to the lost ones, so nothing is lost by keeping the first copy.
+
+Run lifecycle (the choice made here): the run stays ``RUNNING`` between attempts; a preemption or a yield is an
+event, not an end. Only ``RunTracker.finish(status)`` ends the run, as ``FINISHED``, ``FAILED`` or ``KILLED``
+(cancelled). A ``start()`` that finds its run already ended (a workload run again after it finished or failed)
+reopens it as ``RUNNING``. A driver that dies leaves the run ``RUNNING`` until the next driver finishes it.
+
+Tracking URIs: MLflow 3.x refuses ``file://`` stores, so the default is a sqlite database
+(``~/.raylane/mlflow.db``), with artifacts in the directory ``mlartifacts`` next to it. Every process of a gang
+must reach the store: on a cluster of several machines, use an MLflow server (``http://...``) or a sqlite file on a
+shared file system.
+
+Errors: ``RunTracker`` lets MLflow's errors through (the caller decides whether tracking may fail a workload).
+``MlflowHooks`` never raises into the training loop: a failed flush is logged and retried at the next one, because
+losing metrics is cheaper than losing a training run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
+
+import yaml
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, Run, RunTag, ViewType
+from mlflow.exceptions import MlflowException
+
+from raylane.errors import FatalError, NotFoundError, ValidationError
+from workloads import checkpoint as ckpt
+from workloads.train_lm import ForwardingHooks, TrainHooks
+
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "TERMINAL_STATUSES",
+    "MlflowHooks",
+    "MlflowHooksFactory",
+    "RunTracker",
+    "code_version",
+    "spec_params",
+    "tracking_uri",
+    "wrap_hooks_factory",
+]
+
+logger = logging.getLogger(__name__)
+
+# Tags and params this module owns.
+TAG_WORKLOAD_ID = "raylane.workload_id"
+TAG_PREEMPTIONS = "raylane.preemptions"
+TAG_RESTARTS = "raylane.restarts"
+TAG_LAST_EVENT = "raylane.last_event"
+TAG_METRICS_STEP = "raylane.metrics_step"
+TAG_INITIALISED = "raylane.initialised"  # set last, once params and artifacts of a new run are all logged
+TAG_SNAPSHOT_SEEN = "raylane.data_snapshot.observed"  # a snapshot other than the logged param was trained on
+PARAM_CODE_VERSION = "raylane.code_version"
+PARAM_DATA_SNAPSHOT = "raylane.data_snapshot"
+EVENTS_ARTIFACT = "events.jsonl"
+COUNTED_EVENTS = {"preempted": TAG_PREEMPTIONS, "restarted": TAG_RESTARTS}
+TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+# MLflow's limits (mlflow.utils.validation): longer values are refused, bigger batches too.
+_MAX_PARAM_VALUE = 6000
+_MAX_TAG_VALUE = 8000
+_MAX_PARAMS_TAGS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+_BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+_ENV_URIS = ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")  # the first one set wins
+_HOME_DB = Path("~/.raylane/mlflow.db")
+_SQLITE_PREFIX = "sqlite:///"
+
+# ---------------------------------------------------------------------------------------------------------------
+# Where the store is.
+
+
+def _default_uri() -> str:
+    return f"{_SQLITE_PREFIX}{_HOME_DB.expanduser().resolve()}"
+
+
+def _env_uri() -> Optional[str]:
+    return next((os.environ[name] for name in _ENV_URIS if os.environ.get(name)), None)
+
+
+DEFAULT_TRACKING_URI: str = _env_uri() or _default_uri()
+"""The store used when none is given: ``$RAYLANE_MLFLOW_URI``, else ``$MLFLOW_TRACKING_URI``, else the sqlite
+database ``~/.raylane/mlflow.db``; read at import. ``tracking_uri()`` reads the environment again at each call."""
+
+
+def tracking_uri(uri: Optional[str] = None) -> str:
+    """The store to use: ``uri`` if given, else the environment (see ``DEFAULT_TRACKING_URI``), else the sqlite
+    default. A bare path ending in ``.db`` becomes a sqlite URI. For sqlite the database's directory is created.
+
+    Raises ``ValidationError`` for a ``file:`` store or a bare path that is not a database: MLflow 3 refuses both.
+    """
+    chosen = uri or _env_uri() or _default_uri()
+    resolved = _normalise(chosen)
+    db = _sqlite_path(resolved)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    return resolved
+
+
+def _normalise(uri: str) -> str:
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) and not re.match(r"^[A-Za-z]:[\\/]", uri):
+        if uri.startswith("file:"):
+            raise ValidationError("tracking uri", [("tracking_uri", uri, _URI_ALLOWED + " (MLflow 3 refuses file stores)")])
+        return uri
+    path = Path(uri).expanduser()
+    if path.suffix in (".db", ".sqlite", ".sqlite3"):
+        return f"{_SQLITE_PREFIX}{path.resolve()}"
+    raise ValidationError("tracking uri", [("tracking_uri", uri, _URI_ALLOWED)])
+
+
+_URI_ALLOWED = "a sqlite:/// URI, a path ending in .db, or an MLflow server URI such as http://host:5000"
+
+
+def _sqlite_path(uri: str) -> Optional[Path]:
+    """The database file of a ``sqlite:///`` URI (``sqlite:////abs/x.db`` or ``sqlite:///relative.db``)."""
+    if not uri.startswith(_SQLITE_PREFIX):
+        return None
+    rest = uri[len(_SQLITE_PREFIX):].split("?", 1)[0]
+    if rest in ("", ":memory:"):
+        return None
+    return Path(rest).expanduser().resolve()
+
+
+def _artifact_root(uri: str) -> Optional[str]:
+    """Where a new experiment keeps its artifacts: ``mlartifacts`` next to a sqlite database; the server's own
+    choice otherwise."""
+    db = _sqlite_path(uri)
+    return str(db.parent / "mlartifacts") if db is not None else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a run records about its code and environment.
+
+
+def code_version(repo_dir: Union[str, Path, None] = None) -> str:
+    """``git rev-parse HEAD`` of ``repo_dir`` (default: the working directory), with ``-dirty`` when
+    ``git status --porcelain`` lists anything (untracked files included); ``"unknown"`` outside git. Never raises."""
+    cwd = str(repo_dir) if repo_dir is not None else None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    dirty = status.returncode == 0 and bool(status.stdout.strip())
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def _distributions() -> list[str]:
+    """``name==version`` of every installed distribution, sorted: ``pip freeze`` without needing pip."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(name.lower(), f"{name}=={dist.version}")
+    return [found[k] for k in sorted(found)]
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _platform_info() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        **{name: _version(name) for name in ("raylane", "torch", "ray", "mlflow")},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Spec -> params and tags (pure).
+
+
+def _spec_dict(spec: Any) -> dict[str, Any]:
+    if hasattr(spec, "model_dump"):  # a WorkloadSpec: the dict a user would have written
+        return spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if not isinstance(spec, Mapping):
+        raise ValidationError("workload spec", [("<spec>", spec, "a mapping (a workload spec as a dict)")])
+    return dict(spec)
+
+
+def _spec_class(spec: Mapping[str, Any]) -> Optional[str]:
+    return spec.get("class", spec.get("class_"))
+
+
+def _param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(value, (list, tuple, dict)) else str(value)
+    return text if len(text) <= _MAX_PARAM_VALUE else text[: _MAX_PARAM_VALUE - 3] + "..."
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in d.items():
+        name = f"{prefix}{_BAD_KEY_CHARS.sub('_', str(key))}"
+        if isinstance(value, Mapping) and value:
+            yield from _flatten(value, name + ".")
+        else:
+            yield name, value
+
+
+def spec_params(spec: Mapping[str, Any], code: str) -> dict[str, str]:
+    """The params a new run gets: the spec's ``config`` flattened with dots and unprefixed (the way Ray Tune's
+    MLflow logger names them, so runs and Tune trials compare column by column), then under ``raylane.``: the gang
+    (``raylane.gang.workers``, ``raylane.gang.resources.gpu``...), ``raylane.class``, ``raylane.kind``,
+    ``raylane.code_version`` (``code``) and ``raylane.data_snapshot`` when the spec names one."""
+    params = {k: _param_value(v) for k, v in _flatten(spec.get("config") or {})}
+    params.update({k: _param_value(v) for k, v in _flatten(spec.get("gang") or {}, "raylane.gang.")})
+    for key, value in (("raylane.class", _spec_class(spec)), ("raylane.kind", spec.get("kind"))):
+        if value is not None:
+            params[key] = _param_value(value)
+    params[PARAM_CODE_VERSION] = code
+    snapshot = (spec.get("run") or {}).get("data_snapshot")
+    if snapshot:
+        params[PARAM_DATA_SNAPSHOT] = str(snapshot)
+    return params
+
+
+def _spec_tags(workload_id: str, spec: Mapping[str, Any], code: str) -> dict[str, str]:
+    run = spec.get("run") or {}
+    tags = {
+        TAG_WORKLOAD_ID: workload_id,
+        "raylane.team": spec.get("team"),
+        "raylane.class": _spec_class(spec),
+        "raylane.kind": spec.get("kind"),
+        "raylane.owner": run.get("owner"),
+        "raylane.intent": run.get("intent"),
+        "mlflow.note.content": run.get("intent"),  # the run's description in the MLflow UI
+        "mlflow.user": run.get("owner"),
+        "mlflow.source.git.commit": code.removesuffix("-dirty") if code != "unknown" else None,
+        TAG_PREEMPTIONS: "0",
+        TAG_RESTARTS: "0",
+    }
+    return {k: _tag_value(v) for k, v in tags.items() if v is not None}
+
+
+def _tag_value(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= _MAX_TAG_VALUE else text[: _MAX_TAG_VALUE - 3] + "..."
+
+
+T = TypeVar("T")
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _log_snapshot(client: MlflowClient, run_id: str, snapshot: str, params: Optional[Mapping[str, str]] = None) -> None:
+    """Log ``raylane.data_snapshot`` unless already there. MLflow params are write-once, so a different snapshot
+    seen later goes to the tag ``raylane.data_snapshot.observed`` with a warning."""
+    if params is None:
+        params = client.get_run(run_id).data.params
+    logged = params.get(PARAM_DATA_SNAPSHOT)
+    if logged is None:
+        client.log_batch(run_id, params=[Param(PARAM_DATA_SNAPSHOT, snapshot)])
+    elif logged != snapshot:
+        logger.warning("run %s: trained on data snapshot %s, but the run records %s", run_id, snapshot, logged)
+        client.set_tag(run_id, TAG_SNAPSHOT_SEEN, snapshot)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The driver's side.
+
+
+class RunTracker:
+    """The MLflow run of one workload, seen from its driver. ``start()`` first; every other method needs it.
+
+    Not thread-safe: one tracker per driver, used from one thread. Two drivers that start the same workload at
+    the same moment both end up on the older run (the younger one is deleted), so there is one run per workload id.
+    """
+
+    def __init__(
+        self,
+        *,
+        workload_id: str,
+        spec: Mapping[str, Any],
+        tracking_uri: Optional[str] = None,
+        experiment: Optional[str] = None,
+    ):
+        spec = _spec_dict(spec)
+        errors: list[tuple[str, object, str]] = []
+        if not isinstance(workload_id, str) or not workload_id.strip() or re.search(r"['\"\\\x00-\x1f]", workload_id):
+            errors.append(("workload_id", workload_id, "a non-empty string without quotes, backslashes or control characters"))
+        if experiment is None and not isinstance(spec.get("team"), str):
+            errors.append(("spec.team", spec.get("team"), "a team name (or pass experiment=)"))
+        if errors:
+            raise ValidationError("run tracker", errors)
+        self.workload_id = workload_id
+        self.spec = spec
+        self.tracking_uri = _resolve_uri(tracking_uri)
+        self.experiment = experiment or f"raylane/{spec['team']}"
+        self.resumed = False  # True once start() found a run of this workload that already existed
+        self._client: Optional[MlflowClient] = None
+        self._run_id: Optional[str] = None
+        self._events: Optional[list[dict[str, Any]]] = None  # the event log, loaded on first use
+
+    # -- identity
+
+    @property
+    def run_id(self) -> str:
+        if self._run_id is None:
+            raise FatalError(f"RunTracker({self.workload_id!r}): call start() before using the run")
+        return self._run_id
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def start(self) -> str:
+        """The run id of this workload: the existing run (reopened if it had ended), or a new one with the spec's
+        params and tags and the ``config/`` and ``environment/`` artifacts. Calling it again returns the same id."""
+        if self._run_id is not None:
+            return self._run_id
+        experiment_id = self._experiment_id()
+        runs = self._find(experiment_id)
+        if runs:
+            run, self.resumed = runs[0], True
+        else:
+            created = self.client.create_run(
+                experiment_id, tags=_spec_tags(self.workload_id, self.spec, self._code_version()),
+                run_name=self.spec.get("name") or self.workload_id,
+            )
+            # Another driver may have created one at the same moment: all agree on the oldest and drop the rest.
+            run = self._find(experiment_id)[0]
+            if run.info.run_id != created.info.run_id:
+                self.client.delete_run(created.info.run_id)
+                self.resumed = True
+        self._run_id = run.info.run_id
+        if run.info.status != "RUNNING":
+            self.client.update_run(self._run_id, status="RUNNING")
+        if run.data.tags.get(TAG_INITIALISED) != "1":  # new, or its creator died half-way: finish the job
+            self._initialise(run)
+        return self._run_id
+
+    def _experiment_id(self) -> str:
+        client = self.client
+        found = client.get_experiment_by_name(self.experiment)
+        if found is None:
+            try:
+                return client.create_experiment(self.experiment, artifact_location=_artifact_root(self.tracking_uri))
+            except MlflowException:  # created meanwhile by another driver
+                found = client.get_experiment_by_name(self.experiment)
+                if found is None:
+                    raise
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+
+    def _find(self, experiment_id: str) -> list[Run]:
+        runs = self.client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{TAG_WORKLOAD_ID}` = '{self.workload_id}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=100,
+        )
+        return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+
+    def _code_version(self) -> str:
+        return (self.spec.get("run") or {}).get("code_version") or code_version()
+
+    def _initialise(self, run: Run) -> None:
+        """Params, artifacts, then the ``initialised`` tag: each step may be redone, so a creator that died
+        half-way leaves a run the next ``start()`` completes."""
+        client, run_id = self.client, self.run_id
+        code = run.data.params.get(PARAM_CODE_VERSION) or self._code_version()
+        params = spec_params(self.spec, code)
+        missing = [Param(k, v) for k, v in params.items() if k not in run.data.params]
+        for chunk in _chunks(missing, _MAX_PARAMS_TAGS_PER_BATCH):
+            client.log_batch(run_id, params=chunk)
+        plain = json.loads(json.dumps(self.spec, default=str))
+        client.log_text(run_id, yaml.safe_dump(plain, sort_keys=False), "config/spec.yaml")
+        client.log_text(run_id, "\n".join(_distributions()) + "\n", "environment/pip_freeze.txt")
+        client.log_dict(run_id, _platform_info(), "environment/platform.json")
+        client.set_tag(run_id, TAG_INITIALISED, "1")
+
+    # -- writing
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params; ones already logged with the same value are skipped (so a restarted driver may repeat
+        itself). MLflow params are write-once: a different value raises ``ValidationError`` naming each key."""
+        current = self.client.get_run(self.run_id).data.params
+        values = {k: _param_value(v) for k, v in params.items()}
+        clashes = [(k, v, f"the value already logged, {current[k]!r} (params are write-once; use a tag)")
+                   for k, v in values.items() if k in current and current[k] != v]
+        if clashes:
+            raise ValidationError(f"params of run {self.run_id}", clashes)
+        new = [Param(k, v) for k, v in values.items() if k not in current]
+        for chunk in _chunks(new, _MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=chunk)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        items = [RunTag(k, _tag_value(v)) for k, v in tags.items()]
+        for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, tags=chunk)
+
+    def log_data_snapshot(self, snapshot: str) -> None:
+        """Record the data snapshot when the spec did not name one (the loop learns it from the corpus)."""
+        _log_snapshot(self.client, self.run_id, snapshot)
+
+    def event(self, kind: str, detail: str, **data: Any) -> dict[str, Any]:
+        """Append ``{"seq", "time", "kind", "detail", "data"}`` to ``events.jsonl`` and set ``raylane.last_event``;
+        ``preempted`` and ``restarted`` also set ``raylane.preemptions`` / ``raylane.restarts`` to their counts
+        in the log. Returns the record."""
+        if not isinstance(kind, str) or not kind:
+            raise ValidationError("run event", [("kind", kind, "a non-empty string, e.g. preempted, restarted, yielded")])
+        events = self.events()
+        record = {
+            "seq": len(events) + 1,
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "kind": kind,
+            "detail": str(detail),
+            "data": json.loads(json.dumps(data, default=str)),
+        }
+        events.append(record)
+        with tempfile.TemporaryDirectory(prefix="raylane-events-") as tmp:
+            path = Path(tmp) / EVENTS_ARTIFACT
+            path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in events))
+            self.client.log_artifact(self.run_id, str(path))
+        tags = {TAG_LAST_EVENT: f"{kind}: {detail}"}
+        if kind in COUNTED_EVENTS:
+            tags[COUNTED_EVENTS[kind]] = str(sum(e["kind"] == kind for e in events))
+        self.set_tags(tags)
+        return record
+
+    def events(self) -> list[dict[str, Any]]:
+        """The run's event log, oldest first (read from the store once, then kept)."""
+        if self._events is None:
+            self._events = self._read_events()
+        return self._events
+
+    def _read_events(self) -> list[dict[str, Any]]:
+        if not any(f.path == EVENTS_ARTIFACT for f in self.client.list_artifacts(self.run_id)):
+            return []
+        with tempfile.TemporaryDirectory(prefix="raylane-events-") as tmp:
+            local = self.client.download_artifacts(self.run_id, EVENTS_ARTIFACT, tmp)
+            return [json.loads(line) for line in Path(local).read_text().splitlines() if line.strip()]
+
+    def log_model_dir(self, path: Union[str, Path], artifact_path: str = "model") -> None:
+        """Copy a directory (a checkpoint, an exported model) into the run's artifacts under ``artifact_path``."""
+        if not Path(path).is_dir():
+            raise NotFoundError(f"model directory {str(path)!r} does not exist or is not a directory")
+        self.client.log_artifacts(self.run_id, str(path), artifact_path)
+
+    def finish(self, status: str) -> None:
+        """End the run as ``FINISHED``, ``FAILED`` or ``KILLED``. Between attempts, do not call it (see the
+        module docstring): a preemption is an ``event``."""
+        if status not in TERMINAL_STATUSES:
+            raise ValidationError("run status", [("status", status, f"one of {', '.join(TERMINAL_STATUSES)}")])
+        self.client.set_terminated(self.run_id, status)
+
+
+_resolve_uri = tracking_uri  # RunTracker's argument of the same name hides the function
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training gang's side.
+
+
+class MlflowHooks(ForwardingHooks):
+    """Training hooks that log rank 0's metrics to the run ``run_id``, then pass every call on to ``inner``.
+
+    Only rank 0 writes; other ranks only forward. Metrics are logged against the global step the loop reports,
+    every ``log_every`` steps (steps with evaluation metrics always), buffered and written with one ``log_batch``
+    every ``flush_every`` logged steps, after ``flush_interval_s`` seconds, in ``save_checkpoint`` (which the loop
+    also calls when it yields and at its last step, so the tail is written before the checkpoint is handed on) and
+    in ``close()``. Steps at or below the run's high-water mark are dropped (see the module docstring).
+
+    The data snapshot is logged as the param ``raylane.data_snapshot`` at the first flush: ``data_snapshot`` if
+    given, else the snapshot recorded in the first checkpoint. The MLflow client is made on first use, in the
+    process that trains; pickling drops it.
+    """
+
+    def __init__(
+        self,
+        inner: TrainHooks,
+        *,
+        run_id: str,
+        tracking_uri: str,
+        log_every: int = 1,
+        flush_every: int = 20,
+        flush_interval_s: float = 30.0,
+        data_snapshot: Optional[str] = None,
+    ):
+        errors = [(name, value, "an integer >= 1") for name, value in (("log_every", log_every), ("flush_every", flush_every))
+                  if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+        if not isinstance(flush_interval_s, (int, float)) or flush_interval_s <= 0:
+            errors.append(("flush_interval_s", flush_interval_s, "a number of seconds > 0"))
+        if not run_id:
+            errors.append(("run_id", run_id, "the id of an MLflow run (RunTracker.start())"))
+        if errors:
+            raise ValidationError("mlflow hooks", errors)
+        super().__init__(inner)
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self.log_every = log_every
+        self.flush_every = flush_every
+        self.flush_interval_s = float(flush_interval_s)
+        self.data_snapshot = data_snapshot
+        self._client: Optional[MlflowClient] = None
+        self._buffer: list[Metric] = []
+        self._buffered_steps = 0
+        self._buffered_since: Optional[float] = None
+        self._unlogged: Optional[tuple[int, dict[str, float]]] = None  # last report, skipped by log_every
+        self._high_water: Optional[int] = None  # read from the run at the first flush
+        self._snapshot_pending = data_snapshot is not None
+        self.failed_flushes = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    # -- hooks
+
+    def report(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.world_rank == 0:
+            extra = any(k not in _STEP_METRICS for k in metrics)  # evaluation metrics: always kept
+            if step % self.log_every == 0 or extra:
+                self._add(step, metrics)
+            else:
+                self._unlogged = (step, dict(metrics))
+            if self._buffered_steps >= self.flush_every or (
+                self._buffered_since is not None and time.monotonic() - self._buffered_since >= self.flush_interval_s
+            ):
+                self.flush()
+        super().report(step, metrics)
+
+    def save_checkpoint(self, dir_path: Optional[str], step: int, metrics: Mapping[str, float]) -> None:
+        if self.world_rank == 0:
+            if self._unlogged is not None and self._unlogged[0] == step:  # the checkpoint's step is always logged
+                self._add(*self._unlogged)
+            if self.data_snapshot is None and dir_path is not None:
+                self.data_snapshot = _checkpoint_snapshot(dir_path)
+                self._snapshot_pending = self.data_snapshot is not None
+            self.flush()
+        super().save_checkpoint(dir_path, step, metrics)
+
+    # -- writing
+
+    def _add(self, step: int, metrics: Mapping[str, float]) -> None:
+        ts = int(time.time() * 1000)
+        self._buffer.extend(Metric(key, float(value), ts, int(step)) for key, value in metrics.items())
+        self._buffered_steps += 1
+        self._unlogged = None
+        if self._buffered_since is None:
+            self._buffered_since = time.monotonic()
+
+    def flush(self) -> None:
+        """Write what is buffered (and the data snapshot, once). Never raises: on failure the buffer is kept for
+        the next flush (bounded to ``_MAX_BUFFERED`` metrics, oldest dropped first)."""
+        if self.world_rank != 0 or (not self._buffer and not self._snapshot_pending):
+            return
+        try:
+            client = self._get_client()
+            if self._high_water is None:
+                self._high_water = int(client.get_run(self.run_id).data.tags.get(TAG_METRICS_STEP, 0))
+            fresh = [m for m in self._buffer if m.step > self._high_water]
+            for chunk in _chunks(fresh, _MAX_METRICS_PER_BATCH - 1):
+                top = max(m.step for m in chunk)
+                # The mark travels with the metrics: both land or neither does.
+                client.log_batch(self.run_id, metrics=chunk, tags=[RunTag(TAG_METRICS_STEP, str(top))])
+                self._high_water = max(self._high_water, top)
+            self._buffer, self._buffered_steps, self._buffered_since = [], 0, None
+            if self._snapshot_pending and self.data_snapshot is not None:
+                _log_snapshot(client, self.run_id, self.data_snapshot)
+                self._snapshot_pending = False
+        except Exception as exc:  # noqa: BLE001 - tracking must not kill training
+            self.failed_flushes += 1
+            if len(self._buffer) > _MAX_BUFFERED:
+                del self._buffer[: len(self._buffer) - _MAX_BUFFERED]
+            logger.warning("run %s: could not write metrics to %s (%d failed flushes, %d metrics kept): %s",
+                           self.run_id, self.tracking_uri, self.failed_flushes, len(self._buffer), exc)
+
+    def close(self) -> None:
+        """Flush what is left; the loop does not call it (its last ``save_checkpoint`` flushes), runners may."""
+        if self._unlogged is not None:
+            self._add(*self._unlogged)
+        self.flush()
+
+    def _get_client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=_resolve_uri(self.tracking_uri))
+        return self._client
+
+
+_STEP_METRICS = frozenset({"loss", "lr", "step_time_s", "samples_per_s"})
+_MAX_BUFFERED = 100_000
+
+
+def _checkpoint_snapshot(dir_path: str) -> Optional[str]:
+    try:
+        return ckpt.read_meta(dir_path).get("data_snapshot")
+    except Exception:  # noqa: BLE001 - a checkpoint we cannot read is the runner's problem, not ours
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MlflowHooksFactory:
+    """``wrap_hooks`` for ``workloads.ray_train``: picklable, makes an ``MlflowHooks`` in the worker."""
+
+    run_id: str
+    tracking_uri: str
+    log_every: int = 1
+    data_snapshot: Optional[str] = None
+
+    def __call__(self, hooks: TrainHooks) -> MlflowHooks:
+        return MlflowHooks(hooks, run_id=self.run_id, tracking_uri=self.tracking_uri, log_every=self.log_every,
+                           data_snapshot=self.data_snapshot)
+
+
+def wrap_hooks_factory(run_id: str, tracking_uri: str, *, log_every: int = 1,
+                       data_snapshot: Optional[str] = None) -> MlflowHooksFactory:
+    """The ``wrap_hooks`` entry of a Ray Train config: ``f(hooks) -> MlflowHooks(hooks, run_id=..., ...)``."""
+    return MlflowHooksFactory(run_id=run_id, tracking_uri=tracking_uri, log_every=log_every, data_snapshot=data_snapshot)
