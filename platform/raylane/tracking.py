@@ -51,7 +51,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 import yaml
 from mlflow import MlflowClient
@@ -133,9 +133,9 @@ def tracking_uri(uri: Optional[str] = None) -> str:
 
 
 def _normalise(uri: str) -> str:
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) and not re.match(r"^[A-Za-z]:[\\/]", uri):
-        if uri.startswith("file:"):
-            raise ValidationError("tracking uri", [("tracking_uri", uri, _URI_ALLOWED + " (MLflow 3 refuses file stores)")])
+    if uri.startswith("file:"):
+        raise ValidationError("tracking uri", [("tracking_uri", uri, f"{_URI_ALLOWED}; MLflow 3 refuses file stores")])
+    if "://" in uri or uri.startswith("databricks"):
         return uri
     path = Path(uri).expanduser()
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
@@ -228,7 +228,12 @@ def _spec_class(spec: Mapping[str, Any]) -> Optional[str]:
 
 
 def _param_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(value, (list, tuple, dict)) else str(value)
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (list, tuple, dict)):
+        text = json.dumps(value, default=str)
+    else:
+        text = str(value)
     return text if len(text) <= _MAX_PARAM_VALUE else text[: _MAX_PARAM_VALUE - 3] + "..."
 
 
@@ -324,7 +329,8 @@ class RunTracker:
         spec = _spec_dict(spec)
         errors: list[tuple[str, object, str]] = []
         if not isinstance(workload_id, str) or not workload_id.strip() or re.search(r"['\"\\\x00-\x1f]", workload_id):
-            errors.append(("workload_id", workload_id, "a non-empty string without quotes, backslashes or control characters"))
+            errors.append(("workload_id", workload_id,
+                           "a non-empty string without quotes, backslashes or control characters"))
         if experiment is None and not isinstance(spec.get("team"), str):
             errors.append(("spec.team", spec.get("team"), "a team name (or pass experiment=)"))
         if errors:
@@ -377,6 +383,15 @@ class RunTracker:
         if run.data.tags.get(TAG_INITIALISED) != "1":  # new, or its creator died half-way: finish the job
             self._initialise(run)
         return self._run_id
+
+    def find(self) -> Optional[str]:
+        """The id of this workload's run if one exists, without creating or changing anything (for readers that
+        only want a link to the run)."""
+        if self._run_id is not None:
+            return self._run_id
+        found = self.client.get_experiment_by_name(self.experiment)
+        runs = self._find(found.experiment_id) if found is not None and found.lifecycle_stage == "active" else []
+        return runs[0].info.run_id if runs else None
 
     def _experiment_id(self) -> str:
         client = self.client
@@ -448,7 +463,7 @@ class RunTracker:
         ``preempted`` and ``restarted`` also set ``raylane.preemptions`` / ``raylane.restarts`` to their counts
         in the log. Returns the record."""
         if not isinstance(kind, str) or not kind:
-            raise ValidationError("run event", [("kind", kind, "a non-empty string, e.g. preempted, restarted, yielded")])
+            raise ValidationError("run event", [("kind", kind, "a non-empty string: preempted, restarted, yielded...")])
         events = self.events()
         record = {
             "seq": len(events) + 1,
@@ -527,7 +542,8 @@ class MlflowHooks(ForwardingHooks):
         flush_interval_s: float = 30.0,
         data_snapshot: Optional[str] = None,
     ):
-        errors = [(name, value, "an integer >= 1") for name, value in (("log_every", log_every), ("flush_every", flush_every))
+        errors = [(name, value, "an integer >= 1")
+                  for name, value in (("log_every", log_every), ("flush_every", flush_every))
                   if not isinstance(value, int) or isinstance(value, bool) or value < 1]
         if not isinstance(flush_interval_s, (int, float)) or flush_interval_s <= 0:
             errors.append(("flush_interval_s", flush_interval_s, "a number of seconds > 0"))
@@ -593,7 +609,8 @@ class MlflowHooks(ForwardingHooks):
 
     def flush(self) -> None:
         """Write what is buffered (and the data snapshot, once). Never raises: on failure the buffer is kept for
-        the next flush (bounded to ``_MAX_BUFFERED`` metrics, oldest dropped first)."""
+        the next flush, tried after another ``flush_every`` steps or ``flush_interval_s`` (bounded to
+        ``_MAX_BUFFERED`` metrics, oldest dropped first)."""
         if self.world_rank != 0 or (not self._buffer and not self._snapshot_pending):
             return
         try:
@@ -612,6 +629,8 @@ class MlflowHooks(ForwardingHooks):
                 self._snapshot_pending = False
         except Exception as exc:  # noqa: BLE001 - tracking must not kill training
             self.failed_flushes += 1
+            # Try again after another flush_every steps or flush_interval_s, not at every step.
+            self._buffered_steps, self._buffered_since = 0, time.monotonic()
             if len(self._buffer) > _MAX_BUFFERED:
                 del self._buffer[: len(self._buffer) - _MAX_BUFFERED]
             logger.warning("run %s: could not write metrics to %s (%d failed flushes, %d metrics kept): %s",
@@ -657,4 +676,5 @@ class MlflowHooksFactory:
 def wrap_hooks_factory(run_id: str, tracking_uri: str, *, log_every: int = 1,
                        data_snapshot: Optional[str] = None) -> MlflowHooksFactory:
     """The ``wrap_hooks`` entry of a Ray Train config: ``f(hooks) -> MlflowHooks(hooks, run_id=..., ...)``."""
-    return MlflowHooksFactory(run_id=run_id, tracking_uri=tracking_uri, log_every=log_every, data_snapshot=data_snapshot)
+    return MlflowHooksFactory(run_id=run_id, tracking_uri=tracking_uri, log_every=log_every,
+                              data_snapshot=data_snapshot)
