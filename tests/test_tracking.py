@@ -249,6 +249,9 @@ def test_finish_sets_the_status_and_a_restart_reopens_the_run(uri, tmp_path):
     assert again.run_id == t.run_id and client(uri).get_run(t.run_id).info.status == "RUNNING"
     again.finish("FINISHED")
     assert client(uri).get_run(t.run_id).info.status == "FINISHED"
+    for state, status in (("SUCCEEDED", "FINISHED"), ("CANCELLED", "KILLED"), ("REJECTED", "FAILED")):
+        started(uri).finish(state)  # the control plane's words
+        assert client(uri).get_run(t.run_id).info.status == status
 
 
 # --- metrics from the training gang ----------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from workloads.train_lm import ForwardingHooks, TrainHooks
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
+    "STATE_TO_STATUS",
     "TERMINAL_STATUSES",
     "MlflowHooks",
     "MlflowHooksFactory",
@@ -89,6 +90,8 @@ PARAM_DATA_SNAPSHOT = "raylane.data_snapshot"
 EVENTS_ARTIFACT = "events.jsonl"
 COUNTED_EVENTS = {"preempted": TAG_PREEMPTIONS, "restarted": TAG_RESTARTS}
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# The control plane's terminal workload states, as the MLflow status ``finish`` gives the run.
+STATE_TO_STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELLED": "KILLED", "REJECTED": "FAILED"}
 
 # MLflow's limits (mlflow.utils.validation): longer values are refused, bigger batches too.
 _MAX_PARAM_VALUE = 6000
@@ -503,11 +506,14 @@ class RunTracker:
         self.client.log_artifacts(self.run_id, str(path), artifact_path)
 
     def finish(self, status: str) -> None:
-        """End the run as ``FINISHED``, ``FAILED`` or ``KILLED``. Between attempts, do not call it (see the
-        module docstring): a preemption is an ``event``."""
-        if status not in TERMINAL_STATUSES:
-            raise ValidationError("run status", [("status", status, f"one of {', '.join(TERMINAL_STATUSES)}")])
-        self.client.set_terminated(self.run_id, status)
+        """End the run as ``FINISHED``, ``FAILED`` or ``KILLED``; the control plane's terminal states are taken
+        too (``STATE_TO_STATUS``: ``SUCCEEDED`` -> ``FINISHED``, ``CANCELLED`` -> ``KILLED``, ``REJECTED`` ->
+        ``FAILED``). Between attempts, do not call it (see the module docstring): a preemption is an ``event``."""
+        mlflow_status = STATE_TO_STATUS.get(status, status)
+        if mlflow_status not in TERMINAL_STATUSES:
+            allowed = f"one of {', '.join(TERMINAL_STATUSES)}, or of the workload states {', '.join(STATE_TO_STATUS)}"
+            raise ValidationError("run status", [("status", status, allowed)])
+        self.client.set_terminated(self.run_id, mlflow_status)
 
 
 _resolve_uri = tracking_uri  # RunTracker's argument of the same name hides the function
