@@ -27,14 +27,14 @@ def ray_session():
     if ray.is_initialized():  # a session another module started: use it, leave it running
         yield
         return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 def test_check_config_reports_adapter_and_training_errors_together():
     with pytest.raises(ValidationError) as info:
-        check_config({**TINY, "stop_poll": "not callable", "report_every": 0, "lr": -1.0})
+        check_config({**TINY, "stop_poll": "not callable", "report_every": -1, "lr": -1.0})
     assert sorted(p for p, _, _ in info.value.errors) == ["lr", "report_every", "stop_poll"]
 
 

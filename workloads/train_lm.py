@@ -401,7 +401,8 @@ class _Run:
         fixed = ModelConfig.model_validate(ckpt.read_meta(source)["model"])
         if "model" in cfg.model_fields_set and cfg.model != fixed:
             key = "model" if resume_dir else "model (with init_from)"
-            raise ValidationError(_CONFIG_SOURCE, [(key, cfg.model.to_dict(), f"the shape of {source}: {fixed.to_dict()}")])
+            allowed = f"the model shape of {source}: {fixed.to_dict()}"
+            raise ValidationError(_CONFIG_SOURCE, [(key, cfg.model.to_dict(), allowed)])
         return fixed
 
     def _loop(self, step: int, data_position: int, resumed_from: Optional[int]) -> TrainResult:
