@@ -297,12 +297,10 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[i : i + size]
 
 
-def _log_snapshot(client: MlflowClient, run_id: str, snapshot: str, params: Optional[Mapping[str, str]] = None) -> None:
+def _log_snapshot(client: MlflowClient, run_id: str, snapshot: str) -> None:
     """Log ``raylane.data_snapshot`` unless already there. MLflow params are write-once, so a different snapshot
     seen later goes to the tag ``raylane.data_snapshot.observed`` with a warning."""
-    if params is None:
-        params = client.get_run(run_id).data.params
-    logged = params.get(PARAM_DATA_SNAPSHOT)
+    logged = client.get_run(run_id).data.params.get(PARAM_DATA_SNAPSHOT)
     if logged is None:
         client.log_batch(run_id, params=[Param(PARAM_DATA_SNAPSHOT, snapshot)])
     elif logged != snapshot:
