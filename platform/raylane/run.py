@@ -58,6 +58,8 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace="raylane", log_to_driver=True)
     ctl = get_control()
+    if spec.get("kind", "train") == "train" and train_fn is None:
+        _check_train_config(spec)
     job_id = _job_id()
     rec = call(ctl, "submit", spec, job_id=job_id)
     wid = rec["id"]
@@ -78,6 +80,14 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
         raise SystemExit(130)
     except FatalError:
         raise
+
+
+def _check_train_config(spec: Dict[str, Any]) -> None:
+    """Refuse a bad training config before the workload queues, with every problem named."""
+    from workloads.ray_train import check_config
+
+    cfg = {k: v for k, v in (spec.get("config") or {}).items() if k not in ("storage_path", "fault")}
+    check_config(cfg)
 
 
 def threading_main() -> bool:
@@ -203,10 +213,9 @@ class _Compose:
 def _fault_hooks(fault: Optional[Dict[str, Any]], storage_path: str, wid: str):
     if not fault:
         return None
-    from raylane.launchers.faults import CrashAt
+    from raylane.launchers.faults import Faults
 
-    return CrashAt(step=int(fault["crash_at_step"]), times=int(fault.get("times", 1)),
-                   marker_dir=os.path.join(storage_path, wid, "_faults"))
+    return Faults(marker_dir=os.path.join(storage_path, wid, "_faults"), **fault)
 
 
 def main(argv=None) -> int:

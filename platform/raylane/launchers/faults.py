@@ -1,11 +1,14 @@
-"""Fault injection for end-to-end tests of the retry path: a spec's ``config.fault`` makes a worker crash.
+"""Fault injection for end-to-end tests of the retry and forced-stop paths, from a spec's ``config.fault``:
 
-``fault: {crash_at_step: K, times: N}`` makes rank 0 raise at step K in the first N attempts that reach it. The
-count is kept in marker files under the run's storage, so it survives the gang restarts it causes.
+- ``crash_at_step: K`` with ``times: N``: rank 0 raises at step K in the first N attempts that reach it. The count
+  is kept in marker files under the run's storage, so it survives the gang restarts it causes.
+- ``ignore_stop: true``: the loop never hears a stop request, like a loop that does not poll; the control actor
+  must then stop the gang by force after the class's grace period.
 """
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from workloads.train_lm import ForwardingHooks
 
@@ -14,23 +17,28 @@ class InjectedCrash(RuntimeError):
     pass
 
 
-class CrashAt:
-    def __init__(self, *, step: int, times: int, marker_dir: str):
-        self.step, self.times, self.marker_dir = step, times, marker_dir
+class Faults:
+    def __init__(self, *, marker_dir: str, crash_at_step: Optional[int] = None, times: int = 1,
+                 ignore_stop: bool = False):
+        self.marker_dir, self.crash_at_step, self.times, self.ignore_stop = marker_dir, crash_at_step, times, ignore_stop
 
     def __call__(self, hooks):
-        return _CrashHooks(hooks, self)
+        return _FaultHooks(hooks, self)
 
 
-class _CrashHooks(ForwardingHooks):
-    def __init__(self, inner, fault: CrashAt):
+class _FaultHooks(ForwardingHooks):
+    def __init__(self, inner, fault: Faults):
         super().__init__(inner)
         self.fault = fault
+
+    def should_stop(self) -> bool:
+        asked = super().should_stop()  # still asked: it is a collective every rank must join
+        return False if self.fault.ignore_stop else asked
 
     def report(self, step, metrics):
         super().report(step, metrics)
         f = self.fault
-        if step == f.step and self.world_rank == 0:
+        if f.crash_at_step is not None and step == f.crash_at_step and self.world_rank == 0:
             os.makedirs(f.marker_dir, exist_ok=True)
             done = len(os.listdir(f.marker_dir))
             if done < f.times:

@@ -73,8 +73,8 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
     real_gpus = torch.cuda.is_available()
     scaling = ScalingConfig(
         num_workers=int(gang.get("workers", 1)),
-        # Logical GPUs are scheduled as resources; Train only binds CUDA devices where the driver sees real ones.
-        use_gpu=bool(res.get("gpu")) and real_gpus,
+        # Logical GPUs are scheduled as GPUs; without CUDA the workers train on the CPU over gloo.
+        use_gpu=bool(res.get("gpu")),
         resources_per_worker=per_worker,
         placement_strategy=RAY_STRATEGY.get(gang.get("placement") or "pack", "PACK"),
         label_selector=[{"ray.io/node-id": nid} for nid in placement],
@@ -105,5 +105,6 @@ def latest_checkpoint(storage_path: str, workload_id: str) -> Optional[str]:
     run_dir = os.path.join(storage_path, workload_id)
     if not os.path.isdir(run_dir):
         return None
-    cps = sorted(d for d in os.listdir(run_dir) if d.startswith("checkpoint_"))
+    cps = sorted(d for d in os.listdir(run_dir)
+                 if d.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, d)))
     return os.path.join(run_dir, cps[-1]) if cps else None

@@ -1,0 +1,165 @@
+"""`make demo`: Raylane's main job on an embedded local cluster.
+
+1. `raylane up`: a local Ray cluster (a CPU head and two nodes with 2 logical GPUs each, feature-tagged) and the
+   control actor, with policies/local.yaml and a fresh journal.
+2. Team A's preemptible pretraining gang (2 workers x 2 GPUs: it borrows 2 GPUs of team B's quota) is submitted
+   with plain `ray job submit` and starts training.
+3. Team B's higher-class fine-tuning gang arrives (from A's latest checkpoint). B is within its nominal quota, so it
+   reclaims what A borrowed: A checkpoints at its current step, yields and waits in the queue; B runs.
+4. When B is done, A is admitted again, resumes from its checkpoint and finishes.
+5. The queue, A's journal (admission, preemption, resume) and the MLflow runs are shown; then `raylane down`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+RAYLANE = str(VENV_BIN / "raylane")
+RAY = str(VENV_BIN / "ray")
+HOME = Path(os.environ.get("RAYLANE_HOME", Path.home() / ".raylane"))
+STORAGE = HOME / "runs"
+MLFLOW_URI = f"sqlite:///{HOME / 'mlflow.db'}"
+
+
+def sh(*cmd, check=True, quiet=False):
+    p = subprocess.run([str(c) for c in cmd], text=True, capture_output=True)
+    if not quiet and p.stdout.strip():
+        print(p.stdout.rstrip())
+    if check and p.returncode != 0:
+        print(p.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"demo: `{' '.join(map(str, cmd[:4]))}` failed ({p.returncode})")
+    return p.stdout
+
+
+def banner(text):
+    print(f"\n=== {text} " + "=" * max(0, 100 - len(text)), flush=True)
+
+
+def ray_job_submit(spec_path: Path) -> str:
+    out = sh(RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--no-wait",
+             "--runtime-env-json", json.dumps({"env_vars": {"RAY_AUTH_MODE": "disabled",
+                                                            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+                                                            "RAYLANE_MLFLOW_URI": MLFLOW_URI}}),
+             "--", sys.executable, "-m", "raylane.run", spec_path, "--storage-path", STORAGE,
+             "--tracking-uri", MLFLOW_URI, quiet=True)
+    return re.search(r"raysubmit_[A-Za-z0-9]+", out).group(0)
+
+
+def queue():
+    return json.loads(sh(RAYLANE, "queue", "--all", "--json", quiet=True))
+
+
+def show_queue(title):
+    banner(title)
+    sh(RAYLANE, "queue", "--all")
+
+
+def wait(pred, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        got = pred()
+        if got:
+            return got
+        time.sleep(1.0)
+    raise SystemExit(f"demo: timed out waiting for {what}")
+
+
+def workload_of(job_id):
+    for row in queue():
+        ex = json.loads(sh(RAYLANE, "explain", row["id"], "--json", quiet=True))
+        if ex.get("job_id") == job_id:
+            return row["id"]
+    return None
+
+
+def state(wid):
+    return next(r for r in queue() if r["id"] == wid)
+
+
+def latest_checkpoint(wid):
+    run_dir = STORAGE / wid
+    cps = sorted(run_dir.glob("checkpoint_*")) if run_dir.is_dir() else []
+    return str(cps[-1]) if cps else None
+
+
+def main():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ["RAYLANE_MLFLOW_URI"] = MLFLOW_URI
+    t0 = time.time()
+    banner("raylane up: local Ray cluster with logical GPUs + the control actor")
+    sh(RAYLANE, "down", check=False, quiet=True)
+    sh(RAYLANE, "up", "--fresh", "--policy", REPO / "policies" / "local.yaml")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="raylane-demo-"))
+        banner("team A submits pretraining with `ray job submit -- python -m raylane.run ...`")
+        a_spec = yaml.safe_load((REPO / "examples/specs/pretrain-team-a.yaml").read_text())
+        (tmp / "a.yaml").write_text(yaml.safe_dump(a_spec))
+        a_job = ray_job_submit(tmp / "a.yaml")
+        a = wait(lambda: workload_of(a_job), 60, "A registered")
+        print(f"ray job {a_job} -> workload {a}")
+        wait(lambda: latest_checkpoint(a), 240, "A's first checkpoint")
+        show_queue("A is training (4 GPUs: 2 nominal + 2 borrowed from team B)")
+
+        banner("team B submits a higher-class fine-tuning gang from A's latest checkpoint")
+        b_spec = yaml.safe_load((REPO / "examples/specs/finetune-team-b.yaml").read_text())
+        b_spec["config"]["init_from"] = latest_checkpoint(a)
+        (tmp / "b.yaml").write_text(yaml.safe_dump(b_spec))
+        b_job = ray_job_submit(tmp / "b.yaml")
+        b = wait(lambda: workload_of(b_job), 60, "B registered")
+        wait(lambda: state(a)["preemptions"] >= 1, 120, "A preempted")
+        wait(lambda: state(a)["state"] == "PENDING", 120, "A back in the queue")
+        show_queue("A was preempted: it checkpointed at its current step and waits; B takes the GPUs")
+
+        wait(lambda: state(b)["state"] in ("SUCCEEDED", "FAILED"), 600, "B to finish")
+        wait(lambda: state(a)["state"] in ("RUNNING", "SUCCEEDED", "FAILED"), 300, "A to resume")
+        show_queue("B finished; A was admitted again and resumes from its checkpoint")
+        wait(lambda: state(a)["state"] in ("SUCCEEDED", "FAILED"), 900, "A to finish")
+        show_queue("both finished")
+
+        banner(f"events of {a}")
+        sh(RAYLANE, "explain", a)
+        banner("MLflow runs (one per logical workload)")
+        show_mlflow([a, b])
+        banner("evaluation of A's final model")
+        from workloads.eval_lm import evaluate
+
+        print(json.dumps(evaluate(latest_checkpoint(a)), indent=1))
+        ok = state(a)["state"] == state(b)["state"] == "SUCCEEDED"
+        print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.time() - t0:.0f}s; MLflow store {MLFLOW_URI}; "
+              f"browse with: mlflow ui --backend-store-uri {MLFLOW_URI}")
+        if not ok:
+            raise SystemExit(1)
+    finally:
+        if not os.environ.get("RAYLANE_DEMO_KEEP"):
+            banner("raylane down")
+            sh(RAYLANE, "down", check=False)
+
+
+def show_mlflow(wids):
+    import mlflow
+
+    client = mlflow.MlflowClient(MLFLOW_URI)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    for wid in wids:
+        for run in client.search_runs(exps, f"tags.`raylane.workload_id` = '{wid}'"):
+            hist = client.get_metric_history(run.info.run_id, "loss")
+            steps = [m.step for m in hist]
+            t = run.data.tags
+            print(f"{wid}: run {run.info.run_id} {run.info.status}; loss {hist[0].value:.3f} -> {hist[-1].value:.3f}"
+                  f" over steps {min(steps)}..{max(steps)} ({len(steps)} points); preemptions="
+                  f"{t.get('raylane.preemptions')} restarts={t.get('raylane.restarts')}; "
+                  f"code {run.data.params.get('code_version', '?')}")
+
+
+if __name__ == "__main__":
+    main()

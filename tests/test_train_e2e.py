@@ -1,0 +1,184 @@
+"""End to end, through Ray's jobs API on a real local cluster (logical GPUs): training gangs admitted by the
+control actor, preempted gracefully (0 steps lost, loss equal to an uninterrupted run), stopped by force after the
+grace period, restarted after a crash within the retry budget, and failed over it. One MLflow run per workload."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from raylane.control.client import call, start_control, stop_control  # noqa: E402
+from tests.raytest import local_policy, spec, start_cluster, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TRAIN = {"max_steps": 40, "checkpoint_every": 50, "batch_size": 8, "warmup_steps": 2, "eval_every": 0,
+         "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]),), gpus=4, cpus=4, dashboard=True)
+    ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
+    policy = local_policy(pretrain={"min_runtime": "2s", "grace_period": "20s", "retry_budget": 1})
+    ctl = start_control(policy, str(tmp / "journal.db"), tick_s=0.2)
+    from ray.job_submission import JobSubmissionClient
+
+    dash = "http://" + ray._private.worker.get_dashboard_url()
+    client = JobSubmissionClient(dash)
+    yield {"ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
+           "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs")}
+    stop_control()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def submit_job(env, s, name):
+    import yaml
+
+    path = env["tmp"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(s))
+    return env["client"].submit_job(
+        entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
+                   f"--tracking-uri {env['uri']}",
+        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+                                  "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}},
+    )
+
+
+def record_of_job(env, job_id):
+    def find():
+        return next((r for r in call(env["ctl"], "queue", True) if _job(env, r["id"]) == job_id), None)
+    return wait_for(find, timeout=60, what=f"workload of job {job_id}")
+
+
+def _job(env, wid):
+    return call(env["ctl"], "status", wid).get("job_id")
+
+
+def finished(env, job_id, timeout=240):
+    from ray.job_submission import JobStatus
+
+    status = wait_for(lambda: (s := env["client"].get_job_status(job_id)) in
+                      (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and s, timeout=timeout,
+                      every=1.0, what=f"job {job_id} to end")
+    return status
+
+
+def loss_history(env, wid):
+    import mlflow
+
+    client = mlflow.MlflowClient(env["uri"])
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                             f"tags.`raylane.workload_id` = '{wid}'")
+    assert len(run) == 1, f"one MLflow run for {wid}, found {len(run)}"
+    hist = client.get_metric_history(run[0].info.run_id, "loss")
+    return run[0], sorted((m.step, m.value) for m in hist)
+
+
+def reference_losses(config):
+    from workloads.train_lm import LocalHooks, train
+
+    losses = {}
+
+    class Rec(LocalHooks):
+        def report(self, step, metrics):
+            losses[step] = metrics["loss"]
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        train(config, hooks=Rec(d))
+    return losses
+
+
+def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
+    a_spec = spec("pre-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1, config=dict(TRAIN, max_steps=1500))
+    # Submitted with the plain `ray job submit` command line.
+    out = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit", "--address", env["dash"],
+         "--no-wait", "--runtime-env-json",
+         '{"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}}', "--",
+         sys.executable, "-m", "raylane.run", str(_write(env, a_spec, "pre-a")), "--storage-path", env["storage"],
+         "--tracking-uri", env["uri"]],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    a_job = re.search(r"raysubmit_[A-Za-z0-9]+", out.stdout).group(0)
+    a = record_of_job(env, a_job)["id"]
+    wait_for(lambda: call(env["ctl"], "status", a)["state"] == "RUNNING", timeout=120, what="A running")
+    wait_for(lambda: (loss_history(env, a)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
+    b_job = submit_job(env, spec("ft-b", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b")
+    b = record_of_job(env, b_job)["id"]
+    wait_for(lambda: call(env["ctl"], "status", a)["preemptions"] == 1, timeout=60, what="A preempted")
+    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    assert str(finished(env, a_job)).endswith("SUCCEEDED")
+    ra, rb = call(env["ctl"], "explain", a), call(env["ctl"], "explain", b)
+    assert ra["state"] == rb["state"] == "SUCCEEDED"
+    assert ra["preemptions"] == 1 and ra["restarts"] == 0
+    yielded = [e for e in ra["journal"] if e["kind"] == "requeued"]
+    assert len(yielded) == 1 and "yielded" in yielded[0]["note"]
+    run, hist = loss_history(env, a)
+    steps = [s for s, _ in hist]
+    # 0 steps lost: every step logged exactly once, none re-run after the resume.
+    assert steps == list(range(1, 1501))
+    assert run.data.tags["raylane.preemptions"] == "1"
+    # The interrupted-and-resumed run has the loss of an uninterrupted one at every step.
+    ref = reference_losses(dict(TRAIN, max_steps=1500))
+    assert [v for _, v in hist] == [ref[s] for s in steps]
+
+
+def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
+    policy_grace = call(env["ctl"], "class_info", "pretrain")["grace_period_s"]
+    a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
+                                 config=dict(TRAIN, max_steps=1500, fault={"ignore_stop": True})), "deaf-a")
+    a = record_of_job(env, a_job)["id"]
+    wait_for(lambda: (loss_history(env, a)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
+    t0 = time.time()
+    b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
+    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    assert str(finished(env, a_job)).endswith("SUCCEEDED")
+    ra = call(env["ctl"], "explain", a)
+    assert ra["preemptions"] == 1
+    notes = [e.get("note", "") for e in ra["journal"]]
+    assert any("stopped by force" in n for n in notes), notes
+    _, hist = loss_history(env, a)
+    steps = [s for s, _ in hist]
+    assert steps[-1] == 1500 and set(steps) == set(range(1, 1501))
+    assert time.time() - t0 >= policy_grace
+
+
+def test_crash_within_retry_budget_restarts_from_checkpoint(env):
+    job = submit_job(env, spec("crash1", "team-a", "pretrain", workers=1, gpu=1, cpu=1,
+                               config=dict(TRAIN, fault={"crash_at_step": 15, "times": 1})), "crash1")
+    wid = record_of_job(env, job)["id"]
+    assert str(finished(env, job)).endswith("SUCCEEDED")
+    rec = call(env["ctl"], "status", wid)
+    assert rec["state"] == "SUCCEEDED" and rec["restarts"] == 1
+    run, hist = loss_history(env, wid)
+    assert run.data.tags["raylane.restarts"] == "1"
+    assert [s for s, _ in hist][-1] == 40
+
+
+def test_crash_over_retry_budget_fails_with_reason(env):
+    job = submit_job(env, spec("crash9", "team-a", "pretrain", workers=1, gpu=1, cpu=1,
+                               config=dict(TRAIN, fault={"crash_at_step": 5, "times": 99})), "crash9")
+    wid = record_of_job(env, job)["id"]
+    assert str(finished(env, job)).endswith("FAILED")
+    rec = call(env["ctl"], "explain", wid)
+    assert rec["state"] == "FAILED"
+    assert "retry budget 1" in rec["journal"][-1]["note"] and "injected crash" in rec["journal"][-1]["note"]
+    run, _ = loss_history(env, wid)
+    assert run.info.status == "FAILED"
+
+
+def _write(env, s, name):
+    import yaml
+
+    path = env["tmp"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(s))
+    return path
