@@ -70,12 +70,14 @@ def finished(env, job_id, timeout=240):
     return status
 
 
-def loss_history(env, wid):
+def loss_history(env, wid, must=True):
     import mlflow
 
     client = mlflow.MlflowClient(env["uri"])
     run = client.search_runs([e.experiment_id for e in client.search_experiments()],
                              f"tags.`raylane.workload_id` = '{wid}'")
+    if not run and not must:
+        return None, []
     assert len(run) == 1, f"one MLflow run for {wid}, found {len(run)}"
     hist = client.get_metric_history(run[0].info.run_id, "loss")
     return run[0], sorted((m.step, m.value) for m in hist)
@@ -111,7 +113,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     a_job = re.search(r"raysubmit_[A-Za-z0-9]+", out.stdout).group(0)
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: call(env["ctl"], "status", a)["state"] == "RUNNING", timeout=120, what="A running")
-    wait_for(lambda: (loss_history(env, a)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
     b_job = submit_job(env, spec("ft-b", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b")
     b = record_of_job(env, b_job)["id"]
     wait_for(lambda: call(env["ctl"], "status", a)["preemptions"] == 1, timeout=60, what="A preempted")
@@ -137,7 +139,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
                                  config=dict(TRAIN, max_steps=1500, fault={"ignore_stop": True})), "deaf-a")
     a = record_of_job(env, a_job)["id"]
-    wait_for(lambda: (loss_history(env, a)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
     t0 = time.time()
     b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")

@@ -131,7 +131,7 @@ def queue_table(rows) -> Table:
         t.add_column(col, overflow="fold")
     for r in rows:
         t.add_row(r["id"], r["team"], r["class"], r["state"], r["resources"], f"{r['waited_s']:.0f}s",
-                  str(r["position"] or "-"), r["reason"] or "")
+                  str(r["position"] or "-"), "; ".join(x for x in (r["reason"], r.get("detail")) if x))
     return t
 
 

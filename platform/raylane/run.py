@@ -58,9 +58,19 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace="raylane", log_to_driver=True)
     ctl = get_control()
-    if spec.get("kind", "train") == "train" and train_fn is None:
-        _check_train_config(spec)
     job_id = _job_id()
+    kind = spec.get("kind", "train")
+    # Sweeps and serving drive their own leases (one per trial slot, one per replica shortfall).
+    if kind == "tune":
+        from raylane.launchers.tune import run_sweep
+
+        return run_sweep(spec, ctl=ctl, job_id=job_id, storage_path=storage_path, tracking_uri=tracking_uri)
+    if kind == "serve":
+        from raylane.launchers.serve import run_serving
+
+        return run_serving(spec, ctl=ctl, job_id=job_id)
+    if kind == "train" and train_fn is None:
+        _check_train_config(spec)
     rec = call(ctl, "submit", spec, job_id=job_id)
     wid = rec["id"]
     _say(f"workload {wid} submitted (job {job_id or '-'})")

@@ -436,6 +436,7 @@ class ControlActor:
                 "state": rec.state.value, "resources": _gang_text(rec.spec),
                 "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
+                "detail": rec.detail,
             })
         rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
         return rows

@@ -57,6 +57,8 @@ class Record:
     stop_deadline: Optional[float] = None
     outcome: str = ""
     ended_at: Optional[float] = None
+    # Progress a workload's driver reports (a sweep's running/paused/finished trials, a deployment's replicas).
+    detail: str = ""
     events: List[Tuple[float, str]] = field(default_factory=list)
 
     @property
@@ -82,8 +84,10 @@ class Record:
         elif e.kind == "running":
             self.state = State.RUNNING
             self.job_id = d.get("job_id", self.job_id)
-        elif e.kind == "event" and d.get("restart"):
-            self.restarts += 1
+        elif e.kind == "event":
+            self.restarts += 1 if d.get("restart") else 0
+            if "detail" in d:
+                self.detail = d["detail"]
         elif e.kind == "checkpointed":
             self.last_checkpoint = e.ts
             self.step = d.get("step", self.step)
