@@ -98,6 +98,14 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, stop_at):
     assert all(torch.equal(end_a[k], end_b[k]) for k in end_a)
 
 
+def test_resume_under_a_changed_data_order_warns(tmp_path, caplog):
+    train({**SMALL, "max_steps": 2}, hooks=LocalHooks(tmp_path))
+    with caplog.at_level("WARNING", logger="workloads.train_lm"):
+        result = train({**SMALL, "max_steps": 4, "seed": 1}, hooks=LocalHooks(tmp_path))
+    assert result.resumed_from_step == 2
+    assert "seed" in caplog.text and "max_steps" in caplog.text and "batch_size" not in caplog.text
+
+
 def test_finetune_from_pretrain_checkpoint_lowers_val_loss_on_its_corpus(pretrained, tmp_path):
     pre = pretrained.latest_checkpoint()
     before = evaluate(pre, corpus={"subdir": "email"})
@@ -174,3 +182,4 @@ def test_every_config_error_is_reported_at_once():
     with pytest.raises(ValidationError) as info:
         parse_config({"lr": 0.0, "batch_size": "8", "bogus": 1, "corpus": {"val_fraction": 0.9}})
     assert sorted(p for p, _, _ in info.value.errors) == ["batch_size", "bogus", "corpus.val_fraction", "lr"]
+

@@ -20,6 +20,7 @@ Words:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import random
 import shutil
@@ -56,6 +57,10 @@ __all__ = [
 ]
 
 _CONFIG_SOURCE = "train config"
+# Keys that fix the data order or the LR schedule: a resume that changes one no longer matches an uninterrupted run.
+_RESUME_SENSITIVE = ("seed", "batch_size", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "corpus", "num_threads")
+
+logger = logging.getLogger(__name__)
 
 
 class TrainConfig(BaseModel):
@@ -341,10 +346,6 @@ def _lr_multiplier(step: int, *, warmup: int, total: int, floor: float) -> float
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") else model
-
-
 class _Run:
     """One call of ``train``: builds the state (fresh, fine-tuned or resumed), then steps it."""
 
@@ -359,6 +360,8 @@ class _Run:
         resume_dir = hooks.load_checkpoint()
         resume = ckpt.read_state(resume_dir) if resume_dir else None
         self.model_config = self._model_config(resume_dir)
+        if resume_dir:
+            self._warn_if_changed(resume_dir)
 
         # Seed first so a fresh run's init is a function of the seed; a resumed run overwrites all of it below.
         torch.manual_seed(cfg.seed)
@@ -400,10 +403,20 @@ class _Run:
             return cfg.model
         fixed = ModelConfig.model_validate(ckpt.read_meta(source)["model"])
         if "model" in cfg.model_fields_set and cfg.model != fixed:
-            key = "model" if resume_dir else "model (with init_from)"
-            allowed = f"the model shape of {source}: {fixed.to_dict()}"
-            raise ValidationError(_CONFIG_SOURCE, [(key, cfg.model.to_dict(), allowed)])
+            allowed = f"left out, or the shape of the checkpoint it starts from ({source}): {fixed.to_dict()}"
+            raise ValidationError(_CONFIG_SOURCE, [("model", cfg.model.to_dict(), allowed)])
         return fixed
+
+    def _warn_if_changed(self, resume_dir: str) -> None:
+        """A resume under a different data order or schedule runs, but no longer matches an uninterrupted run."""
+        meta = ckpt.read_meta(resume_dir)
+        now = self.cfg.model_dump(mode="json")
+        changed = [k for k in _RESUME_SENSITIVE if meta["train"].get(k) != now[k]]
+        if meta.get("data_snapshot") != self.corpus.snapshot_id:
+            changed.append(f"data snapshot {meta.get('data_snapshot')} -> {self.corpus.snapshot_id}")
+        if changed:
+            logger.warning("resuming %s with changed %s; later steps will differ from an uninterrupted run",
+                           resume_dir, ", ".join(changed))
 
     def _loop(self, step: int, data_position: int, resumed_from: Optional[int]) -> TrainResult:
         cfg, hooks, model = self.cfg, self.hooks, self.model
