@@ -5,6 +5,17 @@ submit-time test that refuses a workload no node set and no quota could ever hol
 
 Words: *head* is the first workload of a team queue; *examined* workloads are those the cycle looked at, in queue
 order, and get a position; the rest keep their previous reason (``NotReached``) until a later cycle reaches them.
+A *borrower* is a workload whose admission would take its team past its nominal quota. The *future* is the cluster
+as it will be once every terminating lease (and every victim chosen in this cycle) is gone, less what the
+workloads waiting for those leases have *claimed* of it. A *fresh* admission is one made earlier in this cycle.
+
+Rules that keep the room a preemption makes for the workload it was made for (each once a livelock):
+- Work within its team's nominal quota is examined before borrowers (Kueue's rule), so reclaimed capacity is not
+  lent out again first, and a borrower admitted in this cycle never makes its team's older work look borrowed.
+- Nothing starts now on what a waiting workload has claimed of the future (capacity or quota).
+- A preemptor takes back fresh admissions before it stops running work: they have not started, so nothing is lost
+  (``Displaced``), where starting them would only have them preempted in the next cycle. Never behind a
+  reservation, where the preemptor itself might not be allowed to start.
 """
 from __future__ import annotations
 
@@ -23,11 +34,13 @@ from raylane.scheduling.types import (
     BehindHead,
     BlockedByReservation,
     CycleResult,
+    Displaced,
     Infeasible,
     Lease,
     LeaseState,
     NoCapacity,
     Node,
+    NotReached,
     Pending,
     Preempt,
     Reserved,
@@ -59,43 +72,33 @@ def team_usage(leases) -> Dict[str, Resources]:
 
 def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -> CycleResult:
     """Decide what to admit, what to preempt and why the rest waits."""
+    # 0. The policies, by name, and the working copies of capacity and quota (only those change from here on).
     cfg = snapshot.config
     order = ORDERINGS.get(cfg.ordering)
     admission = ADMISSIONS.get(cfg.admission)
-    backfill = BACKFILLS.get(cfg.backfill)
-    preemption = PREEMPTIONS.get(cfg.preemption)
+    w8 = _Walk(snapshot, now, admission, BACKFILLS.get(cfg.backfill), PREEMPTIONS.get(cfg.preemption), order)
+    teams = snapshot.teams
 
-    # 1. Working copies: free capacity per node and team usage. Only these change during the cycle.
-    cap = Capacity(snapshot.nodes)
-    usage = snapshot.usage if snapshot.usage is not None else team_usage(snapshot.leases)
-    ledger = QuotaLedger(snapshot.teams, usage)
-    pctx = PreemptionContext(snapshot.leases, ledger, admission, order, cfg, now)
-
-    # Preemptions already under way: their preemptors wait for them instead of choosing more victims.
-    terminating = [l for l in snapshot.leases if l.state is LeaseState.TERMINATING]
-
-    # 2. Merge the team queues by the ordering's head key.
+    # 1. Merge the team queues by the ordering's head key.
     heap: List[Tuple[Tuple, int, str]] = []
+    keys: Dict[str, Tuple] = {}
     cursor: Dict[str, int] = {}
     seq = 0
     for team, q in snapshot.queues.items():
         if q:
             cursor[team] = 0
-            heap.append((order.head_key(q[0], _TeamView(snapshot.teams.get(team, _NO_TEAM), ledger.used(team)),
-                                        cfg), seq, team))
+            keys[team] = order.head_key(q[0], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
+            heap.append((keys[team], seq, team))
             seq += 1
     heapq.heapify(heap)
 
-    admitted: List[Admit] = []
-    preempted: List[Preempt] = []
-    pending: List[Pending] = []
-    reservation: Optional[Reservation] = None
-    admitted_leases: List[Lease] = []
-    budget = cfg.max_admissions_per_cycle
+    # 2. Walk the merged queue: admit, preempt or explain (``_Walk.decide``). Borrowers wait for a second pass
+    #    (Kueue's rule: work within its nominal quota goes first), so capacity that a team reclaims is not lent out
+    #    again before that team gets it, and no team borrows in this cycle what another team's in-quota work needs.
+    defer = admission.protects_in_quota
+    deferred: List[Tuple[Workload, int]] = []
     position = 0
-
-    # 3. Walk the merged queue: admit, preempt or explain.
-    while heap and position < max_examined:
+    while heap and position < max_examined and w8.budget > 0:
         _, _, team = heapq.heappop(heap)
         q = snapshot.queues[team]
         i = cursor[team]
@@ -103,96 +106,238 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
         cursor[team] = i + 1
         if i + 1 < len(q):
             seq += 1
-            heapq.heappush(heap, (order.head_key(q[i + 1], _TeamView(snapshot.teams.get(team, _NO_TEAM),
-                                                                     ledger.used(team)), cfg), seq, team))
+            keys[team] = order.head_key(q[i + 1], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
+            heapq.heappush(heap, (keys[team], seq, team))
         position += 1
-
-        if budget <= 0:
-            break
-
-        need = w.gang.total
-        quota_reason = admission.check(ledger, team, need)
-        plan = None if quota_reason is not None else place(w.gang, cap, w.data_snapshot)
-
-        if quota_reason is None and plan is not None:
-            if reservation is not None and not backfill.allows(w, plan, reservation, now):
-                pending.append(Pending(w, _blocked(reservation, cap, w), position))
-                continue
-            cap.take_placement(plan, w.gang.per_worker)
-            borrowing = not ledger.within_nominal(team, need) and admission.protects_in_quota
-            ledger.add(team, need)
-            admitted.append(Admit(w, plan, borrowing))
-            admitted_leases.append(Lease(w, plan, now))
-            budget -= 1
-            # Re-key this team: its share changed (fair share).
-            if i + 1 < len(q):
-                heap = [(order.head_key(q[cursor[t]], _TeamView(snapshot.teams.get(t, _NO_TEAM), ledger.used(t)),
-                                        cfg), s, t) if t == team else (k, s, t) for k, s, t in heap]
+        if defer and not w8.ledger.within_nominal(team, w.gang.total):
+            deferred.append((w, position))
+            continue
+        if w8.decide(w, position) and i + 1 < len(q):
+            # Re-key this team: what it holds changed, and its head key may depend on that (fair share).
+            key = order.head_key(q[i + 1], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
+            if key != keys[team]:
+                keys[team] = key
+                heap = [(key, s, t) if t == team else (k, s, t) for k, s, t in heap]
                 heapq.heapify(heap)
-            continue
 
-        # 4. It does not fit. Is room already being made for it?
-        waiting = [l.id for l in terminating]
-        if waiting and _fits_after(w, terminating, cap, ledger, admission):
-            pending.append(Pending(w, WaitingForPreemption(tuple(waiting)), position))
-            continue
+    # 3. The borrowers, in queue order, while the admission budget lasts.
+    for w, pos in deferred:
+        if w8.budget > 0:
+            w8.decide(w, pos)
+        else:
+            w8.pending.append(Pending(w, NotReached(), pos))
 
-        # 5. Try preemption, on the working copies, with undo.
-        def fits() -> bool:
-            return admission.check(ledger, team, need) is None and place(w.gang, cap, w.data_snapshot) is not None
-
-        victims = find_victims(w, preemption.candidates(w, pctx), cap, pctx, fits) if reservation is None or \
-            quota_reason is not None else None
-        if victims:
-            ids = tuple(v.id for v in victims)
-            preempted.append(Preempt(w, ids, _preempt_reason(w, victims, quota_reason)))
-            pending.append(Pending(w, WaitingForPreemption(ids), position))
-            # The victims still hold their resources until they stop; nobody else may be admitted into them.
-            terminating.extend(Lease(v.workload, v.placement, v.start_time, v.last_checkpoint_time,
-                                     LeaseState.TERMINATING) for v in victims)
-            pctx._eligible = [l for l in pctx.eligible() if l.id not in ids]
-            continue
-
-        if quota_reason is not None:
-            pending.append(Pending(w, quota_reason, position))
-            continue
-
-        # 6. Blocked by capacity: the first such workload gets a reservation; later ones must respect it.
-        best, best_free = cap.best_node_for(w.gang.per_worker, w.gang.features)
-        inner = NoCapacity(w.gang.workers, w.gang.per_worker, best, best_free, cap.total_free())
-        if reservation is None:
-            reservation = backfill.reserve(w, cap, list(snapshot.leases) + admitted_leases, now, cfg)
-            if reservation is not None:
-                start = reservation.shadow_time
-                reason = Reserved(start, inner) if start is not None else inner
-                pending.append(Pending(w, reason, position))
-                continue
-        pending.append(Pending(w, inner, position))
-
-    return CycleResult(tuple(admitted), tuple(preempted), tuple(pending))
+    # 4. Everything examined has a decision; pending ones are reported in queue order.
+    w8.pending.sort(key=lambda p: p.position)
+    return CycleResult(tuple(w8.admitted), tuple(w8.preempted), tuple(w8.pending))
 
 
 _NO_TEAM = Team("", {})
 
 
-def _blocked(res: Reservation, cap: Capacity, w: Workload):
+class _Future:
+    """Capacity and quota once every terminating lease is gone, less what waiting workloads have claimed.
+
+    ``avail`` is, per node, the lesser of what is free now and what is free in the future: what may start now
+    without taking anything a waiting workload has claimed.
+    """
+
+    __slots__ = ("present", "cap", "ledger", "avail", "stopping")
+
+    def __init__(self, cap: Capacity, ledger: QuotaLedger, stopping: List[Lease]):
+        self.present = cap
+        self.cap = cap.copy()
+        self.avail = cap.copy()
+        self.ledger = QuotaLedger(ledger.teams, ledger.usage)
+        self.stopping: List[Lease] = []
+        for l in stopping:
+            self.release(l)
+
+    def _sync(self, nodes) -> None:
+        now, then, avail = self.present.free, self.cap.free, self.avail
+        for nid in set(nodes):
+            if nid in avail.free:
+                a, b = now[nid], then[nid]
+                m = Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.memory, b.memory))
+                if m != avail.free[nid]:
+                    avail._set(nid, m)
+
+    def release(self, lease: Lease) -> None:
+        self.cap.give_placement(lease.placement, lease.workload.gang.per_worker)
+        self.ledger.remove(lease.team, lease.workload.gang.total)
+        self.stopping.append(lease)
+        self._sync(lease.placement)
+
+    def claim(self, w: Workload, plan: Tuple[str, ...]) -> None:
+        """``w`` will hold ``plan`` (it starts now, or once what it waits for is gone)."""
+        self.cap.take_placement(plan, w.gang.per_worker)
+        self.ledger.add(w.team, w.gang.total)
+        self._sync(plan)
+
+    def unclaim(self, w: Workload, plan: Tuple[str, ...]) -> None:
+        self.cap.give_placement(plan, w.gang.per_worker)
+        self.ledger.remove(w.team, w.gang.total)
+        self._sync(plan)
+
+    def waited_for(self, plan: Tuple[str, ...]) -> Tuple[str, ...]:
+        """The stopping leases on the claimed nodes; all of them when the wait is for quota only."""
+        on = set(plan)
+        ids = tuple(l.id for l in self.stopping if on.intersection(l.placement))
+        return ids or tuple(l.id for l in self.stopping)
+
+
+class _Walk:
+    """The working state of one cycle: only this changes while the cycle decides; the snapshot never does."""
+
+    def __init__(self, snapshot: Snapshot, now: float, admission, backfill, preemption, order):
+        cfg = snapshot.config
+        self.snapshot, self.now, self.cfg = snapshot, now, cfg
+        self.admission, self.backfill, self.preemption = admission, backfill, preemption
+        self.cap = Capacity(snapshot.nodes)
+        usage = snapshot.usage if snapshot.usage is not None else team_usage(snapshot.leases)
+        self.ledger = QuotaLedger(snapshot.teams, usage)
+        self.stopping = [l for l in snapshot.leases if l.state is LeaseState.TERMINATING]
+        self.future: Optional[_Future] = _Future(self.cap, self.ledger, self.stopping) if self.stopping else None
+        self.pctx = PreemptionContext(snapshot.leases, self.ledger, admission, order, cfg, now)
+        if self.future is not None:
+            self.pctx.ledger = self.future.ledger
+        self.reservation: Optional[Reservation] = None
+        self.admitted: List[Admit] = []
+        self.admitted_leases: List[Lease] = []
+        self.preempted: List[Preempt] = []
+        self.pending: List[Pending] = []
+        self.budget = cfg.max_admissions_per_cycle
+        self.positions: Dict[str, int] = {}  # admitted in this cycle -> its position, should it be displaced
+
+    def decide(self, w: Workload, position: int) -> bool:
+        """Admit ``w``, choose victims for it or say why it waits. True when it was admitted."""
+        team, need, cap, ledger, admission = w.team, w.gang.total, self.cap, self.ledger, self.admission
+        future = self.future
+        quota_reason = self._quota_now(w)
+        plan = None if quota_reason is not None else self._place_now(w)
+
+        if quota_reason is None and plan is not None:
+            if self.reservation is not None and not self.backfill.allows(w, plan, self.reservation, self.now):
+                self.pending.append(Pending(w, _blocked(self.reservation), position))
+                return False
+            self._admit(w, plan, position)
+            return True
+
+        # a. It does not fit now. Will it fit once what is already stopping is gone (and what others waiting for
+        #    that have claimed is taken)? Then it waits for them and no more victims are chosen for it.
+        if future is not None:
+            fplan = self._fits(w, future.cap, future.ledger)
+            if fplan is not None:
+                future.claim(w, fplan)
+                self.pending.append(Pending(w, WaitingForPreemption(future.waited_for(fplan)), position))
+                return False
+
+        # b. Try preemption on the future's copies (or the present's, when nothing is stopping), with undo: the
+        #    victims must make room beyond what is already being made for others. Workloads admitted earlier in
+        #    this cycle are the first candidates: giving their place back loses nothing.
+        if self.reservation is None or quota_reason is not None:
+            fcap, fledger = (future.cap, future.ledger) if future is not None else (cap, ledger)
+            pctx = self.pctx
+            pctx.ledger = fledger
+            candidates = self.preemption.candidates(w, pctx)
+            if self.reservation is not None and pctx.fresh:
+                # Behind a reservation the preemptor may not be allowed to start now; giving back an admission
+                # for it could then leave both waiting.
+                candidates = [c for c in candidates if c.id not in pctx.fresh]
+            chosen = find_victims(w, candidates, fcap, pctx,
+                                  lambda: self._fits(w, fcap, fledger) is not None) if candidates else None
+            if chosen:
+                victims = [v for v in chosen if v.id not in pctx.fresh]
+                for v in chosen:
+                    if v.id in pctx.fresh:
+                        self._displace(v, w)
+                if not victims:
+                    # Only admissions of this cycle were given back (never behind a reservation): it may start now,
+                    # unless it also needs what is still stopping.
+                    plan = self._place_now(w) if self._quota_now(w) is None else None
+                    if plan is not None:
+                        self._admit(w, plan, position)
+                        return True
+                if future is None:
+                    future = self.future = _Future(cap, ledger, [])
+                    pctx.ledger = future.ledger
+                for v in victims:
+                    future.release(v)
+                    pctx.stop(v)
+                fplan = self._fits(w, future.cap, future.ledger)
+                future.claim(w, fplan)  # find_victims only returns a set after whose removal w fits
+                ids = tuple(v.id for v in victims)
+                if victims:
+                    self.preempted.append(Preempt(w, ids, _preempt_reason(w, victims, quota_reason)))
+                self.pending.append(Pending(w, WaitingForPreemption(ids or future.waited_for(fplan)), position))
+                return False
+
+        if quota_reason is not None:
+            self.pending.append(Pending(w, quota_reason, position))
+            return False
+
+        # c. Blocked by capacity: the first such workload gets a reservation; later ones must respect it.
+        best, best_free = cap.best_node_for(w.gang.per_worker, w.gang.features)
+        inner = NoCapacity(w.gang.workers, w.gang.per_worker, best, best_free, cap.total_free())
+        if self.reservation is None:
+            self.reservation = self.backfill.reserve(w, cap, list(self.snapshot.leases) + self.admitted_leases,
+                                                     self.now, self.cfg)
+            if self.reservation is not None:
+                start = self.reservation.shadow_time
+                self.pending.append(Pending(w, Reserved(start, inner) if start is not None else inner, position))
+                return False
+        self.pending.append(Pending(w, inner, position))
+        return False
+
+    def _admit(self, w: Workload, plan: Tuple[str, ...], position: int) -> None:
+        need = w.gang.total
+        borrowing = self.admission.protects_in_quota and not self.ledger.within_nominal(w.team, need)
+        self.cap.take_placement(plan, w.gang.per_worker)
+        self.ledger.add(w.team, need)
+        if self.future is not None:
+            self.future.claim(w, plan)
+        admit = Admit(w, plan, borrowing)
+        lease = Lease(w, plan, self.now)
+        self.admitted.append(admit)
+        self.admitted_leases.append(lease)
+        self.positions[w.id] = position
+        self.pctx.admit(lease)
+        self.budget -= 1
+
+    def _displace(self, lease: Lease, by: Workload) -> None:
+        """Take back an admission of this cycle: ``by`` would preempt it as soon as it started."""
+        w, plan = lease.workload, lease.placement
+        self.admitted = [a for a in self.admitted if a.workload.id != w.id]
+        self.admitted_leases = [l for l in self.admitted_leases if l.id != w.id]
+        self.cap.give_placement(plan, w.gang.per_worker)
+        self.ledger.remove(w.team, w.gang.total)
+        if self.future is not None:
+            self.future.unclaim(w, plan)
+        self.pctx.stop(lease)
+        self.budget += 1
+        self.pending.append(Pending(w, Displaced(by.id), self.positions.pop(w.id)))
+
+    def _quota_now(self, w: Workload):
+        reason = self.admission.check(self.ledger, w.team, w.gang.total)
+        if reason is None and self.future is not None:
+            # What waiting workloads have claimed of the future is spoken for: starting now must not take it, or
+            # they would have to preempt again once their victims are gone.
+            reason = self.admission.check(self.future.ledger, w.team, w.gang.total)
+        return reason
+
+    def _place_now(self, w: Workload) -> Optional[Tuple[str, ...]]:
+        return place(w.gang, self.future.avail if self.future is not None else self.cap, w.data_snapshot)
+
+    def _fits(self, w: Workload, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
+        if self.admission.check(ledger, w.team, w.gang.total) is not None:
+            return None
+        return place(w.gang, cap, w.data_snapshot)
+
+
+def _blocked(res: Reservation):
     if res.shadow_time is None:
         return BehindHead(res.head)
     return BlockedByReservation(res.head, res.shadow_time)
-
-
-def _fits_after(w: Workload, terminating, cap: Capacity, ledger: QuotaLedger, admission) -> bool:
-    """Whether ``w`` fits once every lease that is already stopping is gone."""
-    cap.begin()
-    gone = terminating
-    for l in gone:
-        cap.give_placement(l.placement, l.workload.gang.per_worker)
-        ledger.remove(l.team, l.workload.gang.total)
-    ok = admission.check(ledger, w.team, w.gang.total) is None and place(w.gang, cap, w.data_snapshot) is not None
-    cap.undo()
-    for l in gone:
-        ledger.add(l.team, l.workload.gang.total)
-    return ok
 
 
 def _preempt_reason(w: Workload, victims, quota_reason) -> str:

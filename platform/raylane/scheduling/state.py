@@ -144,9 +144,9 @@ class ClusterState:
 
     # -- fair share ------------------------------------------------------------------------------------------
     def _charge(self, team: str, gpu_s: float, now: float) -> None:
-        t = self.teams.get(team)
-        if t is not None and gpu_s > 0:
+        if team in self.teams and gpu_s > 0:
             self.decay(now)
+            t = self.teams[team]  # read after the decay, or the charged team's own decay would be undone
             self.teams[team] = replace(t, decayed_usage=t.decayed_usage + gpu_s)
 
     def decay(self, now: float) -> None:

@@ -306,6 +306,17 @@ class WaitingForPreemption:
 
 
 @dataclass(frozen=True, slots=True)
+class Displaced:
+    """It fitted earlier in this cycle, but ``by`` (later in queue order) would have preempted it at once: it gave
+    its place back before starting, which loses nothing, instead of starting only to be stopped."""
+
+    by: str
+
+    def __str__(self) -> str:
+        return f"gave its place to {self.by}, which may preempt it"
+
+
+@dataclass(frozen=True, slots=True)
 class NotReached:
     """The cycle's admission budget ran out before this workload was looked at."""
 
@@ -323,7 +334,8 @@ class Infeasible:
 
 
 Reason = Union[
-    QuotaExceeded, NoCapacity, Reserved, BlockedByReservation, BehindHead, WaitingForPreemption, NotReached, Infeasible
+    QuotaExceeded, NoCapacity, Reserved, BlockedByReservation, BehindHead, WaitingForPreemption, Displaced, NotReached,
+    Infeasible,
 ]
 
 
@@ -374,6 +386,6 @@ class CycleResult:
 __all__ = [
     "RESOURCE_NAMES", "Resources", "ZERO", "Node", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
     "Lease", "Quota", "Team", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
-    "BlockedByReservation", "BehindHead", "WaitingForPreemption", "NotReached", "Infeasible", "Reason", "Admit",
+    "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
     "Preempt", "Pending", "Reject", "Decision", "CycleResult",
 ]

@@ -1,0 +1,91 @@
+"""A tiny driver of ``ClusterState`` + ``cycle`` with a fake clock, for multi-cycle tests.
+
+Admitted workloads run for their duration; victims of a preemption stop ``grace`` seconds after they are told, lose
+all work since they started (the worst case: no checkpoint), and go back to their queue. Workloads arrive at their
+submit time. ``run`` returns when nothing waits and nothing runs, and fails on a deadlock or after ``max_cycles``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, Optional
+
+from raylane.scheduling import ClusterState, CycleResult, LeaseState, Snapshot, Workload, cycle
+
+
+class Stuck(AssertionError):
+    pass
+
+
+class Driver:
+    def __init__(self, state: ClusterState, workloads: Iterable[Workload], durations: Dict[str, float],
+                 grace: float = 5.0, check: Optional[Callable[[Snapshot, CycleResult, float], None]] = None):
+        self.state = state
+        self.arrivals: List[Workload] = sorted(workloads, key=lambda w: (w.submit_time, w.id))
+        self.durations = durations
+        self.grace = grace
+        self.check = check
+        self.now = 0.0
+        self.ends: Dict[str, float] = {}
+        self.stops: Dict[str, float] = {}
+        self.cycles = 0
+        self.admissions = 0
+        self.preemptions = 0
+        self.finished: List[str] = []
+
+    def _arrive(self) -> None:
+        while self.arrivals and self.arrivals[0].submit_time <= self.now:
+            self.state.enqueue(self.arrivals.pop(0))
+
+    def step(self) -> CycleResult:
+        self._arrive()
+        snap = self.state.snapshot()
+        res = cycle(snap, self.now)
+        self.cycles += 1
+        if self.check is not None:
+            self.check(snap, res, self.now)
+        for a in res.admitted:
+            self.state.start(a, self.now)
+            self.ends[a.workload.id] = self.now + self.durations[a.workload.id]
+            self.admissions += 1
+        for p in res.preempted:
+            for v in p.victims:
+                self.state.mark_terminating(v)
+                self.ends.pop(v, None)
+                self.stops[v] = self.now + self.grace
+                self.preemptions += 1
+        return res
+
+    def advance(self) -> bool:
+        """Move the clock to the next event and apply it; False when there is none."""
+        times = list(self.ends.values()) + list(self.stops.values())
+        if self.arrivals:
+            times.append(self.arrivals[0].submit_time)
+        if not times:
+            return False
+        self.now = max(self.now, min(times))
+        for wid, t in sorted(self.ends.items(), key=lambda kv: (kv[1], kv[0])):
+            if t <= self.now:
+                del self.ends[wid]
+                self.state.finish(wid, self.now)
+                self.finished.append(wid)
+        for wid, t in sorted(self.stops.items(), key=lambda kv: (kv[1], kv[0])):
+            if t <= self.now:
+                del self.stops[wid]
+                lease = self.state.finish(wid, self.now)
+                self.state.requeue(lease, self.now)
+        return True
+
+    def done(self) -> bool:
+        return not self.arrivals and self.state.pending_count() == 0 and not self.state.leases
+
+    def run(self, max_cycles: int = 2000) -> "Driver":
+        while not self.done():
+            if self.cycles >= max_cycles:
+                raise Stuck(f"not done after {max_cycles} cycles at t={self.now:g}: {self.state.pending_count()} "
+                            f"pending, {len(self.state.leases)} running, {self.preemptions} preemptions")
+            res = self.step()
+            if not self.advance():
+                if self.done():
+                    break
+                raise Stuck(f"deadlock at t={self.now:g}: nothing runs and nothing arrives; pending reasons: "
+                            + "; ".join(f"{p.workload.id}: {p.reason}" for p in res.pending))
+        return self

@@ -1,0 +1,274 @@
+"""Conformance: invariants every registered policy keeps, on every axis, on small random clusters and queues.
+
+Each scenario is drawn from a seeded ``random.Random`` and driven to completion by ``driver.Driver``; every cycle of
+the run is checked (``check_cycle``). Whatever the policies, a cycle must never over-commit a node, split a gang,
+exceed a quota under ``quota`` admission, stop work it may not stop, leave an examined workload without a reason,
+depend on anything but its input, or change its input; and a small finite scenario must run to the end.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Dict, List
+
+import pytest
+
+from raylane.errors import UnknownNameError
+from raylane.scheduling import (
+    ADMISSIONS,
+    BACKFILLS,
+    ORDERINGS,
+    PLACEMENTS,
+    PREEMPTIONS,
+    ClusterState,
+    CycleResult,
+    Gang,
+    LeaseState,
+    Node,
+    Quota,
+    Resources,
+    SchedulerConfig,
+    Snapshot,
+    Team,
+    Workload,
+    check_feasible,
+    cycle,
+    team_usage,
+)
+
+from .builders import CRITICAL, FINETUNE, PRETRAIN, PROD, SLOW_START, SWEEP
+from .driver import Driver
+
+CLASSES = [CRITICAL, PROD, FINETUNE, PRETRAIN, SWEEP, SLOW_START]
+AXES = {
+    "ordering": ORDERINGS,
+    "admission": ADMISSIONS,
+    "backfill": BACKFILLS,
+    "preemption": PREEMPTIONS,
+}
+EPS = 1e-6
+
+
+# ----------------------------------------------------------------------------------------------- scenarios
+
+
+@dataclass
+class Scenario:
+    nodes: List[Node]
+    teams: Dict[str, Team]
+    workloads: List[Workload]
+    durations: Dict[str, float]
+    config: SchedulerConfig
+
+
+def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = None, n_workloads: int = 18) -> Scenario:
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(rng.randint(2, 5)):
+        g = rng.choice([4, 8, 8])
+        feats = frozenset({"h100"}) if i % 3 == 1 else frozenset()
+        cap = Resources(gpu=g, cpu=8 * g, memory=64 * g)
+        nodes.append(Node(f"n{i}", cap, cap, feats, {"rack": f"r{i % 2}"}, "", frozenset({"c4"}) if i % 2 else
+                          frozenset()))
+    total = sum(n.capacity.gpu for n in nodes)
+    names = ["nlp", "cv", "rl", "speech"][: rng.randint(2, 4)]
+    shares = [rng.randint(1, 4) for _ in names]
+    teams = {}
+    for name, s in zip(names, shares):
+        nominal = float(round(total * s / sum(shares)))
+        borrow = rng.choice([None, 0.0, float(rng.randint(1, 8))])
+        lend = rng.choice([None, None, float(rng.randint(0, int(nominal)))])
+        teams[name] = Team(name, {"gpu": Quota(nominal, borrow, lend)}, weight=rng.choice([1.0, 2.0]),
+                           decayed_usage=rng.choice([0.0, 5000.0]))
+    workloads, durations = [], {}
+    strategies = PLACEMENTS.names()
+    i = 0
+    while len(workloads) < n_workloads:
+        i += 1
+        workers = rng.choice([1, 1, 2, 3])
+        gpus = rng.choice([1, 1, 2, 4])
+        w = Workload(
+            id=f"w{i:02d}", team=rng.choice(names), cls=rng.choice(CLASSES),
+            gang=Gang(workers, Resources(gpu=gpus, cpu=gpus, memory=8 * gpus), strategy or rng.choice(strategies),
+                      frozenset({"h100"}) if rng.random() < 0.15 else frozenset(), "rack"),
+            submit_time=float(rng.choice([0, 0, 0, rng.randint(1, 300)])),
+            runtime_estimate_s=rng.choice([None, float(rng.randint(10, 400))]),
+            data_snapshot=rng.choice([None, "c4"]),
+        )
+        if check_feasible(w, nodes, teams, config.admission) is not None:
+            continue
+        workloads.append(w)
+        durations[w.id] = float(rng.randint(5, 300))
+    return Scenario(nodes, teams, workloads, durations, config)
+
+
+def random_config(rng: random.Random, **fixed) -> SchedulerConfig:
+    kw = {axis: rng.choice(reg.names()) for axis, reg in AXES.items()}
+    kw.update(fixed)
+    return SchedulerConfig(**kw, max_admissions_per_cycle=rng.choice([1, 3, 64]), las_thresholds=(60.0, 600.0),
+                           fair_share_half_life_s=600.0, default_runtime_s=200.0)
+
+
+# ------------------------------------------------------------------------------------------------ invariants
+
+
+def quota_ok(teams, usage) -> bool:
+    pool_cap = pool_used = 0.0
+    for t in teams.values():
+        q = t.quotas.get("gpu")
+        if q is None:
+            continue
+        u = usage.get(t.name, Resources()).gpu
+        if u > q.ceiling + EPS:
+            return False
+        pool_cap += q.nominal - q.guaranteed
+        pool_used += max(0.0, u - q.guaranteed)
+    return pool_used <= pool_cap + EPS
+
+
+def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int = 500) -> None:
+    cfg = snap.config
+    before = copy.deepcopy(snap)
+    again = cycle(snap, now, max_examined=max_examined)
+    # Deterministic: the same input gives the same decisions.
+    assert again == res
+    # The snapshot is not changed by a cycle.
+    assert snap == before
+
+    nodes = {n.id: n for n in snap.nodes}
+    queued = {w.id: w for q in snap.queues.values() for w in q}
+    leases = {l.id: l for l in snap.leases}
+
+    # No workload decided twice; all decided ones were waiting.
+    decided = [a.workload.id for a in res.admitted] + [p.workload.id for p in res.pending]
+    assert len(decided) == len(set(decided)), Counter(decided).most_common(3)
+    assert set(decided) <= set(queued)
+
+    # No over-commit of any node; gangs whole, on nodes with the required features.
+    free = {nid: n.free for nid, n in nodes.items()}
+    for a in res.admitted:
+        g = a.workload.gang
+        assert len(a.placement) == g.workers
+        for nid in a.placement:
+            assert nid in nodes and g.features <= nodes[nid].features
+            free[nid] = free[nid] - g.per_worker
+    for nid, f in free.items():
+        assert f.gpu >= -EPS and f.cpu >= -EPS and f.memory >= -EPS, (nid, f)
+
+    # Quota never exceeded under `quota` admission (if it held before the cycle).
+    usage = dict(snap.usage if snap.usage is not None else team_usage(snap.leases))
+    if ADMISSIONS.get(cfg.admission).protects_in_quota and quota_ok(snap.teams, usage):
+        for a in res.admitted:
+            usage[a.workload.team] = usage.get(a.workload.team, Resources()) + a.workload.gang.total
+        assert quota_ok(snap.teams, usage), usage
+
+    # Victims: running, preemptible, past their minimum runtime, chosen once, and not another team's in-quota work.
+    seen = set()
+    protects = ADMISSIONS.get(cfg.admission).protects_in_quota
+    snap_usage = snap.usage if snap.usage is not None else team_usage(snap.leases)
+    for p in res.preempted:
+        assert p.victims and p.preemptor.id in queued
+        for v in p.victims:
+            assert v not in seen
+            seen.add(v)
+            lease = leases[v]
+            assert lease.state is LeaseState.RUNNING
+            assert lease.workload.cls.preemptible
+            assert now - lease.start_time >= lease.workload.cls.min_runtime_s
+            if protects and lease.team != p.preemptor.team:
+                q = snap.teams[lease.team].quotas["gpu"]
+                assert snap_usage[lease.team].gpu > q.nominal + EPS, f"{v} of {lease.team} was in quota"
+
+    # Every examined pending workload has a reason and a distinct, increasing position.
+    positions = [p.position for p in res.pending]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    assert all(p.position >= 1 and p.reason is not None for p in res.pending)
+    # Nothing skipped silently: fewer decided than waiting only when a cycle limit was hit.
+    if len(decided) < len(queued):
+        assert len(res.admitted) >= cfg.max_admissions_per_cycle or len(decided) >= max_examined
+
+
+# ---------------------------------------------------------------------------------------------------- tests
+
+SEEDS = [1, 2, 3]
+
+
+def drive(scn: Scenario) -> Driver:
+    st = ClusterState(scn.nodes, scn.teams, scn.config)
+    return Driver(st, scn.workloads, scn.durations, check=check_cycle).run(max_cycles=3000)
+
+
+def assert_all_ran(scn: Scenario, d: Driver) -> None:
+    assert sorted(d.finished) == sorted(w.id for w in scn.workloads)
+    assert d.state.usage == {} or all(r.is_zero() or abs(r.gpu) < EPS for r in d.state.usage.values())
+    assert {n.id: n.free for n in d.state.nodes.values()} == {n.id: n.capacity for n in scn.nodes}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("axis,name", [(a, n) for a, reg in AXES.items() for n in reg.names()])
+def test_every_policy_runs_random_scenarios_to_completion(axis, name, seed):
+    rng = random.Random(f"{axis}/{name}/{seed}")
+    cfg = random_config(rng, **{axis: name})
+    scn = random_scenario(rng.randint(0, 10**6), cfg)
+    assert_all_ran(scn, drive(scn))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("strategy", PLACEMENTS.names())
+def test_every_placement_runs_random_scenarios_to_completion(strategy, seed):
+    rng = random.Random(f"placement/{strategy}/{seed}")
+    cfg = random_config(rng)
+    scn = random_scenario(rng.randint(0, 10**6), cfg, strategy=strategy)
+    assert_all_ran(scn, drive(scn))
+
+
+@pytest.mark.parametrize("combo", list(itertools.product(*(reg.names() for reg in AXES.values()))),
+                         ids=lambda c: "-".join(c))
+def test_every_combination_keeps_the_invariants(combo):
+    """Every policy combination, a few cycles each on one busy scenario (the invariants are checked each cycle)."""
+    cfg = SchedulerConfig(**dict(zip(AXES, combo)), las_thresholds=(60.0, 600.0), default_runtime_s=200.0)
+    scn = random_scenario(7, cfg, n_workloads=14)
+    st = ClusterState(scn.nodes, scn.teams, cfg)
+    d = Driver(st, scn.workloads, scn.durations, check=check_cycle)
+    for _ in range(8):
+        d.step()
+        if not d.advance():
+            break
+
+
+def test_max_examined_bounds_the_examined_set():
+    cfg = SchedulerConfig(backfill="none")
+    scn = random_scenario(3, cfg, n_workloads=20)
+    st = ClusterState(scn.nodes, scn.teams, cfg)
+    for w in scn.workloads:
+        st.enqueue(replace(w, submit_time=0.0))
+    snap = st.snapshot()
+    res = cycle(snap, 0.0, max_examined=5)
+    check_cycle(snap, res, 0.0, max_examined=5)
+    assert len(res.admitted) + len(res.pending) <= 5
+
+
+@pytest.mark.parametrize("axis", list(AXES) + ["placement"])
+def test_unknown_names_list_the_known_ones(axis):
+    reg = AXES.get(axis, PLACEMENTS)
+    with pytest.raises(UnknownNameError) as e:
+        reg.get("no-such-policy")
+    for known in reg.names():
+        assert known in str(e.value)
+    assert "no-such-policy" in str(e.value)
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_cycle_refuses_an_unknown_policy_name(axis):
+    snap = Snapshot((), (), {}, {}, SchedulerConfig(**{axis: "bogus"}))
+    with pytest.raises(UnknownNameError):
+        cycle(snap, 0.0)
+
+
+def test_registries_have_defaults_that_exist():
+    for reg in list(AXES.values()) + [PLACEMENTS]:
+        assert reg.default in reg.names()
+        assert reg.get() is reg.get(reg.default)

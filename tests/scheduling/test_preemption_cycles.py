@@ -1,0 +1,117 @@
+"""Preemption over several cycles, and the cases where one cycle's decisions must not undo another's.
+
+Each of these was a livelock or a wrong victim in the first version of the core (see the commit that added them):
+the room a preemption makes must go to its preemptor, and nothing may be admitted only to be stopped next cycle.
+"""
+from raylane.scheduling import ClusterState, Displaced, QuotaExceeded, SchedulerConfig, WaitingForPreemption
+
+from .builders import CRITICAL, PRETRAIN, PROD, SWEEP, decide, make_state, node, nodes, obj, running, team, wl
+from .driver import Driver
+
+
+def test_a_borrower_admitted_in_the_cycle_does_not_expose_its_teams_in_quota_work():
+    # nlp runs o1 within its nominal 4. Its borrower b (earlier in FIFO) would take the last 2 GPUs; then cv, under
+    # its nominal, would reclaim from nlp, now "borrowing", by stopping o1. Work within nominal goes first instead.
+    out = decide(
+        [node("n1").gpus(4), node("n2").gpus(4)], [team("nlp", gpu=4), team("cv", gpu=4)],
+        [running(wl("o1").gpus(4), on=["n1"]), running(wl("x").team("cv").gpus(2), on=["n2"])],
+        [wl("b").gpus(2).at(0), wl("c").team("cv").gpus(2).at(1)], now=100, ordering="fifo")
+    assert out.preempted == {}
+    assert set(out.admitted) == {"c"}
+    assert out.pending["b"] == QuotaExceeded("nlp", "gpu", used=4, nominal=4, borrowable=0, needed=2)
+    assert out.positions["b"] == 1  # still first in queue order
+
+
+def test_a_workload_admitted_earlier_in_the_cycle_is_displaced_not_preempted():
+    out = decide(nodes(1, gpus=4), [team("nlp")], [],
+                 [wl("v").cls(SWEEP).gpus(4).at(0), wl("p").cls(CRITICAL).gpus(4).at(1)], ordering="fifo")
+    assert out.admitted == {"p": ("n1",)}
+    assert out.preempted == {}
+    assert out.pending["v"] == Displaced("p") and out.positions["v"] == 1
+    assert "gave its place to p" in str(out.pending["v"])
+
+
+def test_the_preemptor_gets_the_room_its_victims_free_under_fifo():
+    # FIFO puts the victim (submitted first) ahead of its preemptor once requeued: it used to be admitted again,
+    # preempted again, and so on forever. Now it is displaced in that cycle and the preemptor starts.
+    st = make_state(nodes(1, gpus=4), [team("nlp")], running=[running(wl("v").cls(SWEEP).gpus(4).at(0), on=["n1"])],
+                    ordering="fifo")
+    d = Driver(st, [obj(wl("p").cls(CRITICAL).gpus(4).at(1))], {"v": 1000.0, "p": 10.0}, grace=5.0)
+    d.now = 1.0
+    r1 = d.step()
+    assert {p.preemptor.id: p.victims for p in r1.preempted} == {"p": ("v",)}
+    d.advance()                      # v stops at t=6 and is requeued ahead of p
+    r2 = d.step()
+    assert [a.workload.id for a in r2.admitted] == ["p"]
+    d.run()
+    assert d.preemptions == 1 and sorted(d.finished) == ["p", "v"]
+
+
+def test_admission_does_not_take_what_a_waiting_preemptor_claimed():
+    # p waits for v (terminating) and needs the whole node, including the 4 GPUs free now. x fits in those 4 now,
+    # but starting it would make p preempt again once v is gone.
+    out = decide(nodes(1), [team("nlp")], [running(wl("v").cls(SWEEP).gpus(4), on=["n1"], terminating=True)],
+                 [wl("p").cls(PROD).gpus(8).at(0), wl("x").cls(SWEEP).gpus(1).at(1)])
+    assert out.admitted == {}
+    assert out.pending["p"] == WaitingForPreemption(("v",))
+    assert "x" in out.pending
+
+
+def test_work_that_fits_beside_a_claim_still_starts():
+    # p claims n1 (4 free now + v's 4 once gone). x would best-fit into n1's 4 free GPUs, but those are claimed:
+    # it goes to n2 instead, which nobody claimed.
+    out = decide(nodes(2), [team("nlp")],
+                 [running(wl("v").cls(SWEEP).gpus(4), on=["n1"], terminating=True),
+                  running(wl("o").cls(CRITICAL).gpus(2), on=["n2"])],
+                 [wl("p").cls(PROD).gpus(8).strategy("strict-pack").at(0), wl("x").cls(SWEEP).gpus(1).at(1)])
+    assert out.pending["p"] == WaitingForPreemption(("v",))
+    assert out.admitted == {"x": ("n2",)}
+
+
+def test_two_preemptors_in_one_cycle_each_choose_their_own_victims():
+    out = decide(nodes(1), [team("nlp")],
+                 [running(wl("a").cls(SWEEP).gpus(4), on=["n1"]), running(wl("b").cls(SWEEP).gpus(4), on=["n1"])],
+                 [wl("p1").cls(PROD).gpus(4).at(0), wl("p2").cls(PROD).gpus(4).at(1)])
+    assert len(out.preempted) == 2
+    assert out.victims == {"a", "b"}
+
+
+def test_reclaim_happens_once_and_the_reclaiming_team_gets_the_room():
+    # nlp fills the cluster with 8 long 1-GPU jobs (4 borrowed from cv). cv's 4-GPU gang reclaims 4 of them; the
+    # requeued nlp jobs come first in FIFO but would borrow again, so cv's gang starts and nothing is preempted twice.
+    cfg = dict(ordering="fifo", backfill="easy", preemption="default")
+    st = make_state(nodes(1), [team("nlp", gpu=4), team("cv", gpu=4)], **cfg)
+    work = [obj(wl(f"n{i}").gpus(1).cls(PRETRAIN).at(0)) for i in range(12)]
+    gang = obj(wl("g").team("cv").gpus(4).cls(PRETRAIN).at(10))
+    durations = {w.id: 500.0 for w in work} | {"g": 50.0}
+    d = Driver(st, work + [gang], durations, grace=5.0)
+    d.run()
+    assert d.preemptions == 4
+    assert sorted(d.finished) == sorted([w.id for w in work] + ["g"])
+    assert d.finished.index("g") < 6  # g ran long before the nlp queue drained
+
+
+def test_no_ping_pong_between_two_teams_under_their_nominal():
+    # Quotas larger than the cluster: both teams are under nominal. Neither may reclaim from the other (neither
+    # borrows), whatever the admission policy.
+    for admission in ("quota", "none"):
+        st = make_state(nodes(1), [team("nlp", gpu=8), team("cv", gpu=8)], admission=admission, ordering="fifo")
+        work = [obj(wl(f"{t}{i}").team(t).gpus(2).at(i)) for i in range(4) for t in ("nlp", "cv")]
+        d = Driver(st, work, {w.id: 100.0 for w in work}).run()
+        assert d.preemptions == 0, admission
+
+
+def test_no_admission_is_given_back_for_a_preemptor_that_a_reservation_would_block():
+    # a starts; h (head, rl) cannot fit and holds a strict reservation (backfill none); p (nlp) is over its quota
+    # ceiling unless a gives its place back, but p would then wait behind h anyway. Giving a's place back left
+    # all three waiting on an idle cluster, cycle after cycle.
+    cfg = dict(ordering="fifo", backfill="none", preemption="default")
+    teams = [team("nlp", gpu=1, borrow=2), team("rl", gpu=4)]
+    pend = [wl("a").cls(SWEEP).gpus(1).at(0), wl("h").team("rl").cls(PROD).gpus(4).at(1),
+            wl("p").cls(PROD).gpus(3).at(2)]
+    out = decide(nodes(1, gpus=4), teams, [], pend, **cfg)
+    assert set(out.admitted) == {"a"}
+    assert out.reason_type("h") == "NoCapacity"
+    assert out.pending["p"] == QuotaExceeded("nlp", "gpu", used=1, nominal=1, borrowable=2, needed=3)
+    d = Driver(make_state(nodes(1, gpus=4), teams, **cfg), [obj(w) for w in pend], {"a": 10, "h": 10, "p": 10}).run()
+    assert d.finished == ["a", "h", "p"]
