@@ -383,6 +383,10 @@ class RunMetadata(_Model):
     data_snapshot: Optional[str] = None
 
 
+# Kind-specific sections live in modules of their own, built on the helpers above.
+from raylane.config.serve import ServeSpec  # noqa: E402
+
+
 class WorkloadSpec(_Model):
     """One submission. Kind-specific sections (``sweep:``, ``serve:``) are to be added as optional fields, each
     checked against ``kind`` by a model validator, so specs written today stay valid."""
@@ -398,6 +402,18 @@ class WorkloadSpec(_Model):
     # Passed to the workload unread.
     config: Dict[str, Any] = Field(default_factory=dict)
     run: RunMetadata
+    # kind: serve only (raylane.config.serve). Validated even when absent, to require it for kind: serve.
+    serve: Optional[ServeSpec] = Field(default=None, validate_default=True)
+
+    @field_validator("serve")
+    @classmethod
+    def _serve_iff_kind_serve(cls, v: Optional[ServeSpec], info: ValidationInfo) -> Optional[ServeSpec]:
+        kind = info.data.get("kind")
+        if kind == "serve" and v is None:
+            raise _err("serve", "required for kind: serve: a mapping with fields " + ", ".join(ServeSpec.model_fields))
+        if kind is not None and kind != "serve" and v is not None:
+            raise _err("serve", f"only for kind: serve (this spec's kind is {kind}); remove the section")
+        return v
 
     def to_core(self, workload_id: str, policy: ClusterPolicy, submit_time: float) -> Workload:
         """The core's ``Workload``; raises ``ValidationError`` when the spec does not fit the policy."""
