@@ -7,6 +7,7 @@ depend on anything but its input, or change its input; and a small finite scenar
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import random
@@ -115,6 +116,22 @@ def random_config(rng: random.Random, **fixed) -> SchedulerConfig:
 # ------------------------------------------------------------------------------------------------ invariants
 
 
+@contextlib.contextmanager
+def no_memo():
+    """Every preemption policy without its ``memo_key``: every search is done."""
+    saved = {}
+    for name in PREEMPTIONS.names():
+        pol = PREEMPTIONS.get(name)
+        if hasattr(pol, "memo_key"):
+            saved[name] = pol
+            pol.memo_key = lambda preemptor, ctx: None
+    try:
+        yield
+    finally:
+        for pol in saved.values():
+            del pol.memo_key
+
+
 def quota_ok(teams, usage) -> bool:
     pool_cap = pool_used = 0.0
     for t in teams.values():
@@ -137,6 +154,11 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
     assert again == res
     # The snapshot is not changed by a cycle.
     assert snap == before
+    # What a driver may leave out (usage, leases by team) is derived to the same effect.
+    assert cycle(replace(snap, usage=None, leases_by_team=None), now, max_examined=max_examined) == res
+    # Remembering failed preemption searches within a cycle is only a shortcut: without it, the same decisions.
+    with no_memo():
+        assert cycle(snap, now, max_examined=max_examined) == res
 
     nodes = {n.id: n for n in snap.nodes}
     queued = {w.id: w for q in snap.queues.values() for w in q}

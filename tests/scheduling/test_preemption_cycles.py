@@ -115,3 +115,33 @@ def test_no_admission_is_given_back_for_a_preemptor_that_a_reservation_would_blo
     assert out.pending["p"] == QuotaExceeded("nlp", "gpu", used=1, nominal=1, borrowable=2, needed=3)
     d = Driver(make_state(nodes(1, gpus=4), teams, **cfg), [obj(w) for w in pend], {"a": 10, "h": 10, "p": 10}).run()
     assert d.finished == ["a", "h", "p"]
+
+
+def test_a_failed_preemption_search_is_not_repeated_while_nothing_changes(monkeypatch):
+    import importlib
+
+    from .test_conformance import no_memo
+
+    cycle_mod = importlib.import_module("raylane.scheduling.cycle")
+    calls = []
+    real = cycle_mod.find_victims
+
+    def counting(*a, **kw):
+        calls.append(a[0].id)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cycle_mod, "find_victims", counting)
+    # nlp is at its ceiling with prod work; ten finetunes wait. Each could only take lower classes: there are none
+    # left after the one sweep goes to f0. The search for f1 fails; f2..f9 are the same kind: not searched again.
+    # Then a cv admission changes nothing for nlp (other team, no reclaim), so still no search.
+    teams = [team("nlp", gpu=4, borrow=0), team("cv", gpu=4)]
+    runs = [running(wl("p").cls(PROD).gpus(3), on=["n1"]), running(wl("s").cls(SWEEP).gpus(1), on=["n1"])]
+    pend = [wl(f"f{i}").cls(PRETRAIN).gpus(1).at(i) for i in range(10)] + [wl("c").team("cv").gpus(1).at(20)]
+    out = decide(nodes(1), teams, runs, pend, ordering="fifo")
+    assert out.preempted == {"f0": ("s",)}
+    assert set(out.admitted) == {"c"}
+    assert calls == ["f0", "f1"]
+    with no_memo():
+        calls.clear()
+        again = decide(nodes(1), teams, runs, pend, ordering="fifo")
+    assert again.result == out.result and len(calls) == 10

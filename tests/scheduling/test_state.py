@@ -142,6 +142,9 @@ def test_many_random_operations_keep_the_books_balanced():
         for nid, n in st.nodes.items():
             on = sum(l.workload.gang.per_worker.gpu * l.placement.count(nid) for l in st.leases.values())
             assert n.free.gpu == pytest.approx(8 - on)
+        snap = st.snapshot()
+        assert {t: sorted(l.id for l in ls) for t, ls in snap.leases_by_team.items()} == {
+            t: sorted(l.id for l in snap.leases if l.team == t) for t in {l.team for l in snap.leases}}
         q = [w.submit_time for ws in st.snapshot().queues.values() for w in ws]
         for ws in st.snapshot().queues.values():
             assert [w.submit_time for w in ws] == sorted(w.submit_time for w in ws)

@@ -13,30 +13,44 @@ and ``none`` (capacity is the only limit; no work is ever "in quota", so no work
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Protocol
+from typing import Dict, Mapping, Optional, Protocol, Tuple
 
 from raylane.scheduling.registry import Registry
-from raylane.scheduling.types import RESOURCE_NAMES, QuotaExceeded, Resources, Team
+from raylane.scheduling.types import RESOURCE_NAMES, ZERO, QuotaExceeded, Resources, Team
 
 
 class QuotaLedger:
-    """Team usage and the lending pool, changed by the cycle as it admits and as preemption searches try victims."""
+    """Team usage and the lending pool, changed by the cycle as it admits and as preemption searches try victims.
 
-    __slots__ = ("teams", "usage", "pool_cap", "pool_used")
+    ``limits`` holds, per known team, ``(resource, nominal, guaranteed, ceiling)`` for each resource it has a quota
+    for: read on every check, so worked out once.
+    """
+
+    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits")
 
     def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources]):
         self.teams = teams
         self.usage: Dict[str, Resources] = dict(usage)
+        self.limits: Dict[str, Tuple[Tuple[str, float, float, float], ...]] = {
+            name: tuple((r, q.nominal, q.guaranteed, q.ceiling) for r, q in t.quotas.items())
+            for name, t in teams.items()
+        }
         self.pool_cap: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
         self.pool_used: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
-        for t in teams.values():
-            u = self.usage.get(t.name, Resources())
-            for r, q in t.quotas.items():
-                self.pool_cap[r] += q.nominal - q.guaranteed
-                self.pool_used[r] += max(0.0, u.get(r) - q.guaranteed)
+        for name, lim in self.limits.items():
+            u = self.usage.get(name, ZERO)
+            for r, nominal, guaranteed, _ in lim:
+                self.pool_cap[r] += nominal - guaranteed
+                self.pool_used[r] += max(0.0, getattr(u, r) - guaranteed)
+
+    def copy(self) -> "QuotaLedger":
+        c = QuotaLedger.__new__(QuotaLedger)
+        c.teams, c.limits = self.teams, self.limits
+        c.usage, c.pool_cap, c.pool_used = dict(self.usage), dict(self.pool_cap), dict(self.pool_used)
+        return c
 
     def used(self, team: str) -> Resources:
-        return self.usage.get(team, Resources())
+        return self.usage.get(team, ZERO)
 
     def add(self, team: str, res: Resources) -> None:
         self._apply(team, self.used(team) + res)
@@ -45,34 +59,39 @@ class QuotaLedger:
         self._apply(team, self.used(team) - res)
 
     def _apply(self, team: str, new: Resources) -> None:
-        t = self.teams.get(team)
-        if t is not None:
-            old = self.used(team)
-            for r, q in t.quotas.items():
-                g = q.guaranteed
-                self.pool_used[r] += max(0.0, new.get(r) - g) - max(0.0, old.get(r) - g)
+        lim = self.limits.get(team)
+        if lim:
+            old = self.usage.get(team, ZERO)
+            pool_used = self.pool_used
+            for r, _, g, _ in lim:
+                pool_used[r] += max(0.0, getattr(new, r) - g) - max(0.0, getattr(old, r) - g)
         self.usage[team] = new
 
     def headroom(self, team: str, resource: str) -> float:
         """The most of ``resource`` the team could add now."""
-        q = self.teams[team].quotas[resource]
-        used = self.used(team).get(resource)
-        pool = self.pool_cap[resource] - self.pool_used[resource] + max(0.0, q.guaranteed - used)
-        return min(q.ceiling - used, pool)
+        for r, _, guaranteed, ceiling in self.limits[team]:
+            if r == resource:
+                return self._headroom(resource, guaranteed, ceiling, getattr(self.used(team), resource))
+        raise KeyError(resource)
+
+    def _headroom(self, resource: str, guaranteed: float, ceiling: float, used: float) -> float:
+        pool = self.pool_cap[resource] - self.pool_used[resource] + (guaranteed - used if guaranteed > used else 0.0)
+        room = ceiling - used
+        return room if room < pool else pool
 
     def borrowing(self, team: str) -> bool:
-        t = self.teams.get(team)
-        if t is None:
-            return False
-        u = self.used(team)
-        return any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items())
+        u = self.usage.get(team, ZERO)
+        return any(getattr(u, r) > nominal + 1e-9 for r, nominal, _, _ in self.limits.get(team, ()))
 
     def within_nominal(self, team: str, extra: Resources) -> bool:
-        t = self.teams.get(team)
-        if t is None:
+        lim = self.limits.get(team)
+        if lim is None:
             return False
-        u = self.used(team) + extra
-        return all(u.get(r) <= q.nominal + 1e-9 for r, q in t.quotas.items())
+        u = self.usage.get(team, ZERO)
+        for r, nominal, _, _ in lim:
+            if getattr(u, r) + getattr(extra, r) > nominal + 1e-9:
+                return False
+        return True
 
 
 class AdmissionPolicy(Protocol):
@@ -92,18 +111,19 @@ class QuotaAdmission:
     protects_in_quota = True
 
     def check(self, ledger, team, need):
-        t = ledger.teams.get(team)
-        if t is None:
+        lim = ledger.limits.get(team)
+        if lim is None:
             return QuotaExceeded(team, "gpu", ledger.used(team).gpu, 0.0, 0.0, need.gpu)
-        for r, q in t.quotas.items():
-            n = need.get(r)
+        u = ledger.usage.get(team, ZERO)
+        for r, nominal, guaranteed, ceiling in lim:
+            n = getattr(need, r)
             if n <= 0:
                 continue
-            room = ledger.headroom(team, r)
+            used = getattr(u, r)
+            room = ledger._headroom(r, guaranteed, ceiling, used)
             if n > room + 1e-9:
-                used = ledger.used(team).get(r)
-                borrowable = max(0.0, room - max(0.0, q.nominal - used))
-                return QuotaExceeded(team, r, used, q.nominal, borrowable, n)
+                borrowable = max(0.0, room - max(0.0, nominal - used))
+                return QuotaExceeded(team, r, used, nominal, borrowable, n)
         return None
 
 

@@ -18,15 +18,17 @@ class Capacity:
     __slots__ = ("nodes", "free", "_buckets", "_keys", "_log")
 
     def __init__(self, nodes: Iterable[Node]):
-        self.nodes: Dict[str, Node] = {}
-        self.free: Dict[str, Resources] = {}
+        self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
+        self.free: Dict[str, Resources] = {nid: n.free for nid, n in self.nodes.items()}
         self._buckets: Dict[float, Dict[str, None]] = {}
-        self._keys: List[float] = []
         self._log: Optional[List[Tuple[str, Resources]]] = None
-        for n in nodes:
-            self.nodes[n.id] = n
-            self.free[n.id] = n.free
-            self._bucket_add(n.id, n.free.gpu)
+        buckets = self._buckets
+        for nid, f in self.free.items():
+            b = buckets.get(f.gpu)
+            if b is None:
+                b = buckets[f.gpu] = {}
+            b[nid] = None
+        self._keys: List[float] = sorted(buckets)
 
     # -- buckets -------------------------------------------------------------------------------------------
     def _bucket_add(self, node_id: str, gpu: float) -> None:

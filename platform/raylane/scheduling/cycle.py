@@ -20,6 +20,8 @@ Rules that keep the room a preemption makes for the workload it was made for (ea
 from __future__ import annotations
 
 import heapq
+from itertools import compress
+from operator import attrgetter
 from typing import Dict, List, Optional, Tuple
 
 from raylane.scheduling import ordering as _ordering  # noqa: F401  (registers the orderings)
@@ -96,7 +98,7 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     #    (Kueue's rule: work within its nominal quota goes first), so capacity that a team reclaims is not lent out
     #    again before that team gets it, and no team borrows in this cycle what another team's in-quota work needs.
     defer = admission.protects_in_quota
-    deferred: List[Tuple[Workload, int]] = []
+    deferred: List[Tuple[Workload, int, Resources]] = []
     position = 0
     while heap and position < max_examined and w8.budget > 0:
         _, _, team = heapq.heappop(heap)
@@ -109,10 +111,11 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
             keys[team] = order.head_key(q[i + 1], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
             heapq.heappush(heap, (keys[team], seq, team))
         position += 1
-        if defer and not w8.ledger.within_nominal(team, w.gang.total):
-            deferred.append((w, position))
+        need = w.gang.total
+        if defer and not w8.ledger.within_nominal(team, need):
+            deferred.append((w, position, need))
             continue
-        if w8.decide(w, position) and i + 1 < len(q):
+        if w8.decide(w, position, need) and i + 1 < len(q):
             # Re-key this team: what it holds changed, and its head key may depend on that (fair share).
             key = order.head_key(q[i + 1], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
             if key != keys[team]:
@@ -121,9 +124,9 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
                 heapq.heapify(heap)
 
     # 3. The borrowers, in queue order, while the admission budget lasts.
-    for w, pos in deferred:
+    for w, pos, need in deferred:
         if w8.budget > 0:
-            w8.decide(w, pos)
+            w8.decide(w, pos, need)
         else:
             w8.pending.append(Pending(w, NotReached(), pos))
 
@@ -133,6 +136,8 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
 
 
 _NO_TEAM = Team("", {})
+_STATE = attrgetter("state")
+_IS_STOPPING = LeaseState.TERMINATING.__eq__
 
 
 class _Future:
@@ -148,7 +153,7 @@ class _Future:
         self.present = cap
         self.cap = cap.copy()
         self.avail = cap.copy()
-        self.ledger = QuotaLedger(ledger.teams, ledger.usage)
+        self.ledger = ledger.copy()
         self.stopping: List[Lease] = []
         for l in stopping:
             self.release(l)
@@ -196,29 +201,44 @@ class _Walk:
         self.cap = Capacity(snapshot.nodes)
         usage = snapshot.usage if snapshot.usage is not None else team_usage(snapshot.leases)
         self.ledger = QuotaLedger(snapshot.teams, usage)
-        self.stopping = [l for l in snapshot.leases if l.state is LeaseState.TERMINATING]
+        # (a C-speed filter: this runs over every lease, every cycle)
+        self.stopping = list(compress(snapshot.leases, map(_IS_STOPPING, map(_STATE, snapshot.leases))))
         self.future: Optional[_Future] = _Future(self.cap, self.ledger, self.stopping) if self.stopping else None
-        self.pctx = PreemptionContext(snapshot.leases, self.ledger, admission, order, cfg, now)
+        held = dict(usage)  # what running leases hold: all usage but the stopping leases'
+        for l in self.stopping:
+            held[l.team] = held.get(l.team, Resources()) - l.workload.gang.total
+        self.pctx = PreemptionContext(snapshot.leases, self.ledger, admission, order, cfg, now, held,
+                                      snapshot.leases_by_team)
         if self.future is not None:
             self.pctx.ledger = self.future.ledger
         self.reservation: Optional[Reservation] = None
+        self.head_position = 0  # the reserved head's position: only workloads after it in queue order must yield
         self.admitted: List[Admit] = []
         self.admitted_leases: List[Lease] = []
         self.preempted: List[Preempt] = []
         self.pending: List[Pending] = []
         self.budget = cfg.max_admissions_per_cycle
         self.positions: Dict[str, int] = {}  # admitted in this cycle -> its position, should it be displaced
+        # Failed preemption searches, and versions of what could make a repeat succeed: room freed anywhere
+        # (victims chosen, admissions given back), a team's fresh admissions, fresh admissions of borrowing teams.
+        self.failed: Dict[Tuple, Tuple[int, int, int]] = {}
+        self.version = 0
+        self.team_version: Dict[str, int] = {}
+        self.borrow_version = 0
 
-    def decide(self, w: Workload, position: int) -> bool:
-        """Admit ``w``, choose victims for it or say why it waits. True when it was admitted."""
-        team, need, cap, ledger, admission = w.team, w.gang.total, self.cap, self.ledger, self.admission
+    def decide(self, w: Workload, position: int, need: Resources) -> bool:
+        """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
+        team, cap, ledger = w.team, self.cap, self.ledger
         future = self.future
-        quota_reason = self._quota_now(w)
+        # A borrower examined in the second pass may come before the reserved head in queue order: it does not
+        # yield to it (it would have been decided before the head was even looked at).
+        res = self.reservation if position > self.head_position else None
+        quota_reason = self._quota_now(w, need)
         plan = None if quota_reason is not None else self._place_now(w)
 
         if quota_reason is None and plan is not None:
-            if self.reservation is not None and not self.backfill.allows(w, plan, self.reservation, self.now):
-                self.pending.append(Pending(w, _blocked(self.reservation), position))
+            if res is not None and not self.backfill.allows(w, plan, res, self.now):
+                self.pending.append(Pending(w, _blocked(res), position))
                 return False
             self._admit(w, plan, position)
             return True
@@ -226,7 +246,7 @@ class _Walk:
         # a. It does not fit now. Will it fit once what is already stopping is gone (and what others waiting for
         #    that have claimed is taken)? Then it waits for them and no more victims are chosen for it.
         if future is not None:
-            fplan = self._fits(w, future.cap, future.ledger)
+            fplan = self._fits(w, need, future.cap, future.ledger)
             if fplan is not None:
                 future.claim(w, fplan)
                 self.pending.append(Pending(w, WaitingForPreemption(future.waited_for(fplan)), position))
@@ -235,18 +255,27 @@ class _Walk:
         # b. Try preemption on the future's copies (or the present's, when nothing is stopping), with undo: the
         #    victims must make room beyond what is already being made for others. Workloads admitted earlier in
         #    this cycle are the first candidates: giving their place back loses nothing.
-        if self.reservation is None or quota_reason is not None:
+        if res is None or quota_reason is not None:
             fcap, fledger = (future.cap, future.ledger) if future is not None else (cap, ledger)
             pctx = self.pctx
             pctx.ledger = fledger
-            candidates = self.preemption.candidates(w, pctx)
-            if self.reservation is not None and pctx.fresh:
-                # Behind a reservation the preemptor may not be allowed to start now; giving back an admission
-                # for it could then leave both waiting.
-                candidates = [c for c in candidates if c.id not in pctx.fresh]
-            chosen = find_victims(w, candidates, fcap, pctx,
-                                  lambda: self._fits(w, fcap, fledger) is not None) if candidates else None
+            # A search that failed for the same kind of workload, with nothing changed since that could make it
+            # succeed, fails again: it is not repeated (most of a long queue waits on the same few quotas).
+            memo = self._memo_key(w, res)
+            if memo is not None and self.failed.get(memo[0]) == memo[1]:
+                chosen = None
+            else:
+                candidates = self.preemption.candidates(w, pctx)
+                if res is not None and pctx.fresh:
+                    # Behind a reservation the preemptor may not be allowed to start now; giving back an admission
+                    # for it could then leave both waiting.
+                    candidates = (c for c in candidates if c.id not in pctx.fresh)
+                chosen = find_victims(w, candidates, fcap, pctx,
+                                      lambda: self._fits(w, need, fcap, fledger) is not None)
+                if not chosen and memo is not None:
+                    self.failed[memo[0]] = memo[1]
             if chosen:
+                self.version += 1
                 victims = [v for v in chosen if v.id not in pctx.fresh]
                 for v in chosen:
                     if v.id in pctx.fresh:
@@ -254,7 +283,7 @@ class _Walk:
                 if not victims:
                     # Only admissions of this cycle were given back (never behind a reservation): it may start now,
                     # unless it also needs what is still stopping.
-                    plan = self._place_now(w) if self._quota_now(w) is None else None
+                    plan = self._place_now(w) if self._quota_now(w, need) is None else None
                     if plan is not None:
                         self._admit(w, plan, position)
                         return True
@@ -264,7 +293,7 @@ class _Walk:
                 for v in victims:
                     future.release(v)
                     pctx.stop(v)
-                fplan = self._fits(w, future.cap, future.ledger)
+                fplan = self._fits(w, need, future.cap, future.ledger)
                 future.claim(w, fplan)  # find_victims only returns a set after whose removal w fits
                 ids = tuple(v.id for v in victims)
                 if victims:
@@ -283,11 +312,22 @@ class _Walk:
             self.reservation = self.backfill.reserve(w, cap, list(self.snapshot.leases) + self.admitted_leases,
                                                      self.now, self.cfg)
             if self.reservation is not None:
+                self.head_position = position
                 start = self.reservation.shadow_time
                 self.pending.append(Pending(w, Reserved(start, inner) if start is not None else inner, position))
                 return False
         self.pending.append(Pending(w, inner, position))
         return False
+
+    def _memo_key(self, w: Workload, res):
+        """(what a failed preemption search for ``w`` depends on, the versions it held at), or None."""
+        key_of = getattr(self.preemption, "memo_key", None)
+        k = key_of(w, self.pctx) if key_of is not None else None
+        if k is None:
+            return None
+        pkey, other_teams = k
+        stamp = (self.version, self.team_version.get(w.team, 0), self.borrow_version if other_teams else 0)
+        return (pkey, w.team, w.gang, w.data_snapshot, res is None), stamp
 
     def _admit(self, w: Workload, plan: Tuple[str, ...], position: int) -> None:
         need = w.gang.total
@@ -303,6 +343,10 @@ class _Walk:
         self.positions[w.id] = position
         self.pctx.admit(lease)
         self.budget -= 1
+        # A new candidate for its team's preemptors, and, when its team now borrows, for other teams' reclaim.
+        self.team_version[w.team] = self.team_version.get(w.team, 0) + 1
+        if self.pctx.team_borrows(w.team, True):
+            self.borrow_version += 1
 
     def _displace(self, lease: Lease, by: Workload) -> None:
         """Take back an admission of this cycle: ``by`` would preempt it as soon as it started."""
@@ -315,21 +359,22 @@ class _Walk:
             self.future.unclaim(w, plan)
         self.pctx.stop(lease)
         self.budget += 1
+        self.version += 1
         self.pending.append(Pending(w, Displaced(by.id), self.positions.pop(w.id)))
 
-    def _quota_now(self, w: Workload):
-        reason = self.admission.check(self.ledger, w.team, w.gang.total)
+    def _quota_now(self, w: Workload, need: Resources):
+        reason = self.admission.check(self.ledger, w.team, need)
         if reason is None and self.future is not None:
             # What waiting workloads have claimed of the future is spoken for: starting now must not take it, or
             # they would have to preempt again once their victims are gone.
-            reason = self.admission.check(self.future.ledger, w.team, w.gang.total)
+            reason = self.admission.check(self.future.ledger, w.team, need)
         return reason
 
     def _place_now(self, w: Workload) -> Optional[Tuple[str, ...]]:
         return place(w.gang, self.future.avail if self.future is not None else self.cap, w.data_snapshot)
 
-    def _fits(self, w: Workload, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
-        if self.admission.check(ledger, w.team, w.gang.total) is not None:
+    def _fits(self, w: Workload, need: Resources, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
+        if self.admission.check(ledger, w.team, need) is not None:
             return None
         return place(w.gang, cap, w.data_snapshot)
 

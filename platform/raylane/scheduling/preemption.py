@@ -21,7 +21,10 @@ loses), then the most recently started. Cheaper than any of them: a workload adm
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+import bisect
+import heapq
+import itertools
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raylane.scheduling.admission import AdmissionPolicy, QuotaLedger
 from raylane.scheduling.capacity import Capacity
@@ -32,14 +35,16 @@ from raylane.scheduling.types import ZERO, Lease, LeaseState, Resources, Schedul
 class PreemptionContext:
     """What a preemption policy may read: leases, the ledger, the admission and ordering policies, ``now``.
 
-    ``ledger`` is the quota as it will be once what is already stopping is gone. ``eligible()`` also holds the
-    *fresh* leases: workloads admitted earlier in this cycle, not started yet, so displacing one loses nothing and
-    ``find_victims`` is handed them first. ``held`` and ``fresh_held`` (per team) count running leases not chosen as
-    victims, and fresh ones; they decide whether another team's work is in quota.
+    ``ledger`` is the quota as it will be once what is already stopping is gone. *Fresh* leases are workloads
+    admitted earlier in this cycle, not started yet: displacing one loses nothing, so ``cost`` puts them before any
+    running lease. ``held`` and ``fresh_held`` (per team) count running leases not chosen as victims, and fresh ones;
+    they decide whether another team's work is in quota. Per-team candidate lists and costs are computed once per
+    cycle, on first use, so that a cycle with many preemption attempts over thousands of leases stays short.
     """
 
     def __init__(self, leases: Sequence[Lease], ledger: QuotaLedger, admission: AdmissionPolicy, ordering,
-                 cfg: SchedulerConfig, now: float):
+                 cfg: SchedulerConfig, now: float, held: Optional[Dict[str, Resources]] = None,
+                 leases_by_team: Optional[Mapping[str, Sequence[Lease]]] = None):
         self.leases = leases
         self.ledger = ledger
         self.admission = admission
@@ -47,26 +52,84 @@ class PreemptionContext:
         self.cfg = cfg
         self.now = now
         self.fresh: Dict[str, Lease] = {}
+        self.fresh_by_team: Dict[str, List[Lease]] = {}
         self.fresh_held: Dict[str, Resources] = {}
-        self._eligible: Optional[List[Lease]] = None
-        self._held: Optional[Dict[str, Resources]] = None
+        self._held = held
+        self._grouped = leases_by_team
+        self._by_class: Dict[str, Dict[int, List[Lease]]] = {}  # team -> class priority -> leases
+        self._unsorted: set = set()  # (team, class priority) lists not sorted yet
+        self._cost: Dict[str, Tuple] = {}
+        self._ranked: Optional[List[Tuple[Tuple, Lease]]] = None
+
+    # -- candidates ------------------------------------------------------------------------------------------
+    def teams(self) -> Iterable[str]:
+        """Teams that hold leases."""
+        if self._grouped is None:
+            grouped: Dict[str, List[Lease]] = {}
+            for l in self.leases:
+                grouped.setdefault(l.team, []).append(l)
+            self._grouped = grouped
+        return self._grouped.keys()
+
+    def team_eligible(self, team: str) -> List[Lease]:
+        """The team's running, preemptible leases past their minimum runtime (computed once per cycle)."""
+        return [l for ls in self._classes(team).values() for l in ls]
+
+    def _classes(self, team: str) -> Dict[int, List[Lease]]:
+        """The team's eligible leases by class priority, ascending (grouped once per cycle, sorted when read)."""
+        classes = self._by_class.get(team)
+        if classes is None:
+            self.teams()
+            now, classes = self.now, {}
+            for l in self._grouped.get(team, ()):
+                c = l.workload.cls
+                if l.state is LeaseState.RUNNING and c.preemptible and now - l.start_time >= c.min_runtime_s:
+                    classes.setdefault(c.priority, []).append(l)
+            classes = self._by_class[team] = dict(sorted(classes.items()))
+            self._unsorted.update((team, p) for p in classes)
+        return classes
+
+    def team_candidates(self, team: str, below: Optional[int] = None) -> Iterable[Lease]:
+        """The team's eligible running leases, cheapest first; only classes of priority below ``below`` if given.
+
+        Lazy: the cost starts with the class priority, so the classes in ascending priority, one after the other,
+        are in cost order, and a class is sorted (once per cycle) only when the search gets to it.
+        """
+        for prio, ls in self._classes(team).items():
+            if below is not None and prio >= below:
+                return
+            if (team, prio) in self._unsorted:
+                ls.sort(key=self.cost)
+                self._unsorted.discard((team, prio))
+            yield from ls
+
+    def by_team(self) -> Dict[str, List[Lease]]:
+        return {t: self.team_eligible(t) for t in list(self.teams())}
 
     def eligible(self) -> List[Lease]:
-        """Running, preemptible leases past their minimum runtime (computed once per cycle), then fresh ones."""
-        if self._eligible is None:
-            now = self.now
-            self._eligible = [
-                l for l in self.leases
-                if l.state is LeaseState.RUNNING and l.workload.cls.preemptible
-                and now - l.start_time >= l.workload.cls.min_runtime_s
-            ]
-        if not self.fresh:
-            return self._eligible
-        return self._eligible + [l for l in self.fresh.values() if l.workload.cls.preemptible]
+        """Every running candidate, then the fresh ones."""
+        out = [l for ls in self.by_team().values() for l in ls]
+        return out + [l for l in self.fresh.values() if l.workload.cls.preemptible]
+
+    def cost(self, lease: Lease) -> Tuple:
+        """``victim_cost``, fresh leases first; cached for the cycle."""
+        c = self._cost.get(lease.id)
+        if c is None:
+            c = self._cost[lease.id] = (lease.id not in self.fresh,) + victim_cost(lease, self.now)
+        return c
+
+    def ranked(self) -> List[Tuple[Tuple, Lease]]:
+        """Running candidates with their rank under the ordering policy, ascending (once per cycle)."""
+        if self._ranked is None:
+            rank, cfg = self.ordering.rank, self.cfg
+            self._ranked = sorted(((rank(l.workload, self.attained(l), cfg), l) for ls in self.by_team().values()
+                                   for l in ls), key=lambda e: e[0])
+        return self._ranked
 
     def attained(self, lease: Lease) -> float:
         return lease.workload.attained_gpu_s + max(0.0, self.now - lease.start_time) * lease.workload.gang.total.gpu
 
+    # -- who holds what ----------------------------------------------------------------------------------------
     @property
     def held(self) -> Dict[str, Resources]:
         if self._held is None:
@@ -77,6 +140,21 @@ class PreemptionContext:
             self._held = held
         return self._held
 
+    def team_borrows(self, team: str, with_fresh: bool = False) -> bool:
+        """Whether the team holds more than its nominal quota: by its running leases (and fresh ones, if asked).
+        A team with no quota entry, or not known, never borrows."""
+        t = self.ledger.teams.get(team)
+        if t is None:
+            return False
+        u = self.held.get(team, ZERO)
+        if with_fresh:
+            u = u + self.fresh_held.get(team, ZERO)
+        return any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items())
+
+    def borrowed(self, lease: Lease) -> bool:
+        """Whether ``lease``'s team borrows; for a fresh lease, counting the team's fresh admissions too."""
+        return self.team_borrows(lease.team, lease.id in self.fresh)
+
     def protected(self, lease: Lease, preemptor: Workload) -> bool:
         """Another team's lease while that team is within its nominal quota, when the admission policy protects
         in-quota work. For a running lease the team's running work counts: what it was admitted in this cycle does
@@ -85,17 +163,7 @@ class PreemptionContext:
             return False
         return not self.borrowed(lease)
 
-    def borrowed(self, lease: Lease) -> bool:
-        """Whether ``lease``'s team holds more than its nominal quota: by its running leases, and for a fresh
-        lease by those and its fresh ones. A team with no quota entry, or not known, never borrows."""
-        t = self.ledger.teams.get(lease.team)
-        if t is None:
-            return False
-        u = self.held.get(lease.team, ZERO)
-        if lease.id in self.fresh:
-            u = u + self.fresh_held.get(lease.team, ZERO)
-        return any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items())
-
+    # -- changes made by the cycle -----------------------------------------------------------------------------
     def _hold(self, lease: Lease, sign: int) -> None:
         held = self.fresh_held if lease.id in self.fresh else self.held
         total = lease.workload.gang.total
@@ -104,25 +172,43 @@ class PreemptionContext:
     def admit(self, lease: Lease) -> None:
         """``lease`` was admitted in this cycle: a fresh candidate from now on."""
         self.fresh[lease.id] = lease
+        self.fresh_by_team.setdefault(lease.team, []).append(lease)
+        self._cost.pop(lease.id, None)
         self._hold(lease, +1)
 
     def stop(self, lease: Lease) -> None:
         """``lease`` was chosen as a victim or displaced in this cycle: no candidate any more, and holds nothing."""
         self._hold(lease, -1)
-        if self.fresh.pop(lease.id, None) is None:
-            self.eligible()
-            self._eligible = [l for l in self._eligible if l.id != lease.id]
+        if self.fresh.pop(lease.id, None) is not None:
+            self.fresh_by_team[lease.team].remove(lease)
+            return
+        ls = self._by_class.get(lease.team, {}).get(lease.workload.cls.priority)
+        if ls is not None and lease in ls:
+            ls.remove(lease)
+        if self._ranked is not None:
+            self._ranked = [e for e in self._ranked if e[1].id != lease.id]
 
 
 def victim_cost(lease: Lease, now: float) -> Tuple:
-    """Smaller is cheaper to stop: lower class priority, then less work lost since the last checkpoint."""
-    gpus = max(lease.workload.gang.total.gpu, 1e-3)
-    return (lease.workload.cls.priority, lease.progress_at_risk_s(now) * gpus, -lease.start_time, lease.id)
+    """Smaller is cheaper to stop: lower class priority, then less work lost since the last checkpoint (GPU-seconds),
+    then the most recently started."""
+    w = lease.workload
+    gpus = max(w.gang.per_worker.gpu * w.gang.workers, 1e-3)
+    start = lease.start_time
+    ref = lease.last_checkpoint_time
+    if ref is None or ref < start:
+        ref = start
+    return (w.cls.priority, max(0.0, now - ref) * gpus, -start, lease.id)
 
 
 class PreemptionPolicy(Protocol):
-    def candidates(self, preemptor: Workload, ctx: PreemptionContext) -> List[Lease]:
-        """Leases that may be preempted for ``preemptor``, cheapest first. Must not change ``ctx``."""
+    def candidates(self, preemptor: Workload, ctx: PreemptionContext) -> Iterable[Lease]:
+        """Leases that may be preempted for ``preemptor``, cheapest first, fresh ones (``ctx.fresh``) before any
+        running one; may be lazy, as ``find_victims`` usually needs only the first few. Must not change ``ctx``."""
+
+    # Optional: ``memo_key(preemptor, ctx) -> (key, reads_other_teams) | None``. Two preemptors of one team, gang
+    # and data with equal keys get the same candidates while nothing changes, so the cycle does not repeat a search
+    # that failed. ``reads_other_teams``: the candidates include other teams' leases. None: always search.
 
 
 PREEMPTIONS: Registry[PreemptionPolicy] = Registry("preemption", default="default")
@@ -130,28 +216,42 @@ PREEMPTIONS: Registry[PreemptionPolicy] = Registry("preemption", default="defaul
 
 @PREEMPTIONS.register("default")
 class DefaultPreemption:
+    def memo_key(self, preemptor, ctx):
+        """What the candidates depend on besides the team's leases: the class, and whether it reclaims (then other
+        teams' leases count too)."""
+        return preemptor.cls.priority, ctx.ledger.within_nominal(preemptor.team, preemptor.gang.total)
+
     def candidates(self, preemptor, ctx):
-        reclaim = ctx.ledger.within_nominal(preemptor.team, preemptor.gang.total)
+        team, prio = preemptor.team, preemptor.cls.priority
+        reclaim = ctx.ledger.within_nominal(team, preemptor.gang.total)
+        # Within the team: its lower classes.
+        streams = [ctx.team_candidates(team, below=prio)]
+        fresh = [l for l in ctx.fresh_by_team.get(team, ())
+                 if l.workload.cls.preemptible and l.workload.cls.priority < prio]
         # Reclaim takes only from teams that borrow, whatever the admission policy: two teams both under their
         # nominal quota would otherwise take the same GPUs from each other in turn.
-        out = [
-            l for l in ctx.eligible()
-            if (l.team == preemptor.team and l.workload.cls.priority < preemptor.cls.priority)
-            or (reclaim and l.team != preemptor.team and ctx.borrowed(l))
-        ]
-        out.sort(key=lambda l: victim_cost(l, ctx.now))
-        return out
+        if reclaim:
+            streams += [ctx.team_candidates(t) for t in ctx.teams() if t != team and ctx.team_borrows(t)]
+            fresh += [l for t, ls in ctx.fresh_by_team.items() if t != team and ls and ctx.team_borrows(t, True)
+                      for l in ls if l.workload.cls.preemptible]
+        if not fresh and len(streams) == 1:
+            return streams[0]  # lazy: find_victims usually needs only the first few
+        fresh.sort(key=ctx.cost)
+        return itertools.chain(fresh, heapq.merge(*streams, key=ctx.cost))
 
 
 @PREEMPTIONS.register("ordering")
 class OrderingPreemption:
     def candidates(self, preemptor, ctx):
-        mine = ctx.ordering.rank(preemptor, preemptor.attained_gpu_s, ctx.cfg)
-        out = [l for l in ctx.eligible() if ctx.ordering.rank(l.workload, ctx.attained(l), ctx.cfg) > mine]
+        rank, cfg = ctx.ordering.rank, ctx.cfg
+        mine = rank(preemptor, preemptor.attained_gpu_s, cfg)
+        ranked = ctx.ranked()
+        after = bisect.bisect_right(ranked, mine, key=lambda e: e[0])
+        fresh = [(rank(l.workload, ctx.attained(l), cfg), l) for l in ctx.fresh.values()
+                 if l.workload.cls.preemptible]
+        fresh = sorted((e for e in fresh if e[0] > mine), key=lambda e: e[0], reverse=True)
         # The worst-ranked go first: under LAS the most-served, under SRTF the longest remaining.
-        out.sort(key=lambda l: (ctx.ordering.rank(l.workload, ctx.attained(l), ctx.cfg), victim_cost(l, ctx.now)),
-                 reverse=True)
-        return out
+        return itertools.chain((l for _, l in fresh), (ranked[i][1] for i in range(len(ranked) - 1, after - 1, -1)))
 
 
 @PREEMPTIONS.register("none")
@@ -162,20 +262,15 @@ class NoPreemption:
 
 def find_victims(
     preemptor: Workload,
-    candidates: Sequence[Lease],
+    candidates: Iterable[Lease],
     cap: Capacity,
     ctx: PreemptionContext,
     fits: Callable[[], bool],
 ) -> Optional[List[Lease]]:
     """Smallest prefix-then-pruned set of ``candidates`` after whose removal ``fits()`` holds, or None.
 
-    Leaves ``cap`` and ``ctx.ledger`` exactly as they were.
+    Leaves ``cap``, ``ctx.ledger`` and ``ctx``'s holdings exactly as they were.
     """
-    if not candidates:
-        return None
-    if ctx.fresh:
-        # Displacing a workload admitted in this cycle loses nothing: those go before any running lease.
-        candidates = [l for l in candidates if l.id in ctx.fresh] + [l for l in candidates if l.id not in ctx.fresh]
     ledger = ctx.ledger
     removed: List[Lease] = []
 
@@ -201,7 +296,7 @@ def find_victims(
             break
     if found:
         # Fill back: return every victim the preemptor can do without, most expensive first (running before fresh).
-        for lease in sorted(removed, key=lambda l: (l.id not in ctx.fresh, victim_cost(l, ctx.now)), reverse=True):
+        for lease in sorted(removed, key=ctx.cost, reverse=True):
             put_back(lease)
             if fits():
                 removed.remove(lease)

@@ -41,6 +41,8 @@ class ClusterState:
         self._where: Dict[str, str] = {}  # pending workload id -> team
         self._queue_cache: Dict[str, Tuple[Workload, ...]] = {}
         self._leases_cache: Optional[Tuple[Lease, ...]] = None
+        self._team_leases: Dict[str, Dict[str, Lease]] = {}
+        self._team_leases_cache: Dict[str, Tuple[Lease, ...]] = {}
         self._nodes_cache: Optional[Tuple[Node, ...]] = None
         self._decayed_at: Optional[float] = None
 
@@ -97,7 +99,7 @@ class ClusterState:
         """Apply an Admit decision: the workload leaves its queue and holds its placement from ``now``."""
         w = self.dequeue(admit.workload.id)
         lease = Lease(w, tuple(admit.placement), now, None, LeaseState.RUNNING)
-        self.leases[w.id] = lease
+        self._put(lease)
         self._adjust(lease.placement, w.gang.per_worker, -1)
         self.usage[w.team] = self.usage.get(w.team, Resources()) + w.gang.total
         self._leases_cache = None
@@ -106,14 +108,12 @@ class ClusterState:
     def mark_terminating(self, workload_id: str) -> Lease:
         lease = self._lease(workload_id)
         lease = replace(lease, state=LeaseState.TERMINATING)
-        self.leases[workload_id] = lease
-        self._leases_cache = None
+        self._put(lease)
         return lease
 
     def checkpointed(self, workload_id: str, now: float) -> None:
         lease = self._lease(workload_id)
-        self.leases[workload_id] = replace(lease, last_checkpoint_time=now)
-        self._leases_cache = None
+        self._put(replace(lease, last_checkpoint_time=now))
 
     def finish(self, workload_id: str, now: float) -> Lease:
         """The lease's work ended (done, failed, cancelled or stopped): give its resources back."""
@@ -121,6 +121,8 @@ class ClusterState:
         if lease is None:
             raise NotFoundError(f"no lease {workload_id!r}")
         w = lease.workload
+        del self._team_leases[w.team][workload_id]
+        self._team_leases_cache.pop(w.team, None)
         self._adjust(lease.placement, w.gang.per_worker, +1)
         self.usage[w.team] = self.usage.get(w.team, Resources()) - w.gang.total
         self._leases_cache = None
@@ -135,6 +137,12 @@ class ClusterState:
         w2 = replace(w, attained_gpu_s=attained_gpu_s)
         self.enqueue(w2)
         return w2
+
+    def _put(self, lease: Lease) -> None:
+        self.leases[lease.id] = lease
+        self._team_leases.setdefault(lease.team, {})[lease.id] = lease
+        self._team_leases_cache.pop(lease.team, None)
+        self._leases_cache = None
 
     def _lease(self, workload_id: str) -> Lease:
         lease = self.leases.get(workload_id)
@@ -174,5 +182,12 @@ class ClusterState:
                 t = self._queue_cache[team] = tuple(w for _, w in q)
             if t:
                 queues[team] = t
+        by_team = {}
+        for team, ls in self._team_leases.items():
+            t = self._team_leases_cache.get(team)
+            if t is None:
+                t = self._team_leases_cache[team] = tuple(ls.values())
+            if t:
+                by_team[team] = t
         return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
-                        usage=dict(self.usage))
+                        usage=dict(self.usage), leases_by_team=by_team)

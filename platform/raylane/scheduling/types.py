@@ -107,7 +107,8 @@ class Gang:
 
     @property
     def total(self) -> Resources:
-        return self.per_worker.scale(self.workers)
+        p, n = self.per_worker, self.workers
+        return Resources(p.gpu * n, p.cpu * n, p.memory * n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +230,9 @@ class Snapshot:
     config: SchedulerConfig = SchedulerConfig()
     # Team -> resources its leases hold; derived from ``leases`` when a driver does not keep it.
     usage: Optional[Mapping[str, Resources]] = None
+    # Team -> its leases (the same leases as ``leases``, grouped); derived when a driver does not keep it. Lets a
+    # preemption search read only the teams it may take from.
+    leases_by_team: Optional[Mapping[str, Tuple[Lease, ...]]] = None
 
     def pending(self) -> Tuple[Workload, ...]:
         return tuple(w for q in self.queues.values() for w in q)
