@@ -146,9 +146,9 @@ def main():
 
 
 def show_mlflow(wids):
-    import mlflow
+    from raylane.tracking import client_for
 
-    client = mlflow.MlflowClient(MLFLOW_URI)
+    client = client_for(MLFLOW_URI)
     exps = [e.experiment_id for e in client.search_experiments()]
     for wid in wids:
         for run in client.search_runs(exps, f"tags.`raylane.workload_id` = '{wid}'"):

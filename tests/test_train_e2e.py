@@ -32,10 +32,20 @@ def env(tmp_path_factory):
     dash = "http://" + ray._private.worker.get_dashboard_url()
     client = JobSubmissionClient(dash)
     yield {"ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
-           "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs")}
+           "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
     stop_control()
     ray.shutdown()
     cluster.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def job_logs_on_failure(request, env):
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for job in env["jobs"]:
+            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-4000:])
+    env["jobs"].clear()
 
 
 def submit_job(env, s, name):
@@ -43,12 +53,14 @@ def submit_job(env, s, name):
 
     path = env["tmp"] / f"{name}.yaml"
     path.write_text(yaml.safe_dump(s))
-    return env["client"].submit_job(
+    job = env["client"].submit_job(
         entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
                    f"--tracking-uri {env['uri']}",
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
                                   "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}},
     )
+    env["jobs"].append(job)
+    return job
 
 
 def record_of_job(env, job_id):
@@ -71,9 +83,9 @@ def finished(env, job_id, timeout=240):
 
 
 def loss_history(env, wid, must=True):
-    import mlflow
+    from raylane.tracking import client_for
 
-    client = mlflow.MlflowClient(env["uri"])
+    client = client_for(env["uri"])
     run = client.search_runs([e.experiment_id for e in client.search_experiments()],
                              f"tags.`raylane.workload_id` = '{wid}'")
     if not run and not must:
@@ -111,9 +123,10 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     a_job = re.search(r"raysubmit_[A-Za-z0-9]+", out.stdout).group(0)
+    env["jobs"].append(a_job)
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: call(env["ctl"], "status", a)["state"] == "RUNNING", timeout=120, what="A running")
-    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=300, what="A past step 100")
     b_job = submit_job(env, spec("ft-b", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b")
     b = record_of_job(env, b_job)["id"]
     wait_for(lambda: call(env["ctl"], "status", a)["preemptions"] == 1, timeout=60, what="A preempted")
@@ -139,7 +152,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
                                  config=dict(TRAIN, max_steps=1500, fault={"ignore_stop": True})), "deaf-a")
     a = record_of_job(env, a_job)["id"]
-    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=120, what="A past step 100")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=300, what="A past step 100")
     t0 = time.time()
     b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")

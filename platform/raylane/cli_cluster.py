@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -94,20 +96,57 @@ def down():
 def submit(
     spec: Path = typer.Argument(..., help="Workload spec (YAML)."),
     wait: bool = typer.Option(False, help="Wait until admitted."),
+    reserve_only: bool = typer.Option(False, "--reserve-only",
+                                      help="Only reserve the gang's resources (no Ray job, no driver)."),
+    python: str = typer.Option(sys.executable, help="Python on the cluster that has raylane installed."),
 ):
-    """Submit a workload spec to the control actor; prints its id, state and queue position."""
+    """Submit a workload: a Ray job running `python -m raylane.run` (as `ray job submit` would), or a bare
+    reservation with --reserve-only. Prints the workload id, its state and queue position."""
     from raylane.config.loader import read_yaml
     from raylane.control.client import call
 
     with _errors():
         data, _ = read_yaml(spec, "spec file")
         h = connect()
-        rec = call(h, "submit", data)
+        if reserve_only:
+            rec = call(h, "submit", data)
+        else:
+            from ray.job_submission import JobSubmissionClient
+
+            from raylane import localcluster
+
+            client = JobSubmissionClient(localcluster.dashboard())
+            job_id = client.submit_job(
+                entrypoint=f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}",
+                runtime_env={"env_vars": {k: v for k, v in os.environ.items()
+                                          if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}},
+                metadata={"raylane.spec": data.get("name", "")},
+            )
+            console.print(f"ray job {job_id} submitted")
+            rec = _workload_of_job(h, client, job_id)
         if wait:
             while rec["state"] == "PENDING":
                 rec = call(h, "wait_admission", rec["id"], 5.0)
         pos = f" at position {rec['position']}" if rec.get("position") else ""
-        console.print(f"{rec['id']}: {rec['state']}{pos}")
+        reason = f": {rec['reason']}" if rec.get("reason") else ""
+        console.print(f"{rec['id']}: {rec['state']}{pos}{reason}")
+
+
+def _workload_of_job(h, client, job_id, timeout: float = 120.0):
+    """The workload the job's driver registered; its logs are shown if the driver fails first."""
+    from raylane.control.client import call
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rec = call(h, "find_job", job_id)
+        if rec is not None:
+            return rec
+        status = str(client.get_job_status(job_id))
+        if status.endswith(("FAILED", "STOPPED")):
+            raise FatalError(f"ray job {job_id} ended ({status}) before registering:\n"
+                             + client.get_job_logs(job_id)[-3000:])
+        time.sleep(0.5)
+    raise RetryableError(f"ray job {job_id} has not registered a workload after {timeout:g}s")
 
 
 def queue(

@@ -235,13 +235,19 @@ def main(argv=None) -> int:
     from raylane.errors import FatalError
 
     p = argparse.ArgumentParser(prog="python -m raylane.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("spec", help="workload spec (YAML)")
+    p.add_argument("spec", nargs="?", help="workload spec (YAML)")
+    p.add_argument("--spec-json", default=None, help="the spec itself, as JSON (what `raylane submit` passes)")
     p.add_argument("--storage-path", default=None, help="where checkpoints go (default ~/.raylane/runs)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite ~/.raylane/mlflow.db)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     try:
-        data, _ = read_yaml(args.spec, "spec file")
+        if args.spec_json:
+            data = json.loads(args.spec_json)
+        elif args.spec:
+            data, _ = read_yaml(args.spec, "spec file")
+        else:
+            p.error("give a spec file or --spec-json")
         rec = run_workload(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri)
     except FatalError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -159,6 +159,26 @@ def _sqlite_path(uri: str) -> Optional[Path]:
     return Path(rest).expanduser().resolve()
 
 
+def client_for(uri: str) -> MlflowClient:
+    """An ``MlflowClient`` whose store is initialised. For sqlite, creating the tables is a migration that two
+    processes opening a new database at once would race on (the driver, rank 0, a reader), so it runs under an
+    exclusive file lock beside the database."""
+    client = MlflowClient(tracking_uri=uri)
+    db = _sqlite_path(uri)
+    if db is None:
+        return client
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client._tracking_client.store  # noqa: B018 - opening the store creates and migrates the tables
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return client
+
+
 def _artifact_root(uri: str) -> Optional[str]:
     """Where a new experiment keeps its artifacts: ``mlartifacts`` next to a sqlite database; the server's own
     choice otherwise."""
@@ -356,7 +376,7 @@ class RunTracker:
     @property
     def client(self) -> MlflowClient:
         if self._client is None:
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            self._client = client_for(self.tracking_uri)
         return self._client
 
     def start(self) -> str:
@@ -648,7 +668,7 @@ class MlflowHooks(ForwardingHooks):
 
     def _get_client(self) -> MlflowClient:
         if self._client is None:
-            self._client = MlflowClient(tracking_uri=_resolve_uri(self.tracking_uri))
+            self._client = client_for(_resolve_uri(self.tracking_uri))
         return self._client
 
 

@@ -421,6 +421,13 @@ class ControlActor:
         out["ready"] = rec.state in (State.ADMITTED, State.RUNNING) and rec.pg_name is not None
         return out
 
+    async def find_job(self, job_id: str) -> Optional[Dict[str, Any]]:
+        """The workload a Ray job registered, if any."""
+        for rec in self.records.values():
+            if rec.job_id == job_id:
+                return rec.public()
+        return None
+
     async def status(self, wid: str) -> Dict[str, Any]:
         return self._get(wid).public()
 

@@ -4,10 +4,13 @@
   is kept in marker files under the run's storage, so it survives the gang restarts it causes.
 - ``ignore_stop: true``: the loop never hears a stop request, like a loop that does not poll; the control actor
   must then stop the gang by force after the class's grace period.
+- ``first_step_file: PATH``: rank 0 writes the wall-clock time of its first step there (submit-to-first-step
+  benchmarks).
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from workloads.train_lm import ForwardingHooks
@@ -19,8 +22,9 @@ class InjectedCrash(RuntimeError):
 
 class Faults:
     def __init__(self, *, marker_dir: str, crash_at_step: Optional[int] = None, times: int = 1,
-                 ignore_stop: bool = False):
+                 ignore_stop: bool = False, first_step_file: Optional[str] = None):
         self.marker_dir, self.crash_at_step, self.times, self.ignore_stop = marker_dir, crash_at_step, times, ignore_stop
+        self.first_step_file = first_step_file
 
     def __call__(self, hooks):
         return _FaultHooks(hooks, self)
@@ -38,6 +42,9 @@ class _FaultHooks(ForwardingHooks):
     def report(self, step, metrics):
         super().report(step, metrics)
         f = self.fault
+        if f.first_step_file and self.world_rank == 0 and not os.path.exists(f.first_step_file):
+            with open(f.first_step_file, "w") as fh:
+                fh.write(repr(time.time()))
         if f.crash_at_step is not None and step == f.crash_at_step and self.world_rank == 0:
             os.makedirs(f.marker_dir, exist_ok=True)
             done = len(os.listdir(f.marker_dir))
