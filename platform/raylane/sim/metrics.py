@@ -1,0 +1,195 @@
+"""The figures of a replay, computed from a ``SimResult``: JCT, queueing delay, makespan, utilization, fairness.
+
+This module owns the definitions (they are what ``docs/simulator.md`` and the JSON report promise):
+- *JCT*: finish minus submit, of the jobs that finished. Average and p50/p95/p99.
+- *queueing delay*: first start minus submit (time to first GPU), of the jobs that started. p50/p95/p99 and mean.
+- *makespan*: last finish minus first submit.
+- *utilization*: GPUs held by leases over GPUs in the cluster, time-weighted, from the first submit to the last
+  finish; *goodput* is the part of it that was not lost to preemptions.
+- *share*: a team's part of all GPU-seconds used; its *entitlement* is its part of the nominal GPU quotas, or of
+  the team weights where no team has a GPU quota; *demand* is its part of the trace's GPU-seconds.
+- *finish-time fairness*: per team, the mean of JCT / duration over its jobs (1: as if each job had the cluster to
+  itself; Themis' rho with the whole cluster as the isolated share); the spread is the worst team's over the best's.
+- *preemptions per job*: mean over finished jobs, the largest, and the fraction of jobs preempted at least once.
+A partial replay (stopped early) reports these over what finished, counts the rest, and says ``partial: true``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Sequence, Tuple
+
+from raylane.sim.engine import SimResult
+
+__all__ = ["summarize", "percentile", "binned", "FIGURES"]
+
+# The headline figures, in table order: (key in the summary, label, unit).
+FIGURES: Tuple[Tuple[str, str, str], ...] = (
+    ("jct.mean", "avg JCT", "s"),
+    ("jct.p50", "p50 JCT", "s"),
+    ("jct.p95", "p95 JCT", "s"),
+    ("jct.p99", "p99 JCT", "s"),
+    ("queueing.mean", "avg queueing", "s"),
+    ("queueing.p50", "p50 queueing", "s"),
+    ("queueing.p95", "p95 queueing", "s"),
+    ("queueing.p99", "p99 queueing", "s"),
+    ("makespan_s", "makespan", "s"),
+    ("utilization.mean", "GPU util", ""),
+    ("preemptions.per_job", "preempt/job", ""),
+    ("fairness.ftf_spread", "FTF spread", ""),
+)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; NaN for no values."""
+    n = len(sorted_values)
+    if n == 0:
+        return math.nan
+    k = (n - 1) * q / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _dist(values: List[float]) -> Dict[str, float]:
+    values.sort()
+    n = len(values)
+    return {
+        "count": n,
+        "mean": sum(values) / n if n else math.nan,
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": values[-1] if n else math.nan,
+    }
+
+
+def _integral(times: Sequence[float], values: Sequence[float], t0: float, t1: float) -> float:
+    """Integral of the step function (value holds from one sample's time to the next) over [t0, t1]."""
+    total = 0.0
+    for k in range(len(times)):
+        a = max(times[k], t0)
+        b = min(times[k + 1] if k + 1 < len(times) else t1, t1)
+        if b > a:
+            total += values[k] * (b - a)
+    return total
+
+
+def binned(times: Sequence[float], values: Sequence[float], t0: float, t1: float, bins: int) -> Tuple[List[float],
+                                                                                                    List[float]]:
+    """Time-weighted means of a step function over ``bins`` equal intervals of [t0, t1] (for plots)."""
+    if t1 <= t0 or not times:
+        return [], []
+    width = (t1 - t0) / bins
+    sums = [0.0] * bins
+    for k in range(len(times)):
+        a = max(times[k], t0)
+        b = min(times[k + 1] if k + 1 < len(times) else t1, t1)
+        v = values[k]
+        while b > a:
+            i = min(int((a - t0) / width), bins - 1)
+            edge = min(b, t0 + (i + 1) * width)
+            if edge <= a:  # float rounding at a bin edge
+                edge = b
+            sums[i] += v * (edge - a)
+            a = edge
+    return [t0 + (i + 0.5) * width for i in range(bins)], [s / width for s in sums]
+
+
+def summarize(r: SimResult) -> Dict[str, Any]:
+    """Every figure of the replay as a JSON-ready dict (NaN where nothing was measured)."""
+    jobs = r.jobs
+    n = len(jobs)
+    done = [j for j in range(n) if r.finish[j] >= 0]
+    started = [j for j in range(n) if r.first_start[j] >= 0]
+    jct = [r.finish[j] - jobs[j].submit for j in done]
+    queueing = [r.first_start[j] - jobs[j].submit for j in started]
+    t0 = min((job.submit for job in jobs), default=0.0)
+    t1 = max((r.finish[j] for j in done), default=t0) if not r.partial else r.end_time
+    t1 = max(t1, t0)
+    span = t1 - t0
+    gpu_s_used = _integral(r.times, r.busy, t0, t1)
+    lost_gpu_s = sum(r.lost_work[j] * jobs[j].gpus for j in range(n))
+    util = gpu_s_used / (r.total_gpus * span) if span > 0 and r.total_gpus else math.nan
+    pre = [r.preemptions[j] for j in done]
+
+    # Fairness, per team.
+    teams = sorted({job.team for job in jobs})
+    demand = {t: 0.0 for t in teams}
+    slow: Dict[str, List[float]] = {t: [] for t in teams}
+    for j, job in enumerate(jobs):
+        demand[job.team] += job.duration * job.gpus
+    for j in done:
+        slow[jobs[j].team].append((r.finish[j] - jobs[j].submit) / jobs[j].duration)
+    quota = {t: (r.teams[t].quotas.get("gpu").nominal if t in r.teams and "gpu" in r.teams[t].quotas else 0.0)
+             for t in teams}
+    if sum(quota.values()) > 0:
+        ent_basis, ent_total = quota, sum(quota.values())
+    else:
+        ent_basis = {t: (r.teams[t].weight if t in r.teams else 1.0) for t in teams}
+        ent_total = sum(ent_basis.values())
+    used_total = sum(r.team_gpu_s.get(t, 0.0) for t in teams) or math.nan
+    demand_total = sum(demand.values()) or math.nan
+    per_team = {}
+    for t in teams:
+        share = r.team_gpu_s.get(t, 0.0) / used_total
+        ent = ent_basis[t] / ent_total if ent_total else math.nan
+        ftf = sum(slow[t]) / len(slow[t]) if slow[t] else math.nan
+        per_team[t] = {
+            "jobs": sum(1 for job in jobs if job.team == t),
+            "gpu_s": r.team_gpu_s.get(t, 0.0),
+            "share": share,
+            "demand_share": demand[t] / demand_total,
+            "entitlement": ent,
+            "share_over_entitlement": share / ent if ent else math.nan,
+            "ftf": ftf,
+        }
+    ftfs = [v["ftf"] for v in per_team.values() if not math.isnan(v["ftf"])]
+    jain = (sum(ftfs) ** 2 / (len(ftfs) * sum(x * x for x in ftfs))) if ftfs else math.nan
+
+    return {
+        "partial": r.partial,
+        "trace": r.trace_source,
+        "cluster": r.cluster_name,
+        "total_gpus": r.total_gpus,
+        "policy": {
+            "ordering": r.config.ordering, "admission": r.config.admission, "backfill": r.config.backfill,
+            "preemption": r.config.preemption, "las_thresholds": list(r.config.las_thresholds),
+            "max_admissions_per_cycle": r.config.max_admissions_per_cycle,
+        },
+        "options": {
+            "estimates": r.options.estimates, "noise_sigma": r.options.noise_sigma, "seed": r.options.seed,
+            "stop_delay_s": r.options.stop_delay_s, "tick_s": r.options.tick_s, "max_examined": r.options.max_examined,
+        },
+        "jobs": {
+            "total": n, "finished": len(done), "started": len(started), "unfinished": n - len(done),
+            "rejected": len(r.rejected),
+        },
+        "jct": _dist(jct),
+        "queueing": _dist(queueing),
+        "makespan_s": span,
+        "end_time_s": r.end_time,
+        "utilization": {"mean": util, "goodput": (gpu_s_used - lost_gpu_s) / (r.total_gpus * span)
+                        if span > 0 and r.total_gpus else math.nan,
+                        "gpu_s_used": gpu_s_used, "gpu_s_lost": lost_gpu_s},
+        "preemptions": {
+            "total": sum(r.preemptions),
+            "per_job": sum(pre) / len(pre) if pre else math.nan,
+            "max": max(pre, default=0),
+            "fraction_preempted": sum(1 for p in pre if p) / len(pre) if pre else math.nan,
+        },
+        "fairness": {
+            "teams": per_team,
+            "ftf_max": max(ftfs, default=math.nan),
+            "ftf_spread": (max(ftfs) / min(ftfs)) if ftfs else math.nan,
+            "ftf_jain": jain,
+        },
+        "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s},
+    }
+
+
+def get(summary: Dict[str, Any], dotted: str) -> Any:
+    """``get(s, "jct.mean")``: a figure by its dotted key."""
+    v: Any = summary
+    for part in dotted.split("."):
+        v = v[part]
+    return v

@@ -1,0 +1,93 @@
+"""Named policies for replays and comparisons: each a set of choices on the core's axes plus what the simulator tells
+the policy about runtimes. Every preset runs through the same ``cycle``; none has code of its own.
+
+A preset leaves admission (quotas) and the teams to the cluster setup: a comparison on "one shared cluster" replays
+with admission ``none``. ``max_examined`` is lowered where the policy keeps strict order (no backfill): past the
+first workload blocked for capacity such a cycle admits nothing, so a deeper look only writes pending reasons a
+replay does not read; the simulator repeats a cycle at the same instant while it admits, so the decisions stay those
+of the live depth (``tests/sim/test_presets.py`` checks FIFO's are identical) at a fraction of the cost.
+
+Presets
+- ``fifo``: first come, first served, strict order (no backfill), no preemption. The baseline.
+- ``priority``: class priority, then FIFO; a higher class preempts a lower one of its team (the core's default
+  preemption). On a trace with one class it orders like FIFO.
+- ``fair-share``: the team furthest below its weighted share goes first; strict order, no preemption.
+- ``greedy``: FIFO order, but anything that fits starts (Kueue's BestEffortFIFO); big gangs may starve.
+- ``easy``: FIFO with EASY backfilling on exact runtime estimates (its best case); ``easy-noisy`` on estimates off
+  by a log-normal factor (sigma 0.5).
+- ``las``: Tiresias' discretized 2D-LAS: least attained GPU-service first over queues split at 1 and 10 GPU-hours,
+  FIFO inside a queue, preempting leases that rank after a waiting job. Knows no durations.
+- ``las-fine``: the same with eight queues, split at geometric steps of attained service (5 min .. 1 week of one GPU)
+  and backfill ``greedy`` so that a gang waiting for capacity does not idle the GPUs it cannot use. Knows no
+  durations.
+- ``srtf-oracle``: shortest remaining time first with exact durations, preemptive, EASY backfill on exact
+  estimates: the lower-bound reference no policy that does not know durations should beat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Mapping
+
+from raylane.errors import UnknownNameError
+from raylane.scheduling.types import SchedulerConfig
+from raylane.sim.engine import SimOptions
+
+__all__ = ["Preset", "PRESETS", "COMPARISON", "get_preset", "apply_preset"]
+
+# Strict-order policies look this deep per cycle (see the module docstring).
+STRICT_EXAMINED = 32
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    summary: str
+    scheduler: Mapping[str, Any]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    # Whether the policy is told true durations (an oracle, not a fair competitor).
+    knows_durations: bool = False
+
+
+_P = [
+    Preset("fifo", "FIFO, strict order, no preemption",
+           dict(ordering="fifo", backfill="none", preemption="none"), dict(max_examined=STRICT_EXAMINED)),
+    Preset("priority", "class priority then FIFO, strict order, preempts lower classes",
+           dict(ordering="priority", backfill="none", preemption="default"), dict(max_examined=STRICT_EXAMINED)),
+    Preset("fair-share", "team furthest below its share first, strict order, no preemption",
+           dict(ordering="fair-share", backfill="none", preemption="none"), dict(max_examined=STRICT_EXAMINED)),
+    Preset("greedy", "FIFO order, anything that fits starts (BestEffortFIFO)",
+           dict(ordering="fifo", backfill="greedy", preemption="none")),
+    Preset("easy", "FIFO with EASY backfill on exact estimates",
+           dict(ordering="fifo", backfill="easy", preemption="none"), dict(estimates="exact"), knows_durations=True),
+    Preset("easy-noisy", "FIFO with EASY backfill on noisy estimates (log-normal, sigma 0.5)",
+           dict(ordering="fifo", backfill="easy", preemption="none"), dict(estimates="noisy", noise_sigma=0.5),
+           knows_durations=True),
+    Preset("las", "Tiresias 2D-LAS: queues at 1 and 10 GPU-hours, preemptive",
+           dict(ordering="las", backfill="none", preemption="ordering", las_thresholds=(1 * HOUR, 10 * HOUR)),
+           dict(max_examined=STRICT_EXAMINED)),
+    Preset("las-fine", "LAS with 8 geometric queues (5 min..1 week of GPU), greedy backfill, preemptive",
+           dict(ordering="las", backfill="greedy", preemption="ordering",
+                las_thresholds=(300.0, 1800.0, 2 * HOUR, 8 * HOUR, 24 * HOUR, 72 * HOUR, 168 * HOUR))),
+    Preset("srtf-oracle", "SRTF on exact durations, preemptive, EASY backfill (lower-bound reference)",
+           dict(ordering="srtf", backfill="easy", preemption="ordering"), dict(estimates="exact"),
+           knows_durations=True),
+]
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in _P}
+
+# What ``--preset compare`` runs, in table order.
+COMPARISON: List[str] = ["fifo", "priority", "fair-share", "greedy", "easy", "easy-noisy", "las", "las-fine",
+                         "srtf-oracle"]
+
+
+def get_preset(name: str) -> Preset:
+    p = PRESETS.get(name)
+    if p is None:
+        raise UnknownNameError("simulator preset", name, list(PRESETS))
+    return p
+
+
+def apply_preset(preset: Preset, config: SchedulerConfig, options: SimOptions) -> tuple[SchedulerConfig, SimOptions]:
+    return replace(config, **dict(preset.scheduler)), replace(options, **dict(preset.options))
