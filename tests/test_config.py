@@ -323,6 +323,9 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 # ------------------------------------------------------------------------------------------ spec errors
 
+SWEEP = {"space": {"lr": {"type": "uniform", "low": 0.001, "high": 0.01}}, "budget": {"max": 10}, "metric": "loss",
+         "mode": "min", "trials": 2}
+
 SPEC_CASES = [
     ("name case", "name", "Pretrain_LM", "name", "Pretrain_LM", "lowercase letters, digits and '-'"),
     ("name long", "name", "a" * 64, "name", "a" * 64, "at most 63"),
@@ -345,7 +348,7 @@ SPEC_CASES = [
     ("intent missing", "run.intent", DELETE, "run.intent", MISSING, "required: a sentence"),
     ("run missing", "run", DELETE, "run", MISSING, "required: a mapping with fields intent, owner"),
     ("run typo", "run.reason", "x", "run.reason", "x", "allowed fields: intent, owner, code_version, data_snapshot"),
-    ("kind section not yet", "sweep", {"trials": 4}, "sweep", {"trials": 4}, "unknown field"),
+    ("sweep section on kind train", "sweep", SWEEP, "sweep", SWEEP, "only for kind: tune (this spec's kind is train)"),
 ]
 
 

@@ -385,6 +385,7 @@ class RunMetadata(_Model):
 
 # Kind-specific sections live in modules of their own, built on the helpers above.
 from raylane.config.serve import ServeSpec  # noqa: E402
+from raylane.config.sweep import SweepSpec  # noqa: E402
 
 
 class WorkloadSpec(_Model):
@@ -413,6 +414,24 @@ class WorkloadSpec(_Model):
             raise _err("serve", "required for kind: serve: a mapping with fields " + ", ".join(ServeSpec.model_fields))
         if kind is not None and kind != "serve" and v is not None:
             raise _err("serve", f"only for kind: serve (this spec's kind is {kind}); remove the section")
+        return v
+
+    # kind: tune only (raylane.config.sweep). Validated even when absent, to require it for kind: tune.
+    sweep: Optional[SweepSpec] = Field(default=None, validate_default=True)
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_iff_kind_tune(cls, v: Optional[SweepSpec], info: ValidationInfo) -> Optional[SweepSpec]:
+        kind = info.data.get("kind")
+        if kind == "tune" and v is None:
+            raise _err("sweep", "required for kind: tune: a mapping with fields " + ", ".join(SweepSpec.model_fields))
+        if kind is not None and kind != "tune" and v is not None:
+            raise _err("sweep", f"only for kind: tune (this spec's kind is {kind}); remove the section")
+        gang: Optional[GangSpec] = info.data.get("gang")
+        # Each trial slot is 1 worker of sweep.resources; a gang may add features and placement, not a size.
+        if v is not None and gang is not None and gang.workers != 1:
+            raise _err("sweep", f"gang.workers 1 for kind: tune (got {gang.workers}): each trial slot is 1 worker "
+                                f"of sweep.resources")
         return v
 
     def to_core(self, workload_id: str, policy: ClusterPolicy, submit_time: float) -> Workload:

@@ -1,0 +1,553 @@
+"""The sweep launcher: runs a ``kind: tune`` spec as a Ray Tune experiment whose trials live on slots the control
+actor grants under the team's quota.
+
+    ray job submit --working-dir . -- python -m raylane.run examples/specs/sweep-asha-team-a.yaml
+
+``raylane.run`` hands a ``kind: tune`` spec to ``run_sweep``, which:
+
+1. checks the spec and the trainable before anything queues (``raylane.sweeps.trainables.check_trainable``);
+2. submits one *slot* per trial that may run at once (``max_concurrent``, at most ``trials``): a workload named
+   ``<sweep name>-slot-<i>`` of the spec's class and team, a gang of 1 worker x ``sweep.resources``, the spec's
+   ``run`` metadata. The control actor admits, queues and preempts slots like any gang;
+3. runs a slot thread (``SlotManager``) that turns slot states into the *grant*: an admitted slot is taken over
+   (``report running``) and adds one to the grant; a slot the actor reclaims (``should_stop``) takes one off at once,
+   Tune pauses a trial at its next report (it checkpoints; ``raylane.sweeps.quota``), and only then is the slot
+   released as ``yielded`` (back in the queue at its original submit time). Admitted again, it adds one to the
+   grant and the paused trial resumes from its checkpoint. Slots no trial will need again are given back early;
+4. runs Tune (``Tuner.fit``) with the spec's search algorithm and trial scheduler wrapped to keep to the grant, and
+   ``raylane.sweeps.tracking.SweepTracking`` writing one MLflow child run per trial under the sweep's parent run;
+5. at the end gives every slot back, tags the best trial, writes on the parent what early stopping saved, and
+   returns the sweep's record.
+
+A driver that dies leaves the Tune experiment (``<storage>/<sweep name>``) and ``raylane_sweep.json`` in it: the
+next driver for the same spec name cancels the dead driver's slots, submits new ones, waits until it holds a slot
+for each trial that was unfinished (Tune restarts those at once) and resumes the experiment with ``Tuner.restore``:
+finished trials stay finished, unfinished ones resume from their last checkpoint, the same MLflow runs go on.
+A new sweep therefore needs a new name (or another storage path).
+
+Placement: the control actor counts each slot on the node it chose; Tune places trials itself on any node with the
+resources. On one node, or on uniform nodes, this is the same capacity; with node features a trial may run on
+another node than its slot's (see docs/sweeps.md).
+
+Words: *slot*, *grant*, *leased*: see ``raylane.sweeps.quota``. *sweep id*: ``<name>-<6 hex>``, fixed for the life
+of the experiment; the key of the MLflow parent run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from raylane.config.loader import load_spec_from_dict
+from raylane.config.models import NAME_MAX
+from raylane.control.client import call
+from raylane.errors import FatalError, RetryableError, ValidationError
+
+__all__ = ["run_sweep", "SlotManager", "STATE_FILE", "slot_specs"]
+
+log = logging.getLogger("raylane.sweep")
+
+STATE_FILE = "raylane_sweep.json"
+SLOT_SUFFIX = "-slot-{i}"
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
+
+
+def _say(msg: str) -> None:
+    print(f"[raylane] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ the spec
+
+
+def _parse(spec: Dict[str, Any]):
+    parsed = load_spec_from_dict(spec, f"sweep {spec.get('name', '?') if isinstance(spec, dict) else '?'}")
+    errors = []
+    if parsed.kind != "tune" or parsed.sweep is None:
+        errors.append(("kind", parsed.kind, "tune (with a sweep section) for a sweep"))
+    longest = len(parsed.name) + len(SLOT_SUFFIX.format(i=max(0, (parsed.sweep.concurrency if parsed.sweep else 1) - 1)))
+    if longest > NAME_MAX:
+        errors.append(("name", parsed.name, f"at most {NAME_MAX - (longest - len(parsed.name))} characters for a "
+                                            f"sweep: its slots are named <name>-slot-<i>"))
+    gang = spec.get("gang") or {}
+    if parsed.sweep is not None and "resources" in gang and parsed.gang.resources != parsed.sweep.resources:
+        errors.append(("gang.resources", gang["resources"], "left out for kind: tune (each trial slot is 1 worker "
+                                                            "of sweep.resources), or equal to sweep.resources"))
+    if errors:
+        raise ValidationError(f"sweep {parsed.name}", errors)
+    return parsed
+
+
+def slot_specs(parsed) -> List[Dict[str, Any]]:
+    """The workload specs of the sweep's slots: the sweep's spec, renamed, with a gang of 1 x ``sweep.resources``."""
+    data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+    gang = {**data.get("gang", {}), **parsed.sweep.trial_gang()}
+    return [{**data, "name": parsed.name + SLOT_SUFFIX.format(i=i), "gang": gang}
+            for i in range(parsed.sweep.concurrency)]
+
+
+# ------------------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class SweepState:
+    """What a later driver needs to resume the sweep: its id, the slots of the last driver, counts."""
+
+    sweep_id: str
+    slots: List[str] = field(default_factory=list)
+    restarts: int = 0
+    unfinished: int = 0
+    preemptions: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> Optional["SweepState"]:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(vars(self), indent=2))
+        tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------------------------- slots
+
+
+@dataclass
+class Slot:
+    index: int
+    wid: str
+    phase: str = "waiting"  # waiting (queued or admitted) | active | reclaiming | done
+    trial: Optional[str] = None  # the trial the driver books on this slot (Tune places trials itself)
+    detail: str = ""
+
+
+class SlotManager(threading.Thread):
+    """The driver's thread between the control actor and Tune: slot states in, the grant out; see the module
+    docstring. It writes journal notes on the slots (trial starts, pauses, ends) and their queue detail."""
+
+    def __init__(self, *, ctl, slots: List[Slot], grant, sweep_id: str, trials_total: int, job_id: Optional[str],
+                 state: SweepState, state_path: Path, tracker=None, metric: str = "",
+                 budget_max: Optional[int] = None, poll_s: float = 0.5):
+        super().__init__(name=f"raylane-slots-{sweep_id}", daemon=True)
+        self.ctl = ctl
+        self.slots = slots
+        self.grant = grant
+        self.sweep_id = sweep_id
+        self.trials_total = trials_total
+        self.job_id = job_id
+        self.state = state
+        self.state_path = state_path
+        self.tracker = tracker
+        self.metric = metric
+        self.budget_max = budget_max
+        self.poll_s = poll_s
+        self._halt = threading.Event()
+        self._seen: Dict[str, tuple] = {}
+        self._last_holder: Dict[str, Slot] = {}
+        self.errors = 0
+        self.events: List[str] = []
+
+    # -- loop
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.tick()
+            except RetryableError as exc:  # the control actor restarting: keep the grant, ask again
+                log.warning("sweep %s: control actor unreachable: %s", self.sweep_id, exc)
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad tick; the error is logged
+                self.errors += 1
+                log.exception("sweep %s: slot tick failed", self.sweep_id)
+            self._halt.wait(self.poll_s)
+
+    def halt(self) -> None:
+        self._halt.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=10)
+
+    def _status(self, wid: str) -> Dict[str, Any]:
+        try:
+            return call(self.ctl, "status", wid, timeout=10)
+        except FatalError:
+            return {"state": "CANCELLED"}
+        except Exception as exc:  # noqa: BLE001 - Ray errors while the actor restarts
+            raise RetryableError(str(exc)) from exc
+
+    def _note(self, slot: Slot, note: str, **data) -> None:
+        self.events.append(f"{slot.wid}: {note}")
+        call(self.ctl, "report", slot.wid, "event", note=note, **data)
+
+    def tick(self) -> None:
+        """One pass: follow each slot's state, publish the grant, release what is reclaimed or idle."""
+        for slot in self.slots:
+            if slot.phase == "done":
+                continue
+            rec = self._status(slot.wid)
+            state = rec["state"]
+            if state in TERMINAL:
+                if slot.phase != "done":
+                    log.info("sweep %s: slot %s is %s", self.sweep_id, slot.wid, state)
+                slot.phase, slot.trial = "done", None
+            elif slot.phase == "waiting" and state == "ADMITTED":
+                if call(self.ctl, "wait_admission", slot.wid, 0.01)["ready"]:
+                    r = call(self.ctl, "report", slot.wid, "running", job_id=self.job_id,
+                             note=f"slot taken by sweep {self.sweep_id}")
+                    if r["state"] == "RUNNING":
+                        slot.phase = "active"
+                        _say(f"{self.sweep_id}: slot {slot.wid} granted")
+            elif slot.phase == "active" and state == "PREEMPTING":
+                slot.phase = "reclaiming"
+                self.state.preemptions += 1
+                _say(f"{self.sweep_id}: slot {slot.wid} reclaimed ({rec.get('reason') or 'preempted'}); "
+                     f"pausing a trial")
+                if self.tracker is not None:
+                    self.tracker.event("preempted", f"slot {slot.wid} reclaimed by the control actor; a trial "
+                                                    f"pauses with its checkpoint")
+            elif slot.phase in ("active", "reclaiming") and state == "PENDING":
+                # Released without us (stopped by force after the grace period): back to waiting.
+                slot.phase, slot.trial = "waiting", None
+        self._publish()
+        self._release_reclaimed()
+        self._give_back_idle()
+        self._book_trials()
+        self._publish()
+        self._save_state()
+
+    def _publish(self) -> None:
+        granted = sum(s.phase == "active" for s in self.slots)
+        leased = granted + sum(s.phase == "reclaiming" for s in self.slots)
+        self.grant.set_slots(granted, leased)
+
+    def _release_reclaimed(self) -> None:
+        from raylane.sweeps.quota import Trial
+
+        views = self.grant.trials()
+        running = sum(v.status == Trial.RUNNING for v in views.values())
+        leased = self.grant.leased
+        for slot in self.slots:
+            if slot.phase != "reclaiming" or running > leased - 1:
+                continue
+            paused = [v for v in views.values() if v.status == Trial.PAUSED and v.paused_by == "quota"]
+            what = (f"trial {paused[-1].trial_id} paused at step {paused[-1].step} with its checkpoint"
+                    if paused else "no trial was running on it")
+            call(self.ctl, "release", slot.wid, "yielded", step=None, detail=what)
+            self.events.append(f"{slot.wid}: yielded: {what}")
+            _say(f"{self.sweep_id}: slot {slot.wid} yielded ({what})")
+            slot.phase, slot.trial = "waiting", None
+            leased -= 1
+            self.grant.set_slots(sum(s.phase == "active" for s in self.slots), leased)
+
+    def _give_back_idle(self) -> None:
+        """Slots no trial will need again (the sweep's tail) go back to the queue's other users."""
+        from raylane.sweeps.quota import UNFINISHED
+
+        views = self.grant.trials()
+        unfinished = sum(v.status in UNFINISHED for v in views.values())
+        need = unfinished + max(0, self.trials_total - len(views))
+        live = [s for s in self.slots if s.phase in ("waiting", "active")]
+        extra = len(live) + sum(s.phase == "reclaiming" for s in self.slots) - need
+        if extra <= 0 or not views:
+            return
+        busy = {v.trial_id for v in views.values() if v.status in UNFINISHED}
+        # Waiting slots first, then active ones without a running trial.
+        order = [s for s in live if s.phase == "waiting"] + [s for s in live if s.phase == "active"
+                                                            and s.trial not in busy]
+        for slot in order[:extra]:
+            self._final_detail(slot, "given back: no trial left for it")
+            if slot.phase == "waiting":
+                call(self.ctl, "cancel", slot.wid)
+            else:
+                call(self.ctl, "release", slot.wid, "finished", state="SUCCEEDED",
+                     detail="no trial of the sweep left for this slot")
+            self.events.append(f"{slot.wid}: given back (no trial left for it)")
+            slot.phase, slot.trial = "done", None
+
+    def _book_trials(self) -> None:
+        """Book running trials on active slots (for the journal and the queue), note transitions."""
+        from raylane.sweeps.quota import Trial
+
+        views = self.grant.trials()
+        for slot in self.slots:
+            if slot.trial is not None and (slot.phase != "active"
+                                           or views.get(slot.trial) is None
+                                           or views[slot.trial].status != Trial.RUNNING):
+                slot.trial = None
+        booked = {s.trial for s in self.slots if s.trial}
+        free = [s for s in self.slots if s.phase == "active" and s.trial is None]
+        for v in sorted(views.values(), key=lambda v: v.trial_id):
+            if v.status == Trial.RUNNING and v.trial_id not in booked and free:
+                free.pop(0).trial = v.trial_id
+        # Journal notes on trial transitions, on the slot the trial is (or was last) booked on.
+        holder = {s.trial: s for s in self.slots if s.trial}
+        any_slot = next((s for s in self.slots if s.phase != "done"), self.slots[0])
+        for v in views.values():
+            key = (v.status, v.paused_by)
+            if self._seen.get(v.trial_id) == key:
+                continue
+            before = self._seen.get(v.trial_id)
+            self._seen[v.trial_id] = key
+            slot = holder.get(v.trial_id) or self._last_holder.get(v.trial_id) or any_slot
+            note = _transition(v, before, self.metric, self.budget_max)
+            if note:
+                self._note(slot, note)
+            if v.trial_id in holder:
+                self._last_holder[v.trial_id] = holder[v.trial_id]
+        summary = self.summary(views)
+        for slot in self.slots:
+            if slot.phase == "done":
+                continue
+            detail = summary + (f"; this slot runs trial {slot.trial}" if slot.trial else "")
+            if detail != slot.detail:
+                call(self.ctl, "report", slot.wid, "event", detail=detail)
+                slot.detail = detail
+
+    def summary(self, views=None) -> str:
+        from raylane.sweeps.quota import Trial
+
+        views = self.grant.trials() if views is None else views
+        count = {s: sum(v.status == s for v in views.values()) for s in
+                 (Trial.RUNNING, Trial.PAUSED, Trial.TERMINATED, Trial.ERROR, Trial.PENDING)}
+        parts = [f"{count[Trial.RUNNING]} running", f"{count[Trial.PAUSED]} paused",
+                 f"{count[Trial.TERMINATED]} finished"]
+        if count[Trial.ERROR]:
+            parts.append(f"{count[Trial.ERROR]} failed")
+        waiting = self.trials_total - len(views) + count[Trial.PENDING]
+        if waiting:
+            parts.append(f"{waiting} to start")
+        return f"sweep {self.sweep_id}: {', '.join(parts)} of {self.trials_total} trials"
+
+    def _final_detail(self, slot: Slot, why: str) -> None:
+        call(self.ctl, "report", slot.wid, "event", detail=f"{self.summary()}; {why}")
+
+    def _save_state(self) -> None:
+        from raylane.sweeps.quota import UNFINISHED
+
+        views = self.grant.trials()
+        unfinished = sum(v.status in UNFINISHED for v in views.values())
+        if unfinished != self.state.unfinished or not self.state_path.exists():
+            self.state.unfinished = unfinished
+            self.state.save(self.state_path)
+
+    # -- the end
+    def finish(self, state: str) -> None:
+        """Give every slot back: release active ones with ``state``, cancel queued ones."""
+        for slot in self.slots:
+            try:
+                rec = self._status(slot.wid)
+                if rec["state"] in TERMINAL:
+                    continue
+                self._final_detail(slot, f"sweep {state.lower()}")
+                if rec["state"] in ("RUNNING", "PREEMPTING"):
+                    call(self.ctl, "release", slot.wid, "finished" if state == "SUCCEEDED" else "failed",
+                         state=state, detail=self.summary())
+                else:
+                    call(self.ctl, "cancel", slot.wid)
+            except Exception as exc:  # noqa: BLE001 - give back what we can
+                log.warning("sweep %s: could not give slot %s back: %s", self.sweep_id, slot.wid, exc)
+            slot.phase = "done"
+        self.grant.set_slots(0, 0)
+
+
+def _transition(v, before: Optional[tuple], metric: str = "", budget_max: Optional[int] = None) -> str:
+    from raylane.sweeps.quota import Trial
+
+    at = f" at step {v.step}" if v.step is not None else ""
+    prev = before[0] if before else None
+    if v.status == Trial.RUNNING:
+        if prev == Trial.PAUSED:
+            return f"trial {v.trial_id} resumed from its checkpoint{at}"
+        if prev is None or (prev == Trial.PENDING and v.step is None):
+            params = ", ".join(f"{k}={_short(x)}" for k, x in _flat(v.config).items())
+            return f"trial {v.trial_id} started ({params})"
+        if prev == Trial.PENDING:
+            return f"trial {v.trial_id} resumed from its checkpoint{at}"
+    if v.status == Trial.PAUSED:
+        why = "its slot was reclaimed" if v.paused_by == "quota" else "the scheduler paused it"
+        return f"trial {v.trial_id} paused{at} with its checkpoint ({why})"
+    if v.status == Trial.TERMINATED:
+        how = "finished" if v.step is None or budget_max is None or v.step >= budget_max else "stopped early"
+        return f"trial {v.trial_id} {how}{at}" + (f" ({metric} {v.metric:.4g})" if v.metric is not None else "")
+    if v.status == Trial.ERROR:
+        return f"trial {v.trial_id} failed{at}"
+    return ""
+
+
+def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _short(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
+              tracking_uri: Optional[str] = None, poll_s: float = 0.5, verbose: int = 1) -> Dict[str, Any]:
+    """Run the sweep ``spec`` to the end under the control actor ``ctl``; returns its record (``id``, ``state``,
+    ``preemptions``, ``restarts``, ``trials``, ``best``, ``gpu_seconds``, ``slots``...). See the module docstring."""
+    from ray import tune
+    from ray.tune import CheckpointConfig, FailureConfig, RunConfig, TuneConfig, Tuner
+
+    from raylane.launchers.train import DEFAULT_STORAGE
+    from raylane.sweeps import build, quota
+    from raylane.sweeps.trainables import check_trainable, tune_trainable
+    from raylane.sweeps.tracking import SweepTracking, summarize
+    from raylane.tracking import RunTracker, _flatten, _param_value
+
+    # Every report is a checkpoint, so Tune snapshots its state often (good for resuming); do not warn about it.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    parsed = _parse(spec)
+    sweep = parsed.sweep
+    check_trainable(parsed.config, sweep)
+    data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+    storage_path = str(Path(storage_path or DEFAULT_STORAGE).expanduser().resolve())
+    exp_dir = Path(storage_path) / parsed.name
+    state_path = exp_dir / STATE_FILE
+    resumed = Tuner.can_restore(str(exp_dir))
+    state = SweepState.load(state_path) if resumed else None
+    if state is None:
+        state = SweepState(sweep_id=f"{parsed.name}-{secrets.token_hex(3)}")
+    else:
+        state.restarts += 1
+        for wid in state.slots:  # the dead driver's slots hold quota no one uses
+            try:
+                if call(ctl, "status", wid)["state"] not in TERMINAL:
+                    call(ctl, "cancel", wid)
+            except FatalError:
+                pass
+    sweep_id = state.sweep_id
+    retry_budget = int(call(ctl, "class_info", parsed.class_)["retry_budget"])
+
+    # The MLflow parent run, keyed by the sweep id.
+    tracker = RunTracker(workload_id=sweep_id, spec=data, tracking_uri=tracking_uri)
+    parent_run_id = tracker.start()
+    tracker.log_params({f"sweep.{k}": _param_value(v) for k, v in _flatten(data["sweep"])})
+    if resumed:
+        tracker.event("restarted", f"driver {state.restarts} resumes the sweep from {exp_dir}")
+    experiment_id = tracker.client.get_run(parent_run_id).info.experiment_id
+
+    grant = quota.register(sweep_id, quota.Grant(sweep.concurrency))
+    slots = []
+    for slot_spec in slot_specs(parsed):
+        rec = call(ctl, "submit", slot_spec, job_id=job_id)
+        slots.append(Slot(len(slots), rec["id"]))
+    state.slots = [s.wid for s in slots]
+    state.save(state_path)
+    for s in slots:
+        call(ctl, "report", s.wid, "event", mlflow_run_id=parent_run_id,
+             note=f"slot {s.index} of sweep {sweep_id} ({sweep.trials} trials, up to {sweep.concurrency} at once)")
+    _say(f"sweep {sweep_id}: {sweep.trials} trials, {len(slots)} slot(s) submitted: "
+         f"{', '.join(s.wid for s in slots)}" + (f" (resuming, driver {state.restarts})" if resumed else ""))
+    manager = SlotManager(ctl=ctl, slots=slots, grant=grant, sweep_id=sweep_id, trials_total=sweep.trials,
+                          job_id=job_id, state=state, state_path=state_path, tracker=tracker, metric=sweep.metric,
+                          budget_max=sweep.budget.max, poll_s=poll_s)
+
+    stop_signal = _install_signals(grant)
+    outcome = "FAILED"
+    results = None
+    error: Optional[BaseException] = None
+    manager.start()
+    try:
+        if resumed and state.unfinished:
+            # Tune starts every unfinished trial of a restored experiment at once: hold a slot for each first.
+            need = min(state.unfinished, sweep.concurrency)
+            _say(f"sweep {sweep_id}: waiting for {need} slot(s) before resuming {state.unfinished} unfinished trial(s)")
+            while grant.granted < need and not grant.stop_requested:
+                time.sleep(poll_s)
+        trainable = tune_trainable(parsed.config, sweep)
+        if resumed:
+            tuner = Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = Tuner(
+                trainable,
+                param_space=build.param_space(sweep),
+                tune_config=TuneConfig(
+                    metric=sweep.metric, mode=sweep.mode, num_samples=sweep.trials,
+                    search_alg=quota.GrantLimiter(build.searcher(sweep), sweep.concurrency, sweep_id),
+                    scheduler=quota.QuotaScheduler(build.scheduler(sweep), sweep_id),
+                    reuse_actors=False),
+                run_config=RunConfig(
+                    name=parsed.name, storage_path=storage_path, verbose=verbose,
+                    stop=quota.GrantStopper(sweep_id, sweep.budget.max),
+                    callbacks=[SweepTracking(sweep_id=sweep_id, parent_run_id=parent_run_id,
+                                             experiment_id=experiment_id, uri=tracker.tracking_uri,
+                                             name=parsed.name, gpus_per_trial=sweep.resources.gpu,
+                                             budget_max=sweep.budget.max, report_every=sweep.budget.report_every)],
+                    # PBT clones the checkpoint a trial had at its last perturbation: keep them all.
+                    checkpoint_config=CheckpointConfig(num_to_keep=None if sweep.scheduler.type == "pbt" else 2),
+                    failure_config=FailureConfig(max_failures=retry_budget)),
+            )
+        results = tuner.fit()
+        errored = sum(r.error is not None for r in results)
+        if grant.stop_requested:
+            outcome = "CANCELLED"
+        elif errored == len(results):
+            outcome = "FAILED"
+        else:
+            outcome = "SUCCEEDED"
+    except BaseException as exc:  # noqa: BLE001 - any end gives the slots back; the sweep stays resumable
+        error = exc
+        outcome = "CANCELLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+    finally:
+        manager.halt()
+        manager.finish("SUCCEEDED" if outcome == "SUCCEEDED" else ("CANCELLED" if outcome == "CANCELLED"
+                                                                   else "FAILED"))
+        _restore_signals(stop_signal)
+    summary = summarize(tracker.client, experiment_id=experiment_id, sweep_id=sweep_id, parent_run_id=parent_run_id,
+                        metric=sweep.metric, mode=sweep.mode, budget_max=sweep.budget.max)
+    tracker.event("finished" if outcome == "SUCCEEDED" else outcome.lower(),
+                  f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
+                  f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
+                  f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
+    tracker.finish("FINISHED" if outcome == "SUCCEEDED" else ("KILLED" if outcome == "CANCELLED" else "FAILED"))
+    state.save(state_path)
+    if error is not None:
+        raise error
+    _say(f"sweep {sweep_id}: {outcome}: best {sweep.metric} {summary['best_metric']} (trial "
+         f"{summary['best_trial_id']}); GPU-seconds {summary['gpu_seconds_used']:.1f}, "
+         f"{summary['gpu_seconds_saved']:.1f} saved against the full budget")
+    return {
+        "id": sweep_id, "state": outcome, "preemptions": state.preemptions, "restarts": state.restarts,
+        "slots": [s.wid for s in slots], "trials": summary["trials"], "best": {
+            "trial_id": summary["best_trial_id"], sweep.metric: summary["best_metric"],
+            "config": summary["best_config"]},
+        "gpu_seconds": {k: summary[k] for k in ("gpu_seconds_used", "gpu_seconds_full_budget", "gpu_seconds_saved")},
+        "trained_steps": summary["trained_steps"], "full_budget_steps": summary["full_budget_steps"],
+        "stopped_early": summary["stopped_early"], "mlflow_run_id": parent_run_id, "experiment_path": str(exp_dir),
+        "max_running_over_leased": grant.over, "grant_history": list(grant.history), "slot_events": manager.events,
+        "results": results,
+    }
+
+
+def _install_signals(grant):
+    """``ray job stop`` sends SIGTERM: end the sweep (its slots go back; the experiment stays resumable)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_term(signum, frame):
+        grant.request_stop()
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, on_term)
+
+
+def _restore_signals(previous) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)

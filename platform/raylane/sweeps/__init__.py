@@ -1,0 +1,9 @@
+"""Hyperparameter sweeps under team quotas: the pieces the sweep driver (``raylane.launchers.tune``) puts together.
+
+- ``raylane.sweeps.build``: a ``SweepSpec`` -> Ray Tune's param space, search algorithm and trial scheduler, by name.
+- ``raylane.sweeps.quota``: the grant (slots held from the control actor) and the two wrappers that make Tune keep
+  to it: ``QuotaScheduler`` (no trial starts or resumes past the grant; a trial over it is paused with its
+  checkpoint) and ``GrantLimiter`` (no new trial is drawn past it).
+- ``raylane.sweeps.tracking``: MLflow child runs per trial under the sweep's parent run, the best trial, and the
+  compute an early-stopping scheduler saved.
+"""

@@ -1,0 +1,199 @@
+"""A ``SweepSpec`` turned into Ray Tune's objects: the param space, the search algorithm and the trial scheduler.
+
+This module owns the mapping from the spec's names to Tune and Optuna classes: one builder per name in
+``SEARCHERS`` and ``SCHEDULERS`` (``raylane.scheduling.registry.Registry``; an unknown name lists the known ones),
+with the same names ``raylane.config.sweep`` accepts. It never starts anything. Ray Tune and Optuna are imported
+inside the builders, so importing this module stays cheap.
+
+Every search algorithm is an Optuna sampler behind Ray's ``OptunaSearch`` (random: ``RandomSampler``, grid:
+``GridSampler``, tpe: ``TPESampler``, evolutionary: ``NSGAIISampler``), seeded by ``search.seed``: one ``Searcher``
+type, which ``raylane.sweeps.quota.GrantLimiter`` wraps. Every scheduler measures time in ``step``, the global step
+each result carries (``TIME_ATTR``).
+
+Words: see ``raylane.config.sweep`` (budget, rung, parameter path).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
+
+from raylane.config import sweep as cfg
+from raylane.scheduling.registry import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import Searcher
+
+    from raylane.config.sweep import ParamSpec, SweepSpec
+
+__all__ = ["TIME_ATTR", "SEARCHERS", "SCHEDULERS", "param_space", "flat_space", "searcher", "scheduler",
+           "asha_rungs", "grace_period"]
+
+TIME_ATTR = "step"
+
+SEARCHERS: Registry[Callable[["SweepSpec"], "Searcher"]] = Registry("search algorithm", cfg.DEFAULT_SEARCH)
+SCHEDULERS: Registry[Callable[["SweepSpec"], "TrialScheduler"]] = Registry("trial scheduler", cfg.DEFAULT_SCHEDULER)
+
+
+# ------------------------------------------------------------------------------------------------- space
+
+
+def domain(p: "ParamSpec") -> Any:
+    """The Tune domain of one parameter. ``grid`` is a ``choice`` too: the grid sampler walks its values."""
+    from ray import tune
+
+    if p.type == "uniform":
+        return tune.uniform(p.low, p.high)
+    if p.type == "loguniform":
+        return tune.loguniform(p.low, p.high)
+    return tune.choice(list(p.values or ()))
+
+
+def _nest(flat: Dict[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, last = path.split(".")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return out
+
+
+def param_space(sweep: "SweepSpec") -> Dict[str, Any]:
+    """The nested param space of Tune: ``{"lr": tune.loguniform(...), "model": {"d_model": tune.choice(...)}}``."""
+    return _nest({path: domain(p) for path, p in sweep.space.items()})
+
+
+def flat_space(sweep: "SweepSpec") -> Dict[str, "ParamSpec"]:
+    """The space by Optuna's parameter names (Ray's ``OptunaSearch`` joins nested keys with ``/``)."""
+    return {path.replace(".", "/"): p for path, p in sweep.space.items()}
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+
+def _optuna(sampler) -> "Searcher":
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(sampler=sampler)
+
+
+@SEARCHERS.register("random")
+def _random_factory():
+    def build(sweep: "SweepSpec") -> "Searcher":
+        import optuna
+
+        return _optuna(optuna.samplers.RandomSampler(seed=sweep.search.seed))
+
+    return build
+
+
+@SEARCHERS.register("grid")
+def _grid_factory():
+    def build(sweep: "SweepSpec") -> "Searcher":
+        import optuna
+
+        grid = {name: list(p.values or ()) for name, p in flat_space(sweep).items()}
+        return _optuna(optuna.samplers.GridSampler(grid, seed=sweep.search.seed))
+
+    return build
+
+
+@SEARCHERS.register("tpe")
+def _tpe_factory():
+    def build(sweep: "SweepSpec") -> "Searcher":
+        import optuna
+
+        startup = sweep.search.startup_trials or cfg.DEFAULT_STARTUP_TRIALS
+        return _optuna(optuna.samplers.TPESampler(seed=sweep.search.seed, n_startup_trials=startup))
+
+    return build
+
+
+@SEARCHERS.register("evolutionary")
+def _evolutionary_factory():
+    def build(sweep: "SweepSpec") -> "Searcher":
+        import optuna
+
+        population = sweep.search.population or cfg.DEFAULT_POPULATION
+        return _optuna(optuna.samplers.NSGAIISampler(population_size=population, seed=sweep.search.seed))
+
+    return build
+
+
+def searcher(sweep: "SweepSpec") -> "Searcher":
+    """The search algorithm the spec names (metric and mode are set by Tune from ``TuneConfig``)."""
+    return SEARCHERS.get(sweep.search.algorithm)(sweep)
+
+
+# --------------------------------------------------------------------------------------------- scheduler
+
+
+def grace_period(sweep: "SweepSpec") -> int:
+    """The scheduler's grace period in steps: the spec's, or one report."""
+    return sweep.scheduler.grace_period or sweep.budget.report_every
+
+
+def asha_rungs(sweep: "SweepSpec") -> List[int]:
+    """The budgets at which ASHA compares trials: ``grace_period * eta**k`` below ``budget.max``."""
+    eta = sweep.scheduler.eta or cfg.DEFAULT_ETA
+    grace, top = grace_period(sweep), sweep.budget.max
+    count = int(math.floor(math.log(top / grace, eta) + 1e-9)) + 1
+    return [grace * eta ** k for k in range(count) if grace * eta ** k < top]
+
+
+@SCHEDULERS.register("fifo")
+def _fifo_factory():
+    def build(sweep: "SweepSpec") -> "TrialScheduler":
+        from ray.tune.schedulers import FIFOScheduler
+
+        return FIFOScheduler()
+
+    return build
+
+
+@SCHEDULERS.register("median")
+def _median_factory():
+    def build(sweep: "SweepSpec") -> "TrialScheduler":
+        from ray.tune.schedulers import MedianStoppingRule
+
+        return MedianStoppingRule(time_attr=TIME_ATTR, grace_period=grace_period(sweep),
+                                  min_samples_required=sweep.scheduler.min_samples or cfg.DEFAULT_MIN_SAMPLES)
+
+    return build
+
+
+@SCHEDULERS.register("asha")
+def _asha_factory():
+    def build(sweep: "SweepSpec") -> "TrialScheduler":
+        from ray.tune.schedulers import ASHAScheduler
+
+        return ASHAScheduler(time_attr=TIME_ATTR, max_t=sweep.budget.max, grace_period=grace_period(sweep),
+                             reduction_factor=sweep.scheduler.eta or cfg.DEFAULT_ETA, brackets=1)
+
+    return build
+
+
+@SCHEDULERS.register("pbt")
+def _pbt_factory():
+    def build(sweep: "SweepSpec") -> "TrialScheduler":
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        s = sweep.scheduler
+        mutations = _nest({path: domain(p) for path, p in (s.mutations or {}).items()})
+        return PopulationBasedTraining(
+            time_attr=TIME_ATTR,
+            perturbation_interval=s.perturbation_interval,
+            hyperparam_mutations=mutations,
+            quantile_fraction=s.quantile_fraction if s.quantile_fraction is not None else cfg.DEFAULT_QUANTILE,
+            resample_probability=(s.resample_probability if s.resample_probability is not None
+                                  else cfg.DEFAULT_RESAMPLE),
+        )
+
+    return build
+
+
+def scheduler(sweep: "SweepSpec") -> "TrialScheduler":
+    """The trial scheduler the spec names (metric and mode are set by Tune from ``TuneConfig``)."""
+    return SCHEDULERS.get(sweep.scheduler.type)(sweep)

@@ -1,0 +1,285 @@
+"""Quota-aware concurrency for Ray Tune: a sweep runs no more trials at once than the slots the control actor granted.
+
+This module owns the *grant*, the state shared between the sweep driver's slot thread (which talks to the control
+actor) and Tune's event loop (which starts, pauses and stops trials), and the three Tune plug-ins that read it:
+
+- ``QuotaScheduler`` wraps the spec's trial scheduler (FIFO, median, ASHA, PBT). ``choose_trial_to_run`` answers
+  None while the trials running or starting fill the grant, so no paused trial resumes past it; ``on_trial_result``
+  answers PAUSE (Tune then checkpoints the trial and stops its actor) when more trials run than are granted, which
+  is how a sweep shrinks when the control actor reclaims a slot. Every other call goes to the wrapped scheduler.
+- ``GrantLimiter`` wraps the search algorithm (a ``ConcurrencyLimiter`` with the spec's ``max_concurrent``): no new
+  trial is drawn while the unfinished trials (running, starting or paused) fill the grant. Tune starts every new
+  trial at once, without asking the scheduler, so this is the gate on new trials; paused trials resume first.
+- ``GrantStopper`` ends the whole experiment when the driver asks (the sweep was cancelled), and a trial at the
+  end of its budget.
+
+The plug-ins are pickled into Tune's experiment state (``tuner.pkl``), so they hold only the grant's *key* (the
+sweep id) and find the live ``Grant`` in this process's registry (``register``); a driver that resumes a sweep
+registers a fresh grant under the same key. Only the slot thread writes ``granted``/``leased``/``stop``; only Tune's
+loop writes the trial views; both under the grant's lock.
+
+Words
+- *granted*: slots the sweep may use now (admitted, running, not reclaimed).
+- *leased*: slots whose capacity the control actor's ledger counts for the sweep: granted ones plus reclaimed ones
+  not yet released. The invariant the sweep keeps is *running trials <= leased slots*: a reclaimed slot is released
+  only after a trial paused (``Grant.over`` records the worst excess seen, which must stay 0).
+- *unfinished*: trials PENDING, RUNNING or PAUSED in Tune.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import TrialScheduler
+from ray.tune.search import ConcurrencyLimiter, Searcher
+from ray.tune.stopper import Stopper
+
+__all__ = ["Grant", "TrialView", "register", "grant_for", "QuotaScheduler", "GrantLimiter", "GrantStopper",
+           "UNFINISHED"]
+
+logger = logging.getLogger(__name__)
+
+UNFINISHED = (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)
+
+
+@dataclass
+class TrialView:
+    """What the driver knows of one trial, from Tune's loop."""
+
+    trial_id: str
+    status: str
+    config: Dict[str, Any] = field(default_factory=dict)
+    step: Optional[int] = None
+    metric: Optional[float] = None
+    # Why it last paused: "quota" (a slot was reclaimed) or "scheduler" (PBT's time sharing or exploit).
+    paused_by: Optional[str] = None
+
+
+class Grant:
+    """Slots held by one sweep, and the trials Tune runs on them. Thread-safe; see the module docstring."""
+
+    def __init__(self, max_slots: int):
+        self.max_slots = max_slots
+        self._lock = threading.Lock()
+        self._granted = 0
+        self._leased = 0
+        self._stop = False
+        self._trials: Dict[str, TrialView] = {}
+        self.over = 0  # worst (running - leased) seen; the invariant says 0
+        self.history: List[Tuple[float, int, int, int]] = []  # (time, granted, leased, running) on each change
+
+    # -- the slot thread's side
+    def set_slots(self, granted: int, leased: int) -> None:
+        with self._lock:
+            self._granted, self._leased = granted, leased
+            self._record()
+
+    def request_stop(self) -> None:
+        with self._lock:
+            self._stop = True
+
+    # -- Tune's side
+    def observe(self, trials: List[Trial], extra: Optional[Trial] = None) -> None:
+        """Take Tune's view of every trial (statuses and configs)."""
+        with self._lock:
+            for t in list(trials) + ([extra] if extra is not None else []):
+                view = self._trials.get(t.trial_id)
+                if view is None:
+                    view = self._trials[t.trial_id] = TrialView(t.trial_id, t.status)
+                if view.status == Trial.PAUSED and t.status != Trial.PAUSED:
+                    view.paused_by = None
+                view.status = t.status
+                view.config = dict(t.config)
+            self._record()
+
+    def note_result(self, trial_id: str, step: Optional[int], metric: Optional[float]) -> None:
+        with self._lock:
+            view = self._trials.get(trial_id)
+            if view is not None:
+                view.step = step if step is not None else view.step
+                view.metric = metric if metric is not None else view.metric
+
+    def note_ended(self, trial: Trial, status: str, result: Optional[Dict] = None, metric: Optional[str] = None) -> None:
+        """Tune tells schedulers of an end before it sets the trial's status: record the end now."""
+        with self._lock:
+            view = self._trials.setdefault(trial.trial_id, TrialView(trial.trial_id, status))
+            view.status, view.paused_by = status, None
+            if result:
+                view.step = result.get("step", view.step)
+                view.metric = _number(result.get(metric)) if metric and metric in result else view.metric
+            self._record()
+
+    def note_paused(self, trial_id: str, by: str) -> None:
+        with self._lock:
+            view = self._trials.get(trial_id)
+            if view is not None:
+                view.paused_by = by
+
+    # -- readers
+    @property
+    def granted(self) -> int:
+        with self._lock:
+            return self._granted
+
+    @property
+    def leased(self) -> int:
+        with self._lock:
+            return self._leased
+
+    @property
+    def stop_requested(self) -> bool:
+        with self._lock:
+            return self._stop
+
+    def trials(self) -> Dict[str, TrialView]:
+        with self._lock:
+            return {k: TrialView(**vars(v)) for k, v in self._trials.items()}
+
+    def count(self, *statuses: str) -> int:
+        with self._lock:
+            return sum(v.status in statuses for v in self._trials.values())
+
+    def _record(self) -> None:
+        running = sum(v.status == Trial.RUNNING for v in self._trials.values())
+        self.over = max(self.over, running - self._leased)
+        entry = (self._granted, self._leased, running)
+        if not self.history or self.history[-1][1:] != entry:
+            self.history.append((time.time(), *entry))
+
+
+_GRANTS: Dict[str, Grant] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register(key: str, grant: Grant) -> Grant:
+    """Make ``grant`` the live grant of the sweep ``key`` in this process."""
+    with _REGISTRY_LOCK:
+        _GRANTS[key] = grant
+    return grant
+
+
+def grant_for(key: str) -> Grant:
+    """The live grant of ``key``; an unregistered key gets an empty grant (nothing runs) and a warning."""
+    with _REGISTRY_LOCK:
+        found = _GRANTS.get(key)
+        if found is None:
+            logger.warning("no grant registered for sweep %s: no trial may run until one is", key)
+            found = _GRANTS[key] = Grant(0)
+        return found
+
+
+class QuotaScheduler(TrialScheduler):
+    """The spec's trial scheduler, kept within the grant; see the module docstring."""
+
+    # Each result must reach on_trial_result on its own, so that a reclaimed slot pauses a trial at its next report.
+    _supports_buffered_results = False
+
+    def __init__(self, inner: TrialScheduler, grant_key: str):
+        super().__init__()
+        self.inner = inner
+        self.grant_key = grant_key
+
+    @property
+    def metric(self):
+        return self.inner.metric
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec) -> bool:
+        return self.inner.set_search_properties(metric, mode, **spec)
+
+    def _grant(self, tune_controller, extra: Optional[Trial] = None) -> Grant:
+        g = grant_for(self.grant_key)
+        g.observe(tune_controller.get_trials(), extra)
+        return g
+
+    def on_trial_add(self, tune_controller, trial: Trial) -> None:
+        self.inner.on_trial_add(tune_controller, trial)
+        self._grant(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller, trial: Trial) -> None:
+        self.inner.on_trial_error(tune_controller, trial)
+        self._grant(tune_controller).note_ended(trial, Trial.ERROR)
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: Dict) -> str:
+        decision = self.inner.on_trial_result(tune_controller, trial, result)
+        g = self._grant(tune_controller)
+        g.note_result(trial.trial_id, result.get("step"), _number(result.get(self.metric)))
+        if decision == TrialScheduler.CONTINUE and trial.status == Trial.RUNNING:
+            running = sum(t.status == Trial.RUNNING for t in tune_controller.get_trials())
+            if running > g.granted:
+                # Over the grant: this trial checkpoints and stops; it resumes when a slot is granted again.
+                g.note_paused(trial.trial_id, "quota")
+                return TrialScheduler.PAUSE
+        if decision in (TrialScheduler.PAUSE, TrialScheduler.NOOP) or trial.status == Trial.PAUSED:
+            g.note_paused(trial.trial_id, "scheduler")
+        return decision
+
+    def on_trial_complete(self, tune_controller, trial: Trial, result: Dict) -> None:
+        self.inner.on_trial_complete(tune_controller, trial, result)
+        self._grant(tune_controller).note_ended(trial, Trial.TERMINATED, result, self.metric)
+
+    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
+        self.inner.on_trial_remove(tune_controller, trial)
+        self._grant(tune_controller).note_ended(trial, Trial.TERMINATED)
+
+    def choose_trial_to_run(self, tune_controller) -> Optional[Trial]:
+        g = self._grant(tune_controller)
+        active = sum(t.status in (Trial.RUNNING, Trial.PENDING) for t in tune_controller.get_trials())
+        if active >= g.granted:
+            return None
+        # Trials paused because a slot was reclaimed come back first; then the scheduler's own choice.
+        views = g.trials()
+        for t in tune_controller.get_trials():
+            if t.status == Trial.PAUSED and views.get(t.trial_id) and views[t.trial_id].paused_by == "quota":
+                return t
+        return self.inner.choose_trial_to_run(tune_controller)
+
+    def debug_string(self) -> str:
+        g = grant_for(self.grant_key)
+        return f"{self.inner.debug_string()} Within {g.granted} granted slot(s) ({g.leased} leased)."
+
+    def save(self, checkpoint_path: str):
+        return self.inner.save(checkpoint_path)
+
+    def restore(self, checkpoint_path: str):
+        return self.inner.restore(checkpoint_path)
+
+
+class GrantLimiter(ConcurrencyLimiter):
+    """The spec's search algorithm, drawing a new trial only while the grant has room for it."""
+
+    def __init__(self, searcher: Searcher, max_concurrent: int, grant_key: str):
+        super().__init__(searcher, max_concurrent=max_concurrent)
+        self.grant_key = grant_key
+
+    def suggest(self, trial_id: str) -> Optional[Dict]:
+        g = grant_for(self.grant_key)
+        if g.count(*UNFINISHED) >= g.granted:
+            return None
+        return super().suggest(trial_id)
+
+
+class GrantStopper(Stopper):
+    """Ends the experiment once the driver asked (``Grant.request_stop``); stops a trial at the budget's end
+    (``step`` >= ``budget_max``), whatever its trainable would do."""
+
+    def __init__(self, grant_key: str, budget_max: Optional[int] = None):
+        self.grant_key = grant_key
+        self.budget_max = budget_max
+
+    def __call__(self, trial_id: str, result: Dict) -> bool:
+        step = result.get("step")
+        return self.budget_max is not None and isinstance(step, (int, float)) and step >= self.budget_max
+
+    def stop_all(self) -> bool:
+        return grant_for(self.grant_key).stop_requested
+
+
+def _number(x: Any) -> Optional[float]:
+    try:
+        return float(x) if x is not None else None
+    except (TypeError, ValueError):
+        return None
