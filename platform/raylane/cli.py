@@ -22,6 +22,7 @@ app = typer.Typer(
 app.add_typer(cli_config.policy_app, name="policy")
 app.add_typer(cli_config.spec_app, name="spec")
 cli_cluster.register(app)
+from raylane.sim.cli import register as _register_sim; _register_sim(app)  # noqa: E402,E702
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -196,10 +196,11 @@ class Simulator:
         return None
 
     # ------------------------------------------------------------------------------------------------ replay
-    def run(self, progress: Optional[Callable[[float, int, int], None]] = None) -> SimResult:
-        """Replay to the last completion. ``progress(now, done, total)`` is called now and then; a
-        ``KeyboardInterrupt`` (Ctrl-C, or raised by ``progress``) stops the replay and the result is marked
-        partial."""
+    def run(self, progress: Optional[Callable[[float, int, int], None]] = None,
+            should_stop: Optional[Callable[[], bool]] = None) -> SimResult:
+        """Replay to the last completion. ``progress(now, done, total)`` is called now and then. The replay stops
+        early, with its result marked partial, when ``should_stop()`` turns true (checked between instants: the
+        CLI's Ctrl-C handler sets it) or on a ``KeyboardInterrupt``."""
         opts, cfg = self.options, self.config
         n = len(self.jobs)
         jobs, wl = self.jobs, list(self.workloads)
@@ -392,6 +393,9 @@ class Simulator:
                     tick_at = (math.floor(t / tick) + 1) * tick
                 if progress is not None and not instants & 1023:
                     progress(t, done, n)
+                if should_stop is not None and should_stop():
+                    partial = True
+                    break
         except KeyboardInterrupt:
             partial = True
         if t == math.inf:

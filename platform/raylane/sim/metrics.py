@@ -24,14 +24,14 @@ __all__ = ["summarize", "percentile", "binned", "FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
-    ("jct.mean", "avg JCT", "s"),
-    ("jct.p50", "p50 JCT", "s"),
-    ("jct.p95", "p95 JCT", "s"),
-    ("jct.p99", "p99 JCT", "s"),
-    ("queueing.mean", "avg queueing", "s"),
-    ("queueing.p50", "p50 queueing", "s"),
-    ("queueing.p95", "p95 queueing", "s"),
-    ("queueing.p99", "p99 queueing", "s"),
+    ("jct.mean", "JCT avg", "s"),
+    ("jct.p50", "JCT p50", "s"),
+    ("jct.p95", "JCT p95", "s"),
+    ("jct.p99", "JCT p99", "s"),
+    ("queueing.mean", "queue avg", "s"),
+    ("queueing.p50", "queue p50", "s"),
+    ("queueing.p95", "queue p95", "s"),
+    ("queueing.p99", "queue p99", "s"),
     ("makespan_s", "makespan", "s"),
     ("utilization.mean", "GPU util", ""),
     ("preemptions.per_job", "preempt/job", ""),
@@ -87,9 +87,9 @@ def binned(times: Sequence[float], values: Sequence[float], t0: float, t1: float
         v = values[k]
         while b > a:
             i = min(int((a - t0) / width), bins - 1)
-            edge = min(b, t0 + (i + 1) * width)
-            if edge <= a:  # float rounding at a bin edge
-                edge = b
+            while i < bins - 1 and t0 + (i + 1) * width <= a:  # float rounding put a at the end of bin i
+                i += 1
+            edge = b if i == bins - 1 else min(b, t0 + (i + 1) * width)
             sums[i] += v * (edge - a)
             a = edge
     return [t0 + (i + 0.5) * width for i in range(bins)], [s / width for s in sums]

@@ -1,0 +1,375 @@
+"""``raylane sim``: replay a job trace on a simulated cluster under a policy, and report the figures.
+
+This module owns the command line of the simulator: how a trace, a cluster, a policy, presets and flags combine
+into replays, the table and JSON it prints, the files it writes, the progress bar and Ctrl-C. The policy is taken,
+in this order, from the policy file (``--policy``, the format of ``policies/*.yaml``), then ``--preset`` (named
+choices on the scheduler axes, ``raylane.sim.presets``), then the single-axis flags (``--ordering`` ...). Without a
+policy file the trace's teams share one cluster with no quotas (admission ``none``).
+
+Several ``--preset`` (or ``--preset compare``) replay the same trace once per preset and add the ratios of each
+figure to the ``srtf-oracle`` and ``fifo`` runs when those are among them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from raylane.config.models import parse_duration
+from raylane.errors import FatalError, ValidationError
+from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
+from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
+from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, Simulator
+from raylane.sim.metrics import FIGURES, get, summarize
+from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
+from raylane.sim.traces import FORMATS, Trace, load_trace
+
+__all__ = ["register", "sim", "app", "run_replays", "comparison_rows"]
+
+# Tables are wide: when the output is not a terminal, do not squeeze them into 80 columns.
+_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Ratios in the comparison table are taken against these runs when present.
+REFERENCES = ("srtf-oracle", "fifo")
+
+
+def _fail(exc: Exception) -> None:
+    if isinstance(exc, ValidationError):
+        _err.print(f"{exc.source}: {len(exc.errors)} error(s)", style="bold red", markup=False)
+        for path, value, allowed in exc.errors:
+            _err.print(f"  {path}: got {value!r}; {allowed}", markup=False)
+    else:
+        _err.print(str(exc), style="bold red", markup=False)
+    raise typer.Exit(1)
+
+
+class _Interrupt:
+    """First Ctrl-C: stop the replay at the next instant and keep its figures. Second: stop at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = None
+
+    def __enter__(self):
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: leave the default (KeyboardInterrupt, also caught by the engine)
+            self._old = None
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        _err.print("\ninterrupted: stopping the replay and keeping the partial figures (Ctrl-C again to abort)")
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+def _hours(s: float) -> str:
+    return f"{s / 3600:.1f}h"
+
+
+def run_replays(
+    trace: Trace,
+    cluster: ClusterSpec,
+    runs: List[Tuple[str, SchedulerConfig, SimOptions]],
+    *,
+    teams: Dict[str, Team],
+    classes: Dict[str, WorkloadClass],
+    default_class: WorkloadClass,
+    show_progress: bool = True,
+) -> List[Tuple[str, SimResult]]:
+    """Replay ``trace`` once per run, with a progress bar; stops after a run that Ctrl-C cut short."""
+    results: List[Tuple[str, SimResult]] = []
+    nodes = cluster.nodes()
+    with _Interrupt() as intr, Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+        TextColumn("{task.fields[jobs]}"), TextColumn("sim {task.fields[clock]}"), TimeElapsedColumn(),
+        console=_err, disable=not show_progress, transient=False,
+    ) as bar:
+        for label, cfg, opts in runs:
+            sim = Simulator(trace, nodes, teams, cfg, classes=classes, default_class=default_class, options=opts,
+                            cluster_name=cluster.name)
+            task = bar.add_task(label, total=len(sim.jobs) or 1, jobs="", clock="0.0h")
+
+            def progress(now: float, done: int, total: int, task=task) -> None:
+                bar.update(task, completed=done, jobs=f"{done}/{total} jobs", clock=_hours(now))
+
+            result = sim.run(progress=progress, should_stop=lambda: intr.requested)
+            bar.update(task, completed=sum(1 for f in result.finish if f >= 0),
+                       description=label + (" [partial]" if result.partial else ""))
+            results.append((label, result))
+            if result.partial:
+                break
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- output
+
+
+def _fmt(key: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if key.startswith("utilization"):
+        return f"{v:.1%}"
+    if key.startswith(("preemptions", "fairness")):
+        return f"{v:.2f}"
+    return f"{v:,.0f}"
+
+
+def comparison_rows(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
+    """Per run, avg JCT and p95 queueing delay as ratios to each reference run present."""
+    out: Dict[str, Dict[str, float]] = {}
+    for name, s in summaries.items():
+        row: Dict[str, float] = {}
+        for ref in REFERENCES:
+            if ref in summaries:
+                for key in ("jct.mean", "queueing.p95"):
+                    base = get(summaries[ref], key)
+                    v = get(s, key)
+                    row[f"{key}/{ref}"] = v / base if base else math.nan
+        out[name] = row
+    return out
+
+
+def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
+    table = Table(title="replay figures (seconds unless noted)", show_lines=False)
+    table.add_column("policy", style="bold")
+    for key, label, unit in FIGURES:
+        table.add_column(label, justify="right")
+    ratios = comparison_rows(summaries)
+    ref_cols = [k for k in (next(iter(ratios.values()), {}) or {})]
+    for k in ref_cols:
+        what, ref = k.split("/")
+        table.add_column(("JCT" if what == "jct.mean" else "q p95") + f"/{ref.split('-')[0]}", justify="right")
+    for name, s in summaries.items():
+        cells = [name + (" (partial)" if s["partial"] else "")]
+        cells += [_fmt(key, get(s, key)) for key, _, _ in FIGURES]
+        cells += [f"{ratios[name][k]:.2f}x" if not math.isnan(ratios[name][k]) else "-" for k in ref_cols]
+        table.add_row(*cells)
+    return table
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def report_json(summaries: Dict[str, Dict[str, Any]], meta: Dict[str, Any]) -> Dict[str, Any]:
+    return _jsonable({
+        "partial": any(s["partial"] for s in summaries.values()),
+        **meta,
+        "runs": summaries,
+        "ratios": comparison_rows(summaries),
+    })
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def _split(value: Optional[str]) -> List[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def sim(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="trace CSV (Philly, Tiresias or generic format)"),
+    format: Optional[str] = typer.Option(None, "--format", help="trace format: " + ", ".join(FORMATS)
+                                         + " (default: recognised from the header)"),
+    team_column: Optional[str] = typer.Option(None, "--team-column",
+                                              help="column whose value is the job's team ('none': one team); "
+                                                   "default: Philly's cluster, generic team or user"),
+    start: Optional[str] = typer.Option(None, help="keep jobs submitted from this date (or second) on"),
+    end: Optional[str] = typer.Option(None, help="keep jobs submitted before this date (or second)"),
+    limit: Optional[int] = typer.Option(None, help="keep only the first N jobs (after --start/--end)"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (node groups)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="cluster from flags: number of nodes"),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
+    cpus_per_node: float = typer.Option(0.0, "--cpus-per-node", help="0: CPUs not modelled"),
+    memory_per_node: float = typer.Option(0.0, "--memory-per-node", help="GiB; 0: not modelled"),
+    features: Optional[str] = typer.Option(None, "--features", help="comma-separated node tags"),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="policy YAML (policies/*.yaml format)"),
+    preset: Optional[List[str]] = typer.Option(
+        None, "--preset", help="named policy (repeatable; 'compare' for all): " + ", ".join(PRESETS)),
+    ordering: Optional[str] = typer.Option(None, help="override the ordering policy"),
+    backfill: Optional[str] = typer.Option(None, help="override the backfill policy"),
+    preemption: Optional[str] = typer.Option(None, help="override the preemption policy"),
+    admission: Optional[str] = typer.Option(None, help="override the admission policy (quota | none)"),
+    las_thresholds: Optional[str] = typer.Option(None, help="LAS queue thresholds in GPU-time, e.g. '1h,10h'"),
+    job_class: Optional[str] = typer.Option(None, "--class", help="policy class of jobs whose trace names none"),
+    checkpoint_every: Optional[str] = typer.Option(None, help="override the class's checkpoint interval, e.g. 5m"),
+    estimates: Optional[str] = typer.Option(None, help="runtime estimates the policy sees: " + ", ".join(ESTIMATES)),
+    noise_sigma: Optional[float] = typer.Option(None, help="log-normal sigma of noisy estimates"),
+    seed: int = typer.Option(0, help="seed of the noisy estimates"),
+    stop_delay: Optional[float] = typer.Option(None, help="seconds from a preemption to the resources being free"),
+    tick: Optional[float] = typer.Option(None, help="seconds between clock-triggered cycles (default: 300 when "
+                                                    "preemption is on, else none)"),
+    max_examined: Optional[int] = typer.Option(None, help="workloads a cycle looks at, at most"),
+    out: Optional[Path] = typer.Option(None, "--out", help="directory for summary.json, table.txt and PNG plots"),
+    as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of the table"),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots into --out"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar (on stderr)"),
+) -> None:
+    """Replay a job trace through the scheduling core on a simulated cluster and report JCT, queueing delay,
+    makespan, utilization, fairness and preemptions. Ctrl-C stops a long replay and keeps its partial figures."""
+    try:
+        _sim(**locals())
+    except FatalError as exc:
+        _fail(exc)
+
+
+def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, gpus_per_node, cpus_per_node,
+         memory_per_node, features, policy, preset, ordering, backfill, preemption, admission, las_thresholds,
+         job_class, checkpoint_every, estimates, noise_sigma, seed, stop_delay, tick, max_examined, out, as_json,
+         plots, progress) -> None:
+    flag_errors = []
+    if format is not None and format not in FORMATS:
+        flag_errors.append(("--format", format, "one of " + ", ".join(FORMATS)))
+    if estimates is not None and estimates not in ESTIMATES:
+        flag_errors.append(("--estimates", estimates, "one of " + ", ".join(ESTIMATES)))
+    if (cluster is None) == (nodes is None):
+        flag_errors.append(("--cluster/--nodes", cluster or nodes, "exactly one of --cluster FILE or --nodes N"))
+    names: List[str] = []
+    for p in preset or []:
+        names += COMPARISON if p == "compare" else [p]
+    for p in names:
+        if p not in PRESETS:
+            flag_errors.append(("--preset", p, "one of " + ", ".join(PRESETS) + ", or compare"))
+    thresholds = None
+    if las_thresholds is not None:
+        try:
+            thresholds = tuple(parse_duration(v) for v in _split(las_thresholds))
+        except ValueError:
+            flag_errors.append(("--las-thresholds", las_thresholds, "comma-separated durations like 1h,10h"))
+    ckpt = None
+    if checkpoint_every is not None:
+        try:
+            ckpt = parse_duration(checkpoint_every)
+        except ValueError:
+            flag_errors.append(("--checkpoint-every", checkpoint_every, "a duration like 300, 5m or 1h"))
+    if flag_errors:
+        raise ValidationError("flags", flag_errors)
+
+    # The cluster, the trace, the policy.
+    spec = load_cluster(cluster) if cluster is not None else cluster_from_flags(
+        nodes, gpus_per_node, cpus_per_node=cpus_per_node, memory_per_node=memory_per_node,
+        features=_split(features))
+    trace = load_trace(trace_path, format=format, team_column=team_column, start=start, end=end, limit=limit)
+    if not trace.jobs:
+        raise ValidationError(str(trace_path), [("(rows)", 0, "at least one job in the chosen window")])
+
+    teams: Dict[str, Team] = {}
+    classes: Dict[str, WorkloadClass] = {}
+    default_class = DEFAULT_CLASS
+    if policy is not None:
+        from raylane.config.loader import load_policy
+
+        pol = load_policy(policy)
+        base = pol.to_scheduler_config()
+        teams = pol.core_teams()
+        classes = {name: pol.workload_class(name) for name in pol.classes}
+        missing = [t for t in trace.teams if t not in teams]
+        if missing:
+            _err.print(f"note: {len(missing)} trace team(s) not in {policy} run with no quota: "
+                       + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""), markup=False)
+        if job_class is not None:
+            default_class = pol.workload_class(job_class)
+    else:
+        base = SchedulerConfig(admission="none")
+        if job_class is not None:
+            raise ValidationError("flags", [("--class", job_class, "a class of the --policy file (no policy given)")])
+    if ckpt is not None:
+        default_class = replace(default_class, checkpoint_interval_s=ckpt)
+        classes = {k: replace(c, checkpoint_interval_s=ckpt) for k, c in classes.items()}
+
+    base_opts = SimOptions(seed=seed)
+    overrides = {k: v for k, v in dict(ordering=ordering, backfill=backfill, preemption=preemption,
+                                       admission=admission, las_thresholds=thresholds).items() if v is not None}
+    opt_overrides = {k: v for k, v in dict(estimates=estimates, noise_sigma=noise_sigma, stop_delay_s=stop_delay,
+                                           tick_s=tick, max_examined=max_examined).items() if v is not None}
+    runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
+    for name in names or [None]:
+        cfg, opts = (base, base_opts) if name is None else apply_preset(get_preset(name), base, base_opts)
+        cfg, opts = replace(cfg, **overrides), replace(opts, **opt_overrides)
+        label = name or (f"{cfg.ordering}/{cfg.backfill}/{cfg.preemption}" if policy is None else policy.stem)
+        runs.append((label, cfg, opts))
+    _check_names(runs)
+
+    _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
+               f"{trace.gpu_seconds() / 3600:,.0f} GPU-hours over {_hours(trace.span())}; "
+               f"load {trace.gpu_seconds() / max(trace.span() * spec.total_gpus, 1e-9):.2f} on {spec.describe()}",
+               markup=False)
+    t0 = time.perf_counter()
+    results = run_replays(trace, spec, runs, teams=teams, classes=classes, default_class=default_class,
+                          show_progress=progress and sys.stderr.isatty())
+    summaries = {label: summarize(r) for label, r in results}
+    meta = {"trace": trace.source, "format": trace.format, "window": {"start": start, "end": end, "limit": limit},
+            "cluster": spec.describe(), "wall_s": time.perf_counter() - t0}
+    report = report_json(summaries, meta)
+    table = render_table(summaries)
+    for label, r in results:
+        if r.rejected:
+            _err.print(f"{label}: {len(r.rejected)} job(s) can never run on this cluster and were left out; "
+                       f"first: {r.rejected[0][0].id}: {r.rejected[0][1]}", markup=False)
+    if as_json:
+        _out.print_json(json.dumps(report))
+    else:
+        _out.print(table)
+        for label, r in results:
+            _out.print(f"{label}: replayed {len(r.jobs)} jobs in {r.wall_s:.1f}s wall ({r.cycles} cycles)"
+                       + (" [partial: stopped early]" if r.partial else ""), markup=False)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        with (out / "table.txt").open("w") as f:
+            Console(file=f, width=240, highlight=False).print(table)
+        written = ["summary.json", "table.txt"]
+        if plots:
+            from raylane.sim.plots import write_plots
+
+            written += [p.name for p in write_plots(results, out)]
+        _err.print(f"wrote {', '.join(written)} to {out}", markup=False)
+    if any(r.partial for _, r in results):
+        raise typer.Exit(130)
+
+
+def _check_names(runs) -> None:
+    from raylane.scheduling import ADMISSIONS, BACKFILLS, ORDERINGS, PREEMPTIONS
+
+    errors = []
+    for label, cfg, _ in runs:
+        for axis, reg in (("ordering", ORDERINGS), ("backfill", BACKFILLS), ("preemption", PREEMPTIONS),
+                          ("admission", ADMISSIONS)):
+            name = getattr(cfg, axis)
+            if name not in reg:
+                errors.append((f"{label}: {axis}", name, "one of " + ", ".join(reg.names())))
+    if errors:
+        raise ValidationError("policy", errors)
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.command("sim")(sim)
+
+
+def register(parent: typer.Typer) -> None:
+    """Attach ``sim`` to the ``raylane`` command line."""
+    parent.command("sim")(sim)

@@ -1,0 +1,66 @@
+"""``raylane sim`` end to end on the small traces: table, JSON, files, and flag errors. Pure: no Ray."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from raylane.sim.cli import app
+
+TIRESIAS = "/work/shared/data/traces/tiresias_60_job.csv"
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def test_compare_writes_json_table_and_plots(tmp_path):
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "4", "--gpus-per-node", "4", "--preset", "fifo",
+                              "--preset", "las", "--preset", "srtf-oracle", "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "summary.json").read_text())
+    assert set(report["runs"]) == {"fifo", "las", "srtf-oracle"} and report["partial"] is False
+    fifo = report["runs"]["fifo"]
+    assert fifo["jobs"]["finished"] == 60 and fifo["jct"]["mean"] > 0
+    assert report["ratios"]["fifo"]["jct.mean/fifo"] == 1.0
+    assert report["ratios"]["srtf-oracle"]["jct.mean/srtf-oracle"] == 1.0
+    for name in ("jct_cdf.png", "timeline.png", "table.txt"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "JCT avg" in (tmp_path / "table.txt").read_text()
+
+
+def test_flags_override_the_preset():
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "4", "--gpus-per-node", "4", "--preset", "fifo",
+                              "--backfill", "greedy", "--json", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    run = json.loads(res.stdout)["runs"]["fifo"]
+    assert run["policy"]["backfill"] == "greedy" and run["policy"]["ordering"] == "fifo"
+
+
+def test_policy_file_with_generic_trace():
+    res = runner.invoke(app, [str(REPO / "examples" / "traces" / "generic.csv"),
+                              "--cluster", str(REPO / "deploy" / "clusters" / "mixed-example.yaml"),
+                              "--policy", str(REPO / "policies" / "default.yaml"), "--json"])
+    assert res.exit_code == 0, res.output
+    (run,) = json.loads(res.stdout)["runs"].values()
+    assert run["policy"]["admission"] == "quota" and run["jobs"]["finished"] == 10
+
+
+def test_bad_flags_are_all_reported_with_what_is_allowed():
+    res = runner.invoke(app, [TIRESIAS, "--preset", "nope", "--estimates", "psychic", "--ordering", "random"])
+    assert res.exit_code == 1
+    err = res.stderr
+    assert "--preset: got 'nope'; one of fifo" in err
+    assert "--estimates: got 'psychic'; one of none, exact, noisy, declared" in err
+    assert "--cluster/--nodes" in err
+
+
+def test_unknown_policy_name_from_a_flag():
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "2", "--ordering", "random"])
+    assert res.exit_code == 1 and "ordering: got 'random'; one of" in res.stderr
+
+
+def test_main_cli_has_sim():
+    from raylane.cli import app as main_app
+
+    res = runner.invoke(main_app, ["sim", "--help"])
+    assert res.exit_code == 0 and "--preset" in res.stdout
