@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -49,9 +50,18 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     from raylane.localcluster import node_labels
     from raylane.config.cluster import NodeGroup
 
+    # A temp dir of its own: Ray's job supervisor points job drivers at the cluster named in
+    # <temp dir>/ray_current_cluster, which the shared /tmp/ray would hand to whichever cluster started last.
+    temp_dir = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
     c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard})
+                head_node_args={"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard,
+                                "temp_dir": temp_dir})
     for name, feats in gpu_nodes:
-        c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)))
+        c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)),
+                   temp_dir=temp_dir)
     c.wait_for_nodes()
+    # `ray start --head` writes this file; cluster_utils does not, and job drivers would find any cluster.
+    from ray._private.utils import write_ray_address
+
+    write_ray_address(c.address, temp_dir)
     return c

@@ -124,3 +124,29 @@ def _try_queue(ctl):
         return call(ctl, "queue", timeout=5)
     except Exception:  # noqa: BLE001 - restarting
         return None
+
+
+def test_metrics_reach_the_nodes_prometheus_endpoint(ctl):
+    """The control actor's counters and gauges are scraped from Ray's per-node metrics export port."""
+    import urllib.request
+
+    drain(ctl)
+    rid = call(ctl, "submit", spec("metered", "team-b", "finetune"))["id"]
+    wait_for(lambda: call(ctl, "status", rid)["state"] == "ADMITTED", what="admission")
+    ports = {n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]}
+
+    def scrape():
+        text = ""
+        for port in ports:
+            try:
+                text += urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                pass
+        lines = text.splitlines()
+        admitted = [l for l in lines if l.startswith("ray_raylane_admissions_total{") and 'team="team-b"' in l
+                    and 'workload_class="finetune"' in l]
+        held = [float(l.rsplit(" ", 1)[1]) for l in lines if l.startswith("ray_raylane_team_gpus{")
+                and 'what="held"' in l and 'team="team-b"' in l]
+        return admitted and held and held[0] >= 1.0 and text
+    text = wait_for(scrape, timeout=60, every=1.0, what="team-b's admission and held GPU on /metrics")
+    assert "# HELP ray_raylane_team_gpus GPUs a team's leases hold, and its quota. Labels: team, what" in text

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from raylane import metrics
 from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
 from raylane.control.journal import Journal
 from raylane.control.records import Record, State
@@ -79,6 +80,7 @@ class ControlActor:
         self._admitted: Dict[str, asyncio.Event] = {}
         self._loop_task: Optional[asyncio.Task] = None
         self._workers: Dict[str, list] = {}
+        self._preemptor_cls: Dict[str, str] = {}
         self._jobs_checked = 0.0
         self._started = time.time()
         self.cycles = 0
@@ -175,13 +177,41 @@ class ControlActor:
         self.cycles += 1
         for p in result.preempted:
             for vid in p.victims:
-                self._preempt(vid, p.reason, now)
+                self._preempt(vid, p.reason, now, p.preemptor.cls.name)
         for a in result.admitted:
             self._admit(a, now)
         for p in result.pending:
             rec = self.records[p.workload.id]
             rec.reason, rec.position = str(p.reason), p.position
             rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
+        self._export_gauges()
+
+    def _export_gauges(self) -> None:
+        waiting: Dict[tuple, int] = {}
+        held: Dict[tuple, int] = {}
+        for rec in self.records.values():
+            if rec.state is State.PENDING:
+                waiting[(rec.team, rec.cls)] = waiting.get((rec.team, rec.cls), 0) + 1
+            elif rec.state.holds_lease:
+                held[(rec.team, rec.cls)] = held.get((rec.team, rec.cls), 0) + 1
+        for (team, cls), n in self._gauge_keys(waiting, "_last_waiting").items():
+            metrics.QUEUE_LENGTH.set(n, team=team, workload_class=cls)
+        for (team, cls), n in self._gauge_keys(held, "_last_held").items():
+            metrics.LEASES_RUNNING.set(n, team=team, workload_class=cls)
+        for name, team in self.state.teams.items():
+            q = team.quotas.get("gpu")
+            metrics.GPUS_HELD.set(self.state.usage.get(name, Resources()).gpu, team=name, what="held")
+            if q is not None:
+                metrics.GPUS_HELD.set(q.nominal, team=name, what="nominal")
+                metrics.GPUS_HELD.set(q.ceiling if q.ceiling != float("inf") else -1, team=name, what="ceiling")
+
+    def _gauge_keys(self, now_counts: Dict[tuple, int], attr: str) -> Dict[tuple, int]:
+        """Current counts, plus zeros for label sets seen before, so a drained queue reads 0 rather than stale."""
+        seen = getattr(self, attr, set())
+        out = {k: 0 for k in seen}
+        out.update(now_counts)
+        setattr(self, attr, set(out))
+        return out
 
     def _admit(self, a: Admit, now: float) -> None:
         rec = self.records[a.workload.id]
@@ -192,6 +222,9 @@ class ControlActor:
                           + (" (borrowing)" if a.borrowing else ""))
         self.state.start(a, now)
         w = a.workload
+        metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())
+        metrics.QUEUE_WAIT.observe(max(0.0, now - (rec.queued_since or rec.submit_time)), team=w.team,
+                                   workload_class=w.cls.name)
         try:
             pg = placement_group(
                 [bundle_for(w.gang.per_worker)] * w.gang.workers,
@@ -223,10 +256,11 @@ class ControlActor:
             self.state.requeue(lease, time.time(), rec.attained_gpu_s)
         self._poke()
 
-    def _preempt(self, wid: str, reason: str, now: float) -> None:
+    def _preempt(self, wid: str, reason: str, now: float, preemptor_class: str = "") -> None:
         rec = self.records[wid]
         if rec.state is State.PREEMPTING:
             return
+        self._preemptor_cls[wid] = preemptor_class
         started = rec.state is State.RUNNING
         grace = self.policy.workload_class(rec.cls).grace_period_s
         self._append("preempting", rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
@@ -258,6 +292,9 @@ class ControlActor:
         if rec.id not in self.state.leases:
             return
         lease = self.state.finish(rec.id, now)
+        metrics.PREEMPTIONS.inc(team=rec.team, workload_class=rec.cls,
+                                preemptor_class=self._preemptor_cls.pop(rec.id, ""),
+                                outcome="forced" if "by force" in outcome else "graceful")
         attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
         self._remove_pg(rec)
         self._append("requeued", rec, attained_gpu_s=attained, step=step if step is not None else rec.step,

@@ -59,6 +59,8 @@ class Record:
     ended_at: Optional[float] = None
     # Progress a workload's driver reports (a sweep's running/paused/finished trials, a deployment's replicas).
     detail: str = ""
+    # When it last entered the queue: its submit time, or the time it was requeued after a preemption.
+    queued_since: Optional[float] = None
     events: List[Tuple[float, str]] = field(default_factory=list)
 
     @property
@@ -97,6 +99,7 @@ class Record:
             self.preemptions += 1 if d.get("preemption", True) else 0
         elif e.kind == "requeued":
             self.state = State.PENDING
+            self.queued_since = e.ts
             self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
             self.step = d.get("step", self.step)
             self.restarts += 1 if d.get("restart") else 0
