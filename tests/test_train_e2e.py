@@ -31,6 +31,9 @@ def env(tmp_path_factory):
 
     dash = "http://" + ray._private.worker.get_dashboard_url()
     client = JobSubmissionClient(dash)
+    from raylane.jobs import wait_ready
+
+    wait_ready(client)
     yield {"ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
            "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
     stop_control()
@@ -53,7 +56,10 @@ def submit_job(env, s, name):
 
     path = env["tmp"] / f"{name}.yaml"
     path.write_text(yaml.safe_dump(s))
-    job = env["client"].submit_job(
+    from raylane.jobs import submit_job as submit
+
+    job = submit(
+        env["client"],
         entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
                    f"--tracking-uri {env['uri']}",
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",

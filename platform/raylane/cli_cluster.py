@@ -80,6 +80,11 @@ def up(
 
         ray.init(address=st["address"], namespace="raylane", logging_level="ERROR", log_to_driver=False)
         start_control(pol_path, jpath)
+        from ray.job_submission import JobSubmissionClient
+
+        from raylane.jobs import wait_ready
+
+        wait_ready(JobSubmissionClient(st["dashboard"]))  # `ray job submit` works from here on
         console.print(f"Ray cluster [bold]{spec.name}[/bold] up in {time.time() - t0:.1f}s: "
                       f"{1 + sum(g.count for g in spec.nodes)} nodes, {spec.total_gpus} GPUs; "
                       f"dashboard {st['dashboard']}; control actor ready (journal {jpath})")
@@ -115,8 +120,11 @@ def submit(
 
             from raylane import localcluster
 
+            from raylane.jobs import submit_job
+
             client = JobSubmissionClient(localcluster.dashboard())
-            job_id = client.submit_job(
+            job_id = submit_job(
+                client,
                 entrypoint=f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}",
                 runtime_env={"env_vars": {k: v for k, v in os.environ.items()
                                           if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}},
@@ -190,7 +198,11 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
         console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
     console.print(f"  preemptions={out['preemptions']} restarts={out['restarts']} step={out.get('step')}")
+    if out.get("detail"):
+        console.print(f"  now: {out['detail']}", highlight=False)
     for e in out["journal"]:
+        if e["kind"] == "event" and not e.get("note"):
+            continue  # a progress update from the driver, shown above as "now"
         ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
         console.print(f"  {ts} {e['kind']:<13} {e.get('note', '')}", highlight=False)
 

@@ -163,20 +163,18 @@ def client_for(uri: str) -> MlflowClient:
     """An ``MlflowClient`` whose store is initialised. For sqlite, creating the tables is a migration that two
     processes opening a new database at once would race on (the driver, rank 0, a reader), so it runs under an
     exclusive file lock beside the database."""
-    client = MlflowClient(tracking_uri=uri)
     db = _sqlite_path(uri)
     if db is None:
-        return client
+        return MlflowClient(tracking_uri=uri)
     import fcntl
 
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{db}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            client._tracking_client.store  # noqa: B018 - opening the store creates and migrates the tables
+            return MlflowClient(tracking_uri=uri)  # opening the store creates and migrates the tables
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    return client
 
 
 def _artifact_root(uri: str) -> Optional[str]:

@@ -77,6 +77,7 @@ def main(argv=None) -> None:
     from ray.job_submission import JobSubmissionClient
 
     from raylane.control.client import call, start_control, stop_control
+    from raylane.jobs import submit_job
     from tests.raytest import local_policy, spec, start_cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="raylane-bench-train-"))
@@ -91,7 +92,7 @@ def main(argv=None) -> None:
             marker = tmp / f"bare-{i}.t"
             cfg = dict(TRAIN, first_step_file=str(marker))
             t0 = time.time()
-            job = client.submit_job(entrypoint=f"{sys.executable} -m tests.bench.bench_train --bare "
+            job = submit_job(client, entrypoint=f"{sys.executable} -m tests.bench.bench_train --bare "
                                                f"'{json.dumps(cfg)}' {storage} bare-{i}", runtime_env=ENV)
             bare.append(_wait_file(marker) - t0)
             _wait_job(client, job)
@@ -102,7 +103,7 @@ def main(argv=None) -> None:
             path = tmp / f"lane-{i}.yaml"
             path.write_text(yaml.safe_dump(s))
             t0 = time.time()
-            job = client.submit_job(entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {storage} "
+            job = submit_job(client, entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {storage} "
                                                f"--tracking-uri sqlite:///{tmp / 'mlflow.db'}", runtime_env=ENV)
             lane.append(_wait_file(marker) - t0)
             _wait_job(client, job)
@@ -117,7 +118,7 @@ def main(argv=None) -> None:
         marker = tmp / "victim.t"
         a["config"]["fault"] = {"first_step_file": str(marker)}
         (tmp / "victim.yaml").write_text(yaml.safe_dump(a))
-        vjob = client.submit_job(entrypoint=f"{sys.executable} -m raylane.run {tmp / 'victim.yaml'} "
+        vjob = submit_job(client, entrypoint=f"{sys.executable} -m raylane.run {tmp / 'victim.yaml'} "
                                             f"--storage-path {storage} --tracking-uri sqlite:///{tmp / 'mlflow.db'}",
                                  runtime_env=ENV)
         _wait_file(marker)
