@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Start Raylane's control actor on a running Ray cluster: the one step every deployment runs after Ray is up.
+
+The cluster launcher's head commands, the KubeRay head's postStart hook and `raylane up` all come down to this:
+connect to Ray, then ``raylane.control.client.start_control(policy, journal)``. The script checks the policy file
+first (every error at once, before touching the cluster), waits for Ray to accept a connection (so it may run right
+after ``ray start --head``, while the head is still coming up), and is idempotent: when a control actor is already
+running it is left as it is (with its own policy and journal) and the script says so.
+
+The journal is a sqlite file that the control actor opens on the node it runs on. Put it on a disk that outlives
+the actor's process (the head node's disk, a persistent volume): the actor replays it after every restart.
+
+Exit status: 0 the control actor runs; 1 the policy file is invalid or missing; 2 Ray or the actor could not be
+reached before --timeout.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="start_control.py",
+        description="Start (or find) Raylane's control actor on a running Ray cluster.",
+        epilog="Example: python deploy/start_control.py --policy policies/default.yaml "
+               "--journal /raylane-state/journal.db --address auto",
+    )
+    p.add_argument("--policy", default=None,
+                   help="policy file (default: policies/default.yaml of this checkout, else the packaged copy)")
+    p.add_argument("--journal", default=None,
+                   help="sqlite journal path on the node the actor runs on (default: $RAYLANE_JOURNAL, "
+                        "else ~/.raylane/journal.db)")
+    p.add_argument("--address", default=None,
+                   help="Ray address: 'auto' (the cluster of this node), host:port, or ray://host:10001 "
+                        "(default: $RAY_ADDRESS, else 'auto')")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to keep trying to reach Ray and the actor (default: 120)")
+    return p
+
+
+def _say(msg: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} start_control: {msg}", flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    # Imported after argument parsing so that --help answers without loading Ray.
+    from raylane.config.loader import default_policy_path, load_policy
+    from raylane.errors import FatalError
+
+    policy = args.policy or str(default_policy_path())
+    try:
+        pol = load_policy(policy)
+    except FatalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    deadline = time.monotonic() + args.timeout
+    try:
+        _connect(address, deadline)
+        return _start(policy, args.journal, pol, deadline)
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _connect(address: str, deadline: float) -> None:
+    import ray
+
+    attempt, last = 0, None
+    while True:
+        attempt += 1
+        try:
+            ray.init(address=address, namespace="raylane", logging_level="ERROR", log_to_driver=False)
+            _say(f"connected to Ray at {address}")
+            return
+        except (ConnectionError, RuntimeError) as exc:  # no cluster yet, or its GCS is still starting
+            last = exc
+            ray.shutdown()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no Ray cluster at {address!r} after {attempt} attempts: {last}")
+        time.sleep(min(5.0, 0.5 * attempt))
+
+
+def _start(policy: str, journal: Optional[str], pol, deadline: float) -> int:
+    import ray
+
+    from raylane.control.actor import CONTROL_NAME, NAMESPACE
+    from raylane.control.client import journal_path, start_control
+    from raylane.errors import RetryableError
+
+    try:
+        ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+        running = True
+    except ValueError:
+        running = False
+    jpath = journal_path(journal)
+    while True:
+        try:
+            start_control(policy, jpath)
+            break
+        except (RetryableError, ray.exceptions.RayError) as exc:  # the actor is (re)starting; it replays its journal
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"control actor {CONTROL_NAME!r} did not answer: {exc}") from exc
+            time.sleep(2.0)
+    if running:
+        _say(f"control actor {CONTROL_NAME!r} (namespace {NAMESPACE!r}) was already running; "
+             f"it keeps its own policy and journal")
+    else:
+        _say(f"control actor {CONTROL_NAME!r} (namespace {NAMESPACE!r}) started: policy {policy} "
+             f"({len(pol.teams)} teams, {len(pol.classes)} classes), journal {jpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
