@@ -15,7 +15,7 @@ from raylane.scheduling.types import Node, Resources
 
 
 class Capacity:
-    __slots__ = ("nodes", "free", "_buckets", "_keys", "_log")
+    __slots__ = ("nodes", "free", "_buckets", "_keys", "_log", "_total")
 
     def __init__(self, nodes: Iterable[Node]):
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
@@ -29,6 +29,7 @@ class Capacity:
                 b = buckets[f.gpu] = {}
             b[nid] = None
         self._keys: List[float] = sorted(buckets)
+        self._total = sum(self.free.values(), Resources())  # kept up to date: every pending reason reads it
 
     # -- buckets -------------------------------------------------------------------------------------------
     def _bucket_add(self, node_id: str, gpu: float) -> None:
@@ -52,6 +53,7 @@ class Capacity:
             self._bucket_remove(node_id, old.gpu)
             self._bucket_add(node_id, new.gpu)
         self.free[node_id] = new
+        self._total = self._total - old + new
 
     def take(self, node_id: str, res: Resources) -> None:
         if self._log is not None:
@@ -99,10 +101,7 @@ class Capacity:
             yield from list(self._buckets.get(k, ()))
 
     def total_free(self) -> Resources:
-        tot = Resources()
-        for r in self.free.values():
-            tot = tot + r
-        return tot
+        return self._total
 
     def best_node_for(self, per_worker: Resources, features: frozenset) -> Tuple[Optional[str], Resources]:
         """The matching node with the most free GPUs (for a pending reason), and its free resources."""
@@ -118,4 +117,5 @@ class Capacity:
         c._buckets = {k: dict(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
         c._log = None
+        c._total = self._total
         return c

@@ -16,6 +16,11 @@ Rules that keep the room a preemption makes for the workload it was made for (ea
 - A preemptor takes back fresh admissions before it stops running work: they have not started, so nothing is lost
   (``Displaced``), where starting them would only have them preempted in the next cycle. Never behind a
   reservation, where the preemptor itself might not be allowed to start.
+
+Speed (a cycle over 10,000 pending and 8,000 leases stays within milliseconds; none of this changes a decision):
+a preemption search that failed is not repeated for the same kind of workload while nothing that could make it
+succeed has changed (the policy's ``memo_key``), and a search whose preemptor's team would stay over its quota
+ceiling even without all of its own candidates is known to fail without trying each.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ from raylane.scheduling.types import (
     Team,
     WaitingForPreemption,
     Workload,
+    ZERO,
 )
 
 # Slurm's bf_max_job_test: how many pending workloads one cycle looks at, at most. Keeps a cycle short when the
@@ -82,16 +88,23 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     teams = snapshot.teams
 
     # 1. Merge the team queues by the ordering's head key.
+    ledger, queues, head_key = w8.ledger, snapshot.queues, order.head_key
+    views = {team: _TeamView(teams.get(team, _NO_TEAM), ZERO) for team, q in queues.items() if q}
+
+    def key_of(team: str, w: Workload) -> Tuple:
+        view = views[team]
+        view.usage = ledger.used(team)
+        return head_key(w, view, cfg)
+
     heap: List[Tuple[Tuple, int, str]] = []
     keys: Dict[str, Tuple] = {}
     cursor: Dict[str, int] = {}
     seq = 0
-    for team, q in snapshot.queues.items():
-        if q:
-            cursor[team] = 0
-            keys[team] = order.head_key(q[0], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
-            heap.append((keys[team], seq, team))
-            seq += 1
+    for team in views:
+        cursor[team] = 0
+        keys[team] = key_of(team, queues[team][0])
+        heap.append((keys[team], seq, team))
+        seq += 1
     heapq.heapify(heap)
 
     # 2. Walk the merged queue: admit, preempt or explain (``_Walk.decide``). Borrowers wait for a second pass
@@ -101,23 +114,25 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     deferred: List[Tuple[Workload, int, Resources]] = []
     position = 0
     while heap and position < max_examined and w8.budget > 0:
-        _, _, team = heapq.heappop(heap)
-        q = snapshot.queues[team]
+        team = heap[0][2]
+        q = queues[team]
         i = cursor[team]
         w = q[i]
         cursor[team] = i + 1
         if i + 1 < len(q):
             seq += 1
-            keys[team] = order.head_key(q[i + 1], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
-            heapq.heappush(heap, (keys[team], seq, team))
+            keys[team] = key_of(team, q[i + 1])
+            heapq.heapreplace(heap, (keys[team], seq, team))
+        else:
+            heapq.heappop(heap)
         position += 1
         need = w.gang.total
-        if defer and not w8.ledger.within_nominal(team, need):
+        if defer and not ledger.within_nominal(team, need):
             deferred.append((w, position, need))
             continue
         if w8.decide(w, position, need) and i + 1 < len(q):
             # Re-key this team: what it holds changed, and its head key may depend on that (fair share).
-            key = order.head_key(q[i + 1], _TeamView(teams.get(team, _NO_TEAM), w8.ledger.used(team)), cfg)
+            key = key_of(team, q[i + 1])
             if key != keys[team]:
                 keys[team] = key
                 heap = [(key, s, t) if t == team else (k, s, t) for k, s, t in heap]
@@ -221,7 +236,7 @@ class _Walk:
         self.positions: Dict[str, int] = {}  # admitted in this cycle -> its position, should it be displaced
         # Failed preemption searches, and versions of what could make a repeat succeed: room freed anywhere
         # (victims chosen, admissions given back), a team's fresh admissions, fresh admissions of borrowing teams.
-        self.failed: Dict[Tuple, Tuple[int, int, int]] = {}
+        self.failed: Dict[Tuple, Tuple[Tuple[int, int, int], object]] = {}
         self.version = 0
         self.team_version: Dict[str, int] = {}
         self.borrow_version = 0
@@ -252,60 +267,18 @@ class _Walk:
                 self.pending.append(Pending(w, WaitingForPreemption(future.waited_for(fplan)), position))
                 return False
 
-        # b. Try preemption on the future's copies (or the present's, when nothing is stopping), with undo: the
-        #    victims must make room beyond what is already being made for others. Workloads admitted earlier in
-        #    this cycle are the first candidates: giving their place back loses nothing.
+        # b. Preemption: victims chosen (it waits for them), or only this cycle's admissions given back (it starts).
         if res is None or quota_reason is not None:
-            fcap, fledger = (future.cap, future.ledger) if future is not None else (cap, ledger)
-            pctx = self.pctx
-            pctx.ledger = fledger
-            # A search that failed for the same kind of workload, with nothing changed since that could make it
-            # succeed, fails again: it is not repeated (most of a long queue waits on the same few quotas).
-            memo = self._memo_key(w, res)
-            if memo is not None and self.failed.get(memo[0]) == memo[1]:
-                chosen = None
-            else:
-                candidates = self.preemption.candidates(w, pctx)
-                if res is not None and pctx.fresh:
-                    # Behind a reservation the preemptor may not be allowed to start now; giving back an admission
-                    # for it could then leave both waiting.
-                    candidates = (c for c in candidates if c.id not in pctx.fresh)
-                chosen = find_victims(w, candidates, fcap, pctx,
-                                      lambda: self._fits(w, need, fcap, fledger) is not None)
-                if not chosen and memo is not None:
-                    self.failed[memo[0]] = memo[1]
-            if chosen:
-                self.version += 1
-                victims = [v for v in chosen if v.id not in pctx.fresh]
-                for v in chosen:
-                    if v.id in pctx.fresh:
-                        self._displace(v, w)
-                if not victims:
-                    # Only admissions of this cycle were given back (never behind a reservation): it may start now,
-                    # unless it also needs what is still stopping.
-                    plan = self._place_now(w) if self._quota_now(w, need) is None else None
-                    if plan is not None:
-                        self._admit(w, plan, position)
-                        return True
-                if future is None:
-                    future = self.future = _Future(cap, ledger, [])
-                    pctx.ledger = future.ledger
-                for v in victims:
-                    future.release(v)
-                    pctx.stop(v)
-                fplan = self._fits(w, need, future.cap, future.ledger)
-                future.claim(w, fplan)  # find_victims only returns a set after whose removal w fits
-                ids = tuple(v.id for v in victims)
-                if victims:
-                    self.preempted.append(Preempt(w, ids, _preempt_reason(w, victims, quota_reason)))
-                self.pending.append(Pending(w, WaitingForPreemption(ids or future.waited_for(fplan)), position))
-                return False
+            outcome = self._preempt_for(w, need, position, quota_reason, res)
+            if outcome is not None:
+                return outcome
 
+        # c. Blocked by quota.
         if quota_reason is not None:
             self.pending.append(Pending(w, quota_reason, position))
             return False
 
-        # c. Blocked by capacity: the first such workload gets a reservation; later ones must respect it.
+        # d. Blocked by capacity: the first such workload gets a reservation; later ones must respect it.
         best, best_free = cap.best_node_for(w.gang.per_worker, w.gang.features)
         inner = NoCapacity(w.gang.workers, w.gang.per_worker, best, best_free, cap.total_free())
         if self.reservation is None:
@@ -320,14 +293,94 @@ class _Walk:
         return False
 
     def _memo_key(self, w: Workload, res):
-        """(what a failed preemption search for ``w`` depends on, the versions it held at), or None."""
+        """(what a preemption search for ``w`` depends on, the versions of the state now, its bound), or None."""
         key_of = getattr(self.preemption, "memo_key", None)
         k = key_of(w, self.pctx) if key_of is not None else None
         if k is None:
             return None
-        pkey, other_teams = k
+        pkey, other_teams, bound = k
         stamp = (self.version, self.team_version.get(w.team, 0), self.borrow_version if other_teams else 0)
-        return (pkey, w.team, w.gang, w.data_snapshot, res is None), stamp
+        return (pkey, w.team, w.gang, w.data_snapshot, res is None), stamp, bound
+
+    def _failed_before(self, key, stamp, bound) -> bool:
+        got = self.failed.get(key)
+        return got is not None and got[0] == stamp and bound >= got[1]
+
+    def _remember_failure(self, key, stamp, bound) -> None:
+        got = self.failed.get(key)
+        if got is None or got[0] != stamp or bound < got[1]:
+            self.failed[key] = (stamp, bound)
+
+    def _over_ceiling(self, w: Workload, need: Resources, ledger: QuotaLedger):
+        """(resource, by how much) for each resource where the team would pass its quota ceiling."""
+        u = ledger.usage.get(w.team, ZERO)
+        return [(r, getattr(u, r) + getattr(need, r) - ceiling) for r, _, _, ceiling in ledger.limits.get(w.team, ())
+                if getattr(u, r) + getattr(need, r) > ceiling + 1e-9]
+
+    def _preempt_for(self, w: Workload, need: Resources, position: int, quota_reason, res) -> Optional[bool]:
+        """Choose victims for ``w``; None when none would make it fit, else whether it was admitted at once.
+
+        The search runs on the future's copies (or the present's, when nothing is stopping), with undo: victims must
+        make room beyond what is already being made for others. Workloads admitted earlier in this cycle are the
+        first candidates: giving their place back loses nothing.
+        """
+        future, pctx = self.future, self.pctx
+        fcap, fledger = (future.cap, future.ledger) if future is not None else (self.cap, self.ledger)
+        pctx.ledger = fledger
+        chosen = self._search(w, need, res, fcap, fledger)
+        if not chosen:
+            return None
+        self.version += 1
+        victims = [v for v in chosen if v.id not in pctx.fresh]
+        for v in chosen:
+            if v.id in pctx.fresh:
+                self._displace(v, w)
+        if not victims:
+            # Only admissions of this cycle were given back (never behind a reservation): it may start now, unless
+            # it also needs what is still stopping.
+            plan = self._place_now(w) if self._quota_now(w, need) is None else None
+            if plan is not None:
+                self._admit(w, plan, position)
+                return True
+        if future is None:
+            future = self.future = _Future(self.cap, self.ledger, [])
+            pctx.ledger = future.ledger
+        for v in victims:
+            future.release(v)
+            pctx.stop(v)
+        fplan = self._fits(w, need, future.cap, future.ledger)
+        future.claim(w, fplan)  # find_victims only returns a set after whose removal w fits
+        ids = tuple(v.id for v in victims)
+        if victims:
+            self.preempted.append(Preempt(w, ids, _preempt_reason(w, victims, quota_reason)))
+        self.pending.append(Pending(w, WaitingForPreemption(ids or future.waited_for(fplan)), position))
+        return False
+
+    def _search(self, w: Workload, need: Resources, res, fcap: Capacity, fledger: QuotaLedger):
+        """``find_victims`` over the policy's candidates, short-cut where the outcome is known to be a failure."""
+        pctx, team = self.pctx, w.team
+        # A search that failed for the same kind of workload, with nothing changed since that could make it
+        # succeed, fails again: it is not repeated (most of a long queue waits on the same few quotas).
+        memo = self._memo_key(w, res)
+        if memo is not None and self._failed_before(*memo):
+            return None
+        candidates = self.preemption.candidates(w, pctx)
+        if res is not None and pctx.fresh:
+            # Behind a reservation the preemptor may not be allowed to start now; giving back an admission for it
+            # could then leave both waiting.
+            candidates = (c for c in candidates if c.id not in pctx.fresh)
+        deficit = self._over_ceiling(w, need, fledger)
+        if deficit:
+            # Only its own team's victims lower what the team holds: if all of them cannot bring it under its
+            # ceiling, no search can succeed; say so without trying each candidate.
+            candidates = list(candidates)
+            own = [c.workload.gang.total for c in candidates if c.team == team]
+            if any(sum(getattr(t, r) for t in own) + 1e-9 < d for r, d in deficit):
+                candidates = ()
+        chosen = find_victims(w, candidates, fcap, pctx, lambda: self._fits(w, need, fcap, fledger) is not None)
+        if not chosen and memo is not None:
+            self._remember_failure(*memo)
+        return chosen
 
     def _admit(self, w: Workload, plan: Tuple[str, ...], position: int) -> None:
         need = w.gang.total

@@ -155,6 +155,10 @@ class PreemptionContext:
         """Whether ``lease``'s team borrows; for a fresh lease, counting the team's fresh admissions too."""
         return self.team_borrows(lease.team, lease.id in self.fresh)
 
+    def protects(self) -> bool:
+        """Whether other teams' in-quota work is protected (by the admission policy)."""
+        return self.admission.protects_in_quota
+
     def protected(self, lease: Lease, preemptor: Workload) -> bool:
         """Another team's lease while that team is within its nominal quota, when the admission policy protects
         in-quota work. For a running lease the team's running work counts: what it was admitted in this cycle does
@@ -206,9 +210,10 @@ class PreemptionPolicy(Protocol):
         """Leases that may be preempted for ``preemptor``, cheapest first, fresh ones (``ctx.fresh``) before any
         running one; may be lazy, as ``find_victims`` usually needs only the first few. Must not change ``ctx``."""
 
-    # Optional: ``memo_key(preemptor, ctx) -> (key, reads_other_teams) | None``. Two preemptors of one team, gang
-    # and data with equal keys get the same candidates while nothing changes, so the cycle does not repeat a search
-    # that failed. ``reads_other_teams``: the candidates include other teams' leases. None: always search.
+    # Optional: ``memo_key(preemptor, ctx) -> (key, reads_other_teams, bound) | None``, so that the cycle does not
+    # repeat a search that cannot succeed. Contract: for two preemptors of one team, gang and data with equal keys,
+    # while nothing changes, the one with the greater (or equal) ``bound`` gets a subset of the other's candidates.
+    # ``reads_other_teams``: the candidates may include other teams' leases. None: always search.
 
 
 PREEMPTIONS: Registry[PreemptionPolicy] = Registry("preemption", default="default")
@@ -217,9 +222,9 @@ PREEMPTIONS: Registry[PreemptionPolicy] = Registry("preemption", default="defaul
 @PREEMPTIONS.register("default")
 class DefaultPreemption:
     def memo_key(self, preemptor, ctx):
-        """What the candidates depend on besides the team's leases: the class, and whether it reclaims (then other
-        teams' leases count too)."""
-        return preemptor.cls.priority, ctx.ledger.within_nominal(preemptor.team, preemptor.gang.total)
+        """Whether it reclaims (then other teams' leases count); a lower class gets a subset of the candidates."""
+        reclaim = ctx.ledger.within_nominal(preemptor.team, preemptor.gang.total)
+        return reclaim, reclaim, -preemptor.cls.priority
 
     def candidates(self, preemptor, ctx):
         team, prio = preemptor.team, preemptor.cls.priority
@@ -242,6 +247,10 @@ class DefaultPreemption:
 
 @PREEMPTIONS.register("ordering")
 class OrderingPreemption:
+    def memo_key(self, preemptor, ctx):
+        """A preemptor that ranks later gets a subset of the candidates."""
+        return None, True, ctx.ordering.rank(preemptor, preemptor.attained_gpu_s, ctx.cfg)
+
     def candidates(self, preemptor, ctx):
         rank, cfg = ctx.ordering.rank, ctx.cfg
         mine = rank(preemptor, preemptor.attained_gpu_s, cfg)
@@ -250,8 +259,14 @@ class OrderingPreemption:
         fresh = [(rank(l.workload, ctx.attained(l), cfg), l) for l in ctx.fresh.values()
                  if l.workload.cls.preemptible]
         fresh = sorted((e for e in fresh if e[0] > mine), key=lambda e: e[0], reverse=True)
+        # Leases of teams that are within their quota now stay protected throughout the search (a search only
+        # takes away): leave them out rather than have find_victims step over each.
+        team = preemptor.team
+        open_ = {t: t == team or not ctx.protects() or ctx.team_borrows(t) for t in ctx.teams()}
         # The worst-ranked go first: under LAS the most-served, under SRTF the longest remaining.
-        return itertools.chain((l for _, l in fresh), (ranked[i][1] for i in range(len(ranked) - 1, after - 1, -1)))
+        return itertools.chain((l for _, l in fresh),
+                               (ranked[i][1] for i in range(len(ranked) - 1, after - 1, -1)
+                                if open_[ranked[i][1].team]))
 
 
 @PREEMPTIONS.register("none")
@@ -286,7 +301,12 @@ def find_victims(
 
     cap.begin()
     found = False
+    now, fresh = ctx.now, ctx.fresh
     for lease in candidates:
+        c = lease.workload.cls
+        if not c.preemptible or lease.id not in fresh and (
+                lease.state is not LeaseState.RUNNING or now - lease.start_time < c.min_runtime_s):
+            continue  # the rules of every policy, whatever a policy nominates
         if ctx.protected(lease, preemptor):
             continue  # that team is (back) within its quota: its remaining work is protected
         take_out(lease)

@@ -104,11 +104,12 @@ class Gang:
     features: frozenset = frozenset()
     # For the ``group`` strategy: the node label whose value all workers must share (e.g. "rack").
     group_by: str = "rack"
+    # ``per_worker`` times ``workers``, worked out once: every quota check of a cycle reads it.
+    total: Resources = field(init=False, repr=False, compare=False)
 
-    @property
-    def total(self) -> Resources:
+    def __post_init__(self) -> None:
         p, n = self.per_worker, self.workers
-        return Resources(p.gpu * n, p.cpu * n, p.memory * n)
+        object.__setattr__(self, "total", Resources(p.gpu * n, p.cpu * n, p.memory * n))
 
 
 @dataclass(frozen=True, slots=True)
