@@ -145,3 +145,21 @@ def test_a_failed_preemption_search_is_not_repeated_while_nothing_changes(monkey
         calls.clear()
         again = decide(nodes(1), teams, runs, pend, ordering="fifo")
     assert again.result == out.result and len(calls) == 10
+
+
+def test_no_preemption_for_a_workload_the_reservation_would_not_let_start():
+    # h (head) waits for the only h100 node; with no backfill everything behind it waits. c, behind it and over its
+    # team's ceiling, could stop s: s (ahead of h in the queue) would then start again and be stopped again, forever.
+    cfg = dict(ordering="fifo", backfill="none", preemption="default")
+    teams = [team("nlp", gpu=4, borrow=0), team("rl", gpu=8)]
+    runs = [running(wl("r").team("rl").cls(CRITICAL).gpus(4).features("h100").at(-9), on=["n1"]),
+            running(wl("s").cls(SWEEP).gpus(2).at(-5), on=["n2"])]
+    pend = [wl("h").team("rl").cls(PROD).gpus(4).features("h100").at(1), wl("c").cls(CRITICAL).gpus(4).at(2)]
+    ns = [node("n1").gpus(4).features("h100"), node("n2")]
+    out = decide(ns, teams, runs, pend, **cfg)
+    assert out.preempted == {}
+    assert out.reason_type("h") == "NoCapacity" and out.reason_type("c") == "QuotaExceeded"
+    # Under EASY a short job behind the head may start, so it may also preempt for it.
+    out = decide(ns, teams, runs, [pend[0], wl("c").cls(CRITICAL).gpus(4).at(2).est(60)], ordering="fifo",
+                 backfill="easy", preemption="default")
+    assert out.preempted == {"c": ("s",)}

@@ -25,6 +25,7 @@ ceiling even without all of its own candidates is known to fail without trying e
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from itertools import compress
 from operator import attrgetter
 from typing import Dict, List, Optional, Tuple
@@ -330,6 +331,10 @@ class _Walk:
         chosen = self._search(w, need, res, fcap, fledger)
         if not chosen:
             return None
+        if res is not None and not self._allowed_after(w, chosen, fcap, res):
+            # Behind the reserved head and not allowed to start even once its victims are gone: stopping them
+            # would only let them (ahead of it in the queue) start again, and be stopped again.
+            return None
         self.version += 1
         victims = [v for v in chosen if v.id not in pctx.fresh]
         for v in chosen:
@@ -355,6 +360,16 @@ class _Walk:
             self.preempted.append(Preempt(w, ids, _preempt_reason(w, victims, quota_reason)))
         self.pending.append(Pending(w, WaitingForPreemption(ids or future.waited_for(fplan)), position))
         return False
+
+    def _allowed_after(self, w: Workload, victims: List[Lease], fcap: Capacity, res: Reservation) -> bool:
+        """Whether the backfill policy would let ``w`` start where it would go once ``victims`` are gone."""
+        fcap.begin()
+        for v in victims:
+            fcap.give_placement(v.placement, v.workload.gang.per_worker)
+        plan = place(w.gang, fcap, w.data_snapshot)
+        fcap.undo()
+        # On a copy: asking must not use up what the head leaves spare.
+        return plan is not None and self.backfill.allows(w, plan, replace(res, spare=dict(res.spare)), self.now)
 
     def _search(self, w: Workload, need: Resources, res, fcap: Capacity, fledger: QuotaLedger):
         """``find_victims`` over the policy's candidates, short-cut where the outcome is known to be a failure."""
