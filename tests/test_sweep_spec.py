@@ -157,6 +157,8 @@ PBT_CASES = [
     ("interval off the reports", "scheduler/perturbation_interval", 12, "sweep.scheduler",
      "perturbation_interval (12) must be a multiple of budget.report_every (5)"),
     ("eta on pbt", "scheduler/eta", 2, "sweep.scheduler.eta", "only for scheduler asha (this one is pbt)"),
+    ("pbt with tpe", "search", {"algorithm": "tpe"}, "sweep.scheduler",
+     "scheduler pbt draws its population with search algorithm random or grid (not tpe)"),
 ]
 
 
@@ -173,7 +175,8 @@ def test_grid_trials_default_to_the_grid_and_may_not_exceed_it():
             "search": {"algorithm": "grid"}, "budget": {"max": 10}, "metric": "loss", "mode": "min"}
     doc = with_field(raw(), "sweep", grid)
     assert load_spec_from_dict(doc).sweep.trials == 6
-    assert_has_error(errors_of(with_field(doc, "sweep/trials", 7)), "sweep.trials", 7, "at most the grid's size (6)")
+    assert_has_error(errors_of(with_field(doc, "sweep/trials", 7)), "sweep.trials", 7, "or the grid's size (6)")
+    assert load_spec_from_dict(with_field(doc, "sweep/trials", 6)).sweep.trials == 6
     mixed = with_field(doc, "sweep/space/wd", {"type": "uniform", "low": 0, "high": 0.1})
     assert_has_error(errors_of(mixed), "sweep.search", None, "every space parameter of type grid (wd are not)")
 
@@ -181,6 +184,25 @@ def test_grid_trials_default_to_the_grid_and_may_not_exceed_it():
 def test_every_name_the_config_accepts_has_a_builder():
     assert build.SEARCHERS.names() == sorted(sweep_cfg.SEARCH_ALGORITHMS)
     assert build.SCHEDULERS.names() == sorted(sweep_cfg.TRIAL_SCHEDULERS)
+
+
+def _quadratic(config):  # a trainable for Tune's variant generator to name; never run
+    pass
+
+
+def draw(s, n=4):
+    """The first ``n`` configs the spec's search algorithm draws (under a grant with room for all)."""
+    from raylane.sweeps import quota
+
+    key = f"spec-test-{s.search.algorithm}-{id(s)}"
+    quota.register(key, quota.Grant(n)).set_slots(n, n)
+    alg = build.search_algorithm(s, key)
+    space = build.param_space(s)
+    if isinstance(alg, quota.GrantedVariantGenerator):
+        alg.add_configurations({"exp": {"run": _quadratic, "config": space, "num_samples": build.num_samples(s)}})
+        return [alg.next_trial().config for _ in range(n)]
+    alg.set_search_properties(s.metric, s.mode, space)
+    return [alg.suggest(f"t{i}") for i in range(n)]
 
 
 @pytest.mark.parametrize("algorithm", sweep_cfg.SEARCH_ALGORITHMS)
@@ -191,25 +213,23 @@ def test_each_search_algorithm_draws_seeded_configs_from_the_space(algorithm):
                                  "model.d_model": {"type": "grid", "values": [16, 32]}}
         doc["sweep"].pop("trials")
     doc["sweep"]["search"] = {"algorithm": algorithm, "seed": 3}
+    doc["sweep"]["max_concurrent"] = 4
     s = load_spec_from_dict(doc).sweep
-
-    def draw():
-        searcher = build.searcher(s)
-        searcher.set_search_properties(s.metric, s.mode, build.param_space(s))
-        return [searcher.suggest(f"t{i}") for i in range(4)]
-
-    first = draw()
-    assert first == draw()  # seeded
+    first = draw(s)
+    assert first == draw(s)  # seeded
     for cfg in first:
         assert set(cfg) >= {"lr", "model"} and cfg["model"]["d_model"] in (16, 32)
     if algorithm == "grid":
         assert sorted((c["lr"], c["model"]["d_model"]) for c in first) == [(0.001, 16), (0.001, 32), (0.01, 16),
                                                                              (0.01, 32)]
+    else:
+        assert all(1e-4 <= c["lr"] <= 3e-2 for c in first) and len({c["lr"] for c in first}) == 4
 
 
 @pytest.mark.parametrize("kind", sweep_cfg.TRIAL_SCHEDULERS)
 def test_each_scheduler_measures_time_in_steps(kind):
     doc = raw()
+    doc["sweep"]["search"] = {"algorithm": "random"}
     doc["sweep"]["scheduler"] = {"type": kind, **({"perturbation_interval": 20, "mutations": {
         "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}} if kind == "pbt" else {})}
     sched = build.scheduler(load_spec_from_dict(doc).sweep)

@@ -160,8 +160,9 @@ def grid_size(space: Dict[str, ParamSpec]) -> int:
 
 class SearchSpec(StrictModel):
     """How trial configs are drawn: ``random`` (independent draws), ``grid`` (every combination of the ``grid``
-    parameters), ``tpe`` (Optuna's tree-structured Parzen estimator, after ``startup_trials`` random ones),
-    ``evolutionary`` (Optuna's NSGA-II genetic algorithm, generations of ``population`` trials). All are seeded."""
+    parameters, once), ``tpe`` (Optuna's tree-structured Parzen estimator, after ``startup_trials`` random ones),
+    ``evolutionary`` (Optuna's NSGA-II genetic algorithm, generations of ``population`` trials). All are seeded.
+    Scheduler ``pbt`` takes ``random`` or ``grid`` only (it changes configs itself)."""
 
     algorithm: SearchName = DEFAULT_SEARCH
     seed: int = Field(default=DEFAULT_SEED, ge=0, le=2**32 - 1)
@@ -261,7 +262,7 @@ class SweepSpec(StrictModel):
     scheduler: TrialSchedulerSpec = Field(default_factory=TrialSchedulerSpec)
     metric: str = Field(min_length=1)
     mode: Mode
-    # None: the grid's size for algorithm grid; required otherwise.
+    # Required, except for algorithm grid (the grid's size).
     trials: Optional[int] = Field(default=None, ge=1, le=100_000, validate_default=True)
     # Slots asked of the control actor; the trials running at once follow the slots it grants, up to this.
     max_concurrent: int = Field(default=DEFAULT_MAX_CONCURRENT, ge=1, le=MAX_CONCURRENT_LIMIT)
@@ -297,6 +298,10 @@ class SweepSpec(StrictModel):
                 if x is not None and (x % every or x >= top):
                     problems.append(f"{name} ({x}) must be a multiple of budget.report_every ({every}) below "
                                     f"budget.max ({top})")
+        search: Optional[SearchSpec] = info.data.get("search")
+        if v.type == "pbt" and search is not None and search.algorithm not in ("random", "grid"):
+            problems.append(f"scheduler pbt draws its population with search algorithm random or grid (not "
+                            f"{search.algorithm}): it changes the trials' configs itself")
         if v.mutations and space is not None:
             missing = sorted(set(v.mutations) - set(space))
             if missing:
@@ -314,9 +319,9 @@ class SweepSpec(StrictModel):
             return v
         if search.algorithm == "grid":
             size = grid_size(space)
-            if v is not None and v > size:
-                raise _err("trials", f"at most the grid's size ({size}), or left out to try it all")
-            return v if v is not None else size
+            if v is not None and v != size:
+                raise _err("trials", f"left out, or the grid's size ({size}): a grid sweep tries every point once")
+            return size
         if v is None:
             raise _err("trials", f"required for algorithm {search.algorithm}: an integer >= 1")
         return v

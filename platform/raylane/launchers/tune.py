@@ -207,11 +207,11 @@ class SlotManager(threading.Thread):
             elif slot.phase == "active" and state == "PREEMPTING":
                 slot.phase = "reclaiming"
                 self.state.preemptions += 1
-                _say(f"{self.sweep_id}: slot {slot.wid} reclaimed ({rec.get('reason') or 'preempted'}); "
-                     f"pausing a trial")
+                why = self._preempt_reason(slot.wid)
+                _say(f"{self.sweep_id}: slot {slot.wid} reclaimed ({why}); pausing a trial")
                 if self.tracker is not None:
-                    self.tracker.event("preempted", f"slot {slot.wid} reclaimed by the control actor; a trial "
-                                                    f"pauses with its checkpoint")
+                    self.tracker.event("preempted", f"slot {slot.wid} reclaimed ({why}); a trial pauses with its "
+                                                    f"checkpoint")
             elif slot.phase in ("active", "reclaiming") and state == "PENDING":
                 # Released without us (stopped by force after the grace period): back to waiting.
                 slot.phase, slot.trial = "waiting", None
@@ -221,6 +221,10 @@ class SlotManager(threading.Thread):
         self._book_trials()
         self._publish()
         self._save_state()
+
+    def _preempt_reason(self, wid: str) -> str:
+        journal = call(self.ctl, "explain", wid)["journal"]
+        return next((e.get("reason") for e in reversed(journal) if e["kind"] == "preempting"), None) or "preempted"
 
     def _publish(self) -> None:
         granted = sum(s.phase == "active" for s in self.slots)
@@ -479,8 +483,8 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
                 trainable,
                 param_space=build.param_space(sweep),
                 tune_config=TuneConfig(
-                    metric=sweep.metric, mode=sweep.mode, num_samples=sweep.trials,
-                    search_alg=quota.GrantLimiter(build.searcher(sweep), sweep.concurrency, sweep_id),
+                    metric=sweep.metric, mode=sweep.mode, num_samples=build.num_samples(sweep),
+                    search_alg=build.search_algorithm(sweep, sweep_id),
                     scheduler=quota.QuotaScheduler(build.scheduler(sweep), sweep_id),
                     reuse_actors=False),
                 run_config=RunConfig(

@@ -5,10 +5,11 @@ This module owns the mapping from the spec's names to Tune and Optuna classes: o
 with the same names ``raylane.config.sweep`` accepts. It never starts anything. Ray Tune and Optuna are imported
 inside the builders, so importing this module stays cheap.
 
-Every search algorithm is an Optuna sampler behind Ray's ``OptunaSearch`` (random: ``RandomSampler``, grid:
-``GridSampler``, tpe: ``TPESampler``, evolutionary: ``NSGAIISampler``), seeded by ``search.seed``: one ``Searcher``
-type, which ``raylane.sweeps.quota.GrantLimiter`` wraps. Every scheduler measures time in ``step``, the global step
-each result carries (``TIME_ATTR``).
+Search algorithms, all seeded by ``search.seed`` and all gated by the sweep's grant (``raylane.sweeps.quota``):
+``random`` and ``grid`` are Tune's own variant generator (``GrantedVariantGenerator``: independent draws, or every
+combination of the ``grid`` parameters), the only kind Population Based Training accepts; ``tpe`` and
+``evolutionary`` are Optuna samplers (``TPESampler``, ``NSGAIISampler``) behind Ray's ``OptunaSearch``, wrapped in
+``GrantLimiter``. Every scheduler measures time in ``step``, the global step each result carries (``TIME_ATTR``).
 
 Words: see ``raylane.config.sweep`` (budget, rung, parameter path).
 """
@@ -22,16 +23,16 @@ from raylane.scheduling.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from ray.tune.schedulers import TrialScheduler
-    from ray.tune.search import Searcher
+    from ray.tune.search import SearchAlgorithm
 
     from raylane.config.sweep import ParamSpec, SweepSpec
 
-__all__ = ["TIME_ATTR", "SEARCHERS", "SCHEDULERS", "param_space", "flat_space", "searcher", "scheduler",
+__all__ = ["TIME_ATTR", "SEARCHERS", "SCHEDULERS", "param_space", "search_algorithm", "num_samples", "scheduler",
            "asha_rungs", "grace_period"]
 
 TIME_ATTR = "step"
 
-SEARCHERS: Registry[Callable[["SweepSpec"], "Searcher"]] = Registry("search algorithm", cfg.DEFAULT_SEARCH)
+SEARCHERS: Registry[Callable[["SweepSpec", str], "SearchAlgorithm"]] = Registry("search algorithm", cfg.DEFAULT_SEARCH)
 SCHEDULERS: Registry[Callable[["SweepSpec"], "TrialScheduler"]] = Registry("trial scheduler", cfg.DEFAULT_SCHEDULER)
 
 
@@ -39,13 +40,15 @@ SCHEDULERS: Registry[Callable[["SweepSpec"], "TrialScheduler"]] = Registry("tria
 
 
 def domain(p: "ParamSpec") -> Any:
-    """The Tune domain of one parameter. ``grid`` is a ``choice`` too: the grid sampler walks its values."""
+    """The Tune domain of one parameter (``grid``: a grid search, every value tried)."""
     from ray import tune
 
     if p.type == "uniform":
         return tune.uniform(p.low, p.high)
     if p.type == "loguniform":
         return tune.loguniform(p.low, p.high)
+    if p.type == "grid":
+        return tune.grid_search(list(p.values or ()))
     return tune.choice(list(p.values or ()))
 
 
@@ -65,66 +68,66 @@ def param_space(sweep: "SweepSpec") -> Dict[str, Any]:
     return _nest({path: domain(p) for path, p in sweep.space.items()})
 
 
-def flat_space(sweep: "SweepSpec") -> Dict[str, "ParamSpec"]:
-    """The space by Optuna's parameter names (Ray's ``OptunaSearch`` joins nested keys with ``/``)."""
-    return {path.replace(".", "/"): p for path, p in sweep.space.items()}
-
-
 # ------------------------------------------------------------------------------------------------ search
 
 
-def _optuna(sampler) -> "Searcher":
+def _optuna(sampler, sweep: "SweepSpec", grant_key: str):
     from ray.tune.search.optuna import OptunaSearch
 
-    return OptunaSearch(sampler=sampler)
+    from raylane.sweeps.quota import GrantLimiter
+
+    return GrantLimiter(OptunaSearch(sampler=sampler), sweep.concurrency, grant_key)
+
+
+def _variants(sweep: "SweepSpec", grant_key: str):
+    from raylane.sweeps.quota import GrantedVariantGenerator
+
+    return GrantedVariantGenerator(grant_key, max_concurrent=sweep.concurrency, random_state=sweep.search.seed)
 
 
 @SEARCHERS.register("random")
 def _random_factory():
-    def build(sweep: "SweepSpec") -> "Searcher":
-        import optuna
-
-        return _optuna(optuna.samplers.RandomSampler(seed=sweep.search.seed))
-
-    return build
+    return _variants
 
 
 @SEARCHERS.register("grid")
 def _grid_factory():
-    def build(sweep: "SweepSpec") -> "Searcher":
-        import optuna
-
-        grid = {name: list(p.values or ()) for name, p in flat_space(sweep).items()}
-        return _optuna(optuna.samplers.GridSampler(grid, seed=sweep.search.seed))
-
-    return build
+    return _variants
 
 
 @SEARCHERS.register("tpe")
 def _tpe_factory():
-    def build(sweep: "SweepSpec") -> "Searcher":
+    def build(sweep: "SweepSpec", grant_key: str):
         import optuna
 
         startup = sweep.search.startup_trials or cfg.DEFAULT_STARTUP_TRIALS
-        return _optuna(optuna.samplers.TPESampler(seed=sweep.search.seed, n_startup_trials=startup))
+        return _optuna(optuna.samplers.TPESampler(seed=sweep.search.seed, n_startup_trials=startup), sweep,
+                       grant_key)
 
     return build
 
 
 @SEARCHERS.register("evolutionary")
 def _evolutionary_factory():
-    def build(sweep: "SweepSpec") -> "Searcher":
+    def build(sweep: "SweepSpec", grant_key: str):
         import optuna
 
         population = sweep.search.population or cfg.DEFAULT_POPULATION
-        return _optuna(optuna.samplers.NSGAIISampler(population_size=population, seed=sweep.search.seed))
+        return _optuna(optuna.samplers.NSGAIISampler(population_size=population, seed=sweep.search.seed), sweep,
+                       grant_key)
 
     return build
 
 
-def searcher(sweep: "SweepSpec") -> "Searcher":
-    """The search algorithm the spec names (metric and mode are set by Tune from ``TuneConfig``)."""
-    return SEARCHERS.get(sweep.search.algorithm)(sweep)
+def search_algorithm(sweep: "SweepSpec", grant_key: str):
+    """The spec's search algorithm, drawing new trials only within the grant of ``grant_key`` (metric and mode
+    come from ``TuneConfig``)."""
+    return SEARCHERS.get(sweep.search.algorithm)(sweep, grant_key)
+
+
+def num_samples(sweep: "SweepSpec") -> int:
+    """Tune's ``num_samples``: the grid generator expands the grid itself, once."""
+    return 1 if sweep.search.algorithm == "grid" else int(sweep.trials)
 
 
 # --------------------------------------------------------------------------------------------- scheduler

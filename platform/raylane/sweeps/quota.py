@@ -7,9 +7,10 @@ actor) and Tune's event loop (which starts, pauses and stops trials), and the th
   None while the trials running or starting fill the grant, so no paused trial resumes past it; ``on_trial_result``
   answers PAUSE (Tune then checkpoints the trial and stops its actor) when more trials run than are granted, which
   is how a sweep shrinks when the control actor reclaims a slot. Every other call goes to the wrapped scheduler.
-- ``GrantLimiter`` wraps the search algorithm (a ``ConcurrencyLimiter`` with the spec's ``max_concurrent``): no new
-  trial is drawn while the unfinished trials (running, starting or paused) fill the grant. Tune starts every new
-  trial at once, without asking the scheduler, so this is the gate on new trials; paused trials resume first.
+- ``GrantLimiter`` wraps a model-based searcher (a ``ConcurrencyLimiter`` with the spec's ``max_concurrent``) and
+  ``GrantedVariantGenerator`` is Tune's random/grid generator: neither draws a new trial while the unfinished trials
+  (running, starting or paused) fill the grant. Tune starts every new trial at once, without asking the scheduler,
+  so this is the gate on new trials; paused trials resume first.
 - ``GrantStopper`` ends the whole experiment when the driver asks (the sweep was cancelled), and a trial at the
   end of its budget.
 
@@ -35,11 +36,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
-from ray.tune.search import ConcurrencyLimiter, Searcher
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 from ray.tune.stopper import Stopper
 
-__all__ = ["Grant", "TrialView", "register", "grant_for", "QuotaScheduler", "GrantLimiter", "GrantStopper",
-           "UNFINISHED"]
+__all__ = ["Grant", "TrialView", "register", "grant_for", "QuotaScheduler", "GrantLimiter",
+           "GrantedVariantGenerator", "GrantStopper", "UNFINISHED"]
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +261,20 @@ class GrantLimiter(ConcurrencyLimiter):
         if g.count(*UNFINISHED) >= g.granted:
             return None
         return super().suggest(trial_id)
+
+
+class GrantedVariantGenerator(BasicVariantGenerator):
+    """Tune's random / grid variant generator (seeded), producing a new trial only while the grant has room."""
+
+    def __init__(self, grant_key: str, **kwargs):
+        super().__init__(**kwargs)
+        self.grant_key = grant_key
+
+    def next_trial(self):
+        g = grant_for(self.grant_key)
+        if g.count(*UNFINISHED) >= g.granted:
+            return None
+        return super().next_trial()
 
 
 class GrantStopper(Stopper):

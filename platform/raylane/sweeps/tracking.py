@@ -16,7 +16,9 @@ values go to the tags ``raylane.config.<param>`` (params are write-once) and the
 
 Words
 - *full budget*: what the sweep would have cost had every trial trained to ``budget.max``: each trial's GPU-seconds
-  scaled by ``budget.max / steps it trained``. The parent's ``gpu_seconds_saved`` is that minus what was used.
+  scaled by ``budget.max / steps it trained``. The parent's ``gpu_seconds_saved`` is that minus what was used:
+  positive when a scheduler stopped trials early (ASHA, median), zero under FIFO, and negative under PBT when
+  exploits re-train steps (a cloned trial trains on from the other trial's earlier step).
 - *best trial*: the one whose last reported metric is best under the sweep's mode; its child is tagged
   ``raylane.best_trial = true`` and the parent carries ``raylane.best_trial_id`` and the best value.
 """
@@ -213,7 +215,7 @@ def summarize(client: MlflowClient, *, experiment_id: str, sweep_id: str, parent
         if value is not None and math.isfinite(value):
             scored.append((value, run))
     out: Dict[str, Any] = {"trials": len(children), "gpu_seconds_used": used, "gpu_seconds_full_budget": full,
-                           "gpu_seconds_saved": max(0.0, full - used), "trained_steps": steps,
+                           "gpu_seconds_saved": full - used, "trained_steps": steps,
                            "full_budget_steps": full_steps, "stopped_early": early,
                            "best_trial_id": None, "best_metric": None, "best_config": {}}
     if scored:

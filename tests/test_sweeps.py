@@ -1,0 +1,325 @@
+"""Sweeps on a real local Ray cluster (one node of 2 logical GPUs) under the control actor: an ASHA sweep of the small
+LM whose weak trials stop at the rungs, with its MLflow parent and child runs; a PBT sweep whose exploit copies a
+checkpoint; an Optuna TPE sweep; a sweep that shrinks when a higher-class gang of its team arrives and grows back
+after; a sweep whose driver is killed and resumed.
+
+One cluster and one control actor for the module. Trials are tiny (a 1-layer LM of width 16 on 50 kB, or a
+torch-free quadratic from ``tests.sweep_fns``) so that the module fits a few minutes on two cores.
+"""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from raylane.control.client import call, start_control, stop_control  # noqa: E402
+from tests.raytest import REPO, local_policy, spec, start_cluster, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+LM = {"batch_size": 8, "warmup_steps": 2, "eval_windows": 8, "corpus": {"max_bytes": 50_000},
+      "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweeps")
+    cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim"]),), gpus=2, cpus=4, head_cpus=1)
+    ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
+    # No minimum runtime for sweep slots: a higher class may reclaim one at once.
+    policy = local_policy(sweep={"min_runtime": 0, "grace_period": "60s"}, finetune={"min_runtime": 0})
+    ctl = start_control(policy, str(tmp / "journal.db"), tick_s=0.2)
+    yield {"ctl": ctl, "tmp": tmp, "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"),
+           "address": cluster.address}
+    stop_control()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def sweep_spec(name, sweep, config=None, cls="sweep"):
+    s = spec(name, "team-a", cls, kind="tune", config=config or {})
+    del s["gang"]
+    s["sweep"] = sweep
+    return s
+
+
+def run(env, s, **kw):
+    from raylane.launchers.tune import run_sweep
+
+    t0 = time.time()
+    rec = run_sweep(s, ctl=env["ctl"], storage_path=env["storage"], tracking_uri=env["uri"], verbose=0, **kw)
+    rec["wall_s"] = time.time() - t0
+    print(f"\n{s['name']}: {rec['state']} in {rec['wall_s']:.1f}s, {rec['trials']} trials, "
+          f"GPU-s {rec['gpu_seconds']['gpu_seconds_used']:.1f} of {rec['gpu_seconds']['gpu_seconds_full_budget']:.1f}")
+    return rec
+
+
+def mlflow_client(env):
+    from mlflow import MlflowClient
+
+    return MlflowClient(env["uri"])
+
+
+def histories(results):
+    """trial id -> list of its results (dicts), in order."""
+    out = {}
+    for r in results:
+        df = r.metrics_dataframe
+        out[r.metrics["trial_id"]] = df.to_dict("records") if df is not None else []
+    return out
+
+
+def cli(*args) -> str:
+    from typer.testing import CliRunner
+
+    from raylane.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def slot_records(env, prefix):
+    return [r for r in call(env["ctl"], "queue", True) if r["id"].startswith(prefix + "-slot-")]
+
+
+# ---------------------------------------------------------------------------------------------------- ASHA
+
+
+def test_asha_sweep_of_the_lm_stops_weak_trials_at_the_rungs_and_records_mlflow(env):
+    s = sweep_spec("asha-lm", {
+        "space": {"lr": {"type": "loguniform", "low": 1e-5, "high": 3e-2}},
+        "search": {"algorithm": "random", "seed": 0},
+        "budget": {"max": 40, "report_every": 10},
+        "scheduler": {"type": "asha", "eta": 2, "grace_period": 10},
+        "metric": "val_loss", "mode": "min", "trials": 6, "max_concurrent": 2,
+        "resources": {"gpu": 1, "cpu": 0.5}}, LM)
+    rec = run(env, s)
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 6
+    assert rec["max_running_over_leased"] == 0  # never more trials running than slots held
+    final = {r.metrics["trial_id"]: r.metrics["step"] for r in rec["results"]}
+    rungs = {10, 20}
+    assert set(final.values()) <= rungs | {40}, final
+    early = {t: step for t, step in final.items() if step < 40}
+    assert early and len(early) < 6, final  # some weak trials stopped, some trials ran the whole budget
+    assert rec["stopped_early"] == len(early)
+    # Every report fell on a multiple of report_every, and nothing trained past its rung.
+    for tid, rows in histories(rec["results"]).items():
+        assert [row["step"] for row in rows] == list(range(10, final[tid] + 1, 10))
+    # The slots are all given back; their journals tell which trial stopped where.
+    slots = slot_records(env, "asha-lm")
+    assert len(slots) == 2 and all(r["state"] in ("SUCCEEDED", "CANCELLED") for r in slots)
+    notes = " ".join(e.get("note", "") for r in slots for e in call(env["ctl"], "explain", r["id"])["journal"])
+    assert "stopped early at step" in notes and "started (lr=" in notes
+
+    # MLflow: one parent run for the sweep, one child per trial with its params and curve, the best tagged.
+    client = mlflow_client(env)
+    parent = client.get_run(rec["mlflow_run_id"])
+    assert parent.data.tags["raylane.workload_id"] == rec["id"] and parent.info.status == "FINISHED"
+    assert parent.data.params["sweep.scheduler.type"] == "asha" and parent.data.params["sweep.trials"] == "6"
+    m = parent.data.metrics
+    assert m["sweep_trials"] == 6 and m["sweep_gpu_seconds_saved"] > 0
+    assert m["sweep_gpu_seconds_used"] < m["sweep_gpu_seconds_full_budget"]
+    assert m["sweep_trained_steps"] == sum(final.values()) < m["sweep_full_budget_steps"] == 6 * 40
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert len(children) == 6
+    by_trial = {c.data.tags["raylane.trial_id"]: c for c in children}
+    assert set(by_trial) == set(final)
+    for tid, child in by_trial.items():
+        assert "lr" in child.data.params and child.info.status == "FINISHED"
+        curve = client.get_metric_history(child.info.run_id, "val_loss")
+        assert sorted(p.step for p in curve) == list(range(10, final[tid] + 1, 10))
+        assert child.data.tags["raylane.stopped_early"] == str(final[tid] < 40).lower()
+    best = [c for c in children if c.data.tags.get("raylane.best_trial") == "true"]
+    assert len(best) == 1
+    assert best[0].data.metrics["val_loss"] == min(c.data.metrics["val_loss"] for c in children)
+    assert parent.data.tags["raylane.best_trial_id"] == best[0].data.tags["raylane.trial_id"] == rec["best"]["trial_id"]
+
+
+# ----------------------------------------------------------------------------------------------------- PBT
+
+
+def test_pbt_sweep_exploit_copies_a_checkpoint_of_a_stronger_trial(env):
+    s = sweep_spec("pbt-lm", {
+        "space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 3e-2}},
+        "search": {"algorithm": "random", "seed": 1},
+        # A perturbation at every report and half the population in each quantile: a weak trial finds a strong
+        # one with a checkpoint (taken at the strong one's own perturbation) within a round or two.
+        "budget": {"max": 20, "report_every": 5},
+        "scheduler": {"type": "pbt", "perturbation_interval": 5, "quantile_fraction": 0.5,
+                      "mutations": {"lr": {"type": "loguniform", "low": 1e-4, "high": 3e-2}}},
+        "metric": "val_loss", "mode": "min", "trials": 4, "max_concurrent": 4,
+        # Half a logical GPU each: the population of 4 runs at once on the 2 GPUs, within team-a's nominal quota.
+        "resources": {"gpu": 0.5, "cpu": 0.5}}, LM)
+    rec = run(env, s)
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 4
+    hist = histories(rec["results"])
+    exploits = {tid: [(r["exploited_from"], int(r["exploited_step"])) for r in rows
+                      if isinstance(r.get("exploited_from"), str) and r["exploited_from"] != tid]
+                for tid, rows in hist.items()}
+    exploits = {tid: pairs for tid, pairs in exploits.items() if pairs}
+    assert exploits, {t: [r["step"] for r in rows] for t, rows in hist.items()}
+    tid, pairs = next(iter(exploits.items()))
+    source, at = pairs[-1]  # its last exploit
+    # The weak trial went on from the strong trial's checkpoint: the step it reports next follows that step.
+    first_after = next(r for r in hist[tid] if (r.get("exploited_from"), value(r, "exploited_step")) == (source, at))
+    assert first_after["step"] == at + 5
+    assert source in hist and at in [r["step"] for r in hist[source]]
+    # And it trains with its own (mutated) learning rate, not the one stored in the copied optimizer: the LR of the
+    # update to step at+5 is lr * multiplier(at + 4) (the schedule stepped at+4 times before it).
+    mutated_lr = next(r for r in rec["results"] if r.metrics["trial_id"] == tid).config["lr"]
+    assert first_after["lr"] == pytest.approx(mutated_lr * _lr_multiplier(at + 4, total=20), rel=1e-4)
+
+
+def _lr_multiplier(step, *, total, warmup=2, floor=0.1):
+    from workloads.train_lm import _lr_multiplier as f
+
+    return f(step, warmup=warmup, total=total, floor=floor)
+
+
+# ----------------------------------------------------------------------------------------------------- TPE
+
+
+def test_optuna_tpe_sweep_of_a_user_function(env):
+    s = sweep_spec("tpe-quad", {
+        "trainable": "tests.sweep_fns:quadratic",
+        "space": {"x": {"type": "uniform", "low": -1, "high": 1}, "y": {"type": "uniform", "low": -1, "high": 1}},
+        "search": {"algorithm": "tpe", "seed": 0, "startup_trials": 3},
+        "budget": {"max": 3, "report_every": 1},
+        "metric": "loss", "mode": "min", "trials": 8, "max_concurrent": 2,
+        "resources": {"gpu": 1, "cpu": 0.5}}, {"max_steps": 3, "report_every": 1})
+    rec = run(env, s)
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 8 and rec["max_running_over_leased"] == 0
+    assert all(r.metrics["step"] == 3 for r in rec["results"])  # FIFO: every trial runs the whole budget
+    assert rec["gpu_seconds"]["gpu_seconds_saved"] == pytest.approx(0.0, abs=1e-6)
+    client = mlflow_client(env)
+    parent = client.get_run(rec["mlflow_run_id"])
+    assert parent.data.params["sweep.search.algorithm"] == "tpe"
+    losses = [r.metrics["loss"] for r in rec["results"]]
+    assert rec["best"]["loss"] == min(losses)
+
+
+# ------------------------------------------------------------------------------------------- shrink & grow
+
+
+def test_sweep_shrinks_for_a_higher_class_gang_of_its_team_and_grows_back(env):
+    ctl = env["ctl"]
+    s = sweep_spec("elastic", {
+        "trainable": "tests.sweep_fns:quadratic",
+        "space": {"x": {"type": "uniform", "low": -1, "high": 1}},
+        "search": {"algorithm": "random", "seed": 0},
+        "budget": {"max": 40, "report_every": 4},
+        "metric": "loss", "mode": "min", "trials": 2, "max_concurrent": 2,
+        "resources": {"gpu": 1, "cpu": 0.5}}, {"max_steps": 40, "report_every": 4, "sleep_s": 0.3})
+    out = {}
+    t = threading.Thread(target=lambda: out.update(rec=run(env, s)), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: all(r["state"] == "RUNNING" and "2 running" in r["detail"]
+                             for r in slot_records(env, "elastic")) and len(slot_records(env, "elastic")) == 2,
+                 timeout=90, what="the sweep running 2 trials on 2 slots")
+        # Team-a's fine-tuning gang (a higher class) needs one of the two GPUs the sweep holds.
+        ft = call(ctl, "submit", spec("ft", "team-a", "finetune", gpu=1))["id"]
+        admitted = wait_for(lambda: (r := call(ctl, "wait_admission", ft, 1.0))["ready"] and r, timeout=60,
+                            what="the fine-tuning gang admitted")
+        slots = slot_records(env, "elastic")
+        assert sorted(r["state"] for r in slots) == ["PENDING", "RUNNING"]
+        victim = next(r for r in slots if r["state"] == "PENDING")
+        assert victim["preemptions"] == 1
+        # The sweep paused a trial with its checkpoint and runs the other alone.
+        wait_for(lambda: all("1 running, 1 paused" in r["detail"] for r in slot_records(env, "elastic")),
+                 timeout=30, what="queue detail showing 1 running, 1 paused")
+        notes = [e.get("note", "") for e in call(ctl, "explain", victim["id"])["journal"]]
+        assert any("paused at step" in n and "slot was reclaimed" in n for n in notes), notes
+        # What an operator sees: `raylane queue` and `raylane explain` show the sweep's running and paused trials.
+        rows = json.loads(cli("queue", "--json"))
+        assert all("1 running, 1 paused" in r["detail"] for r in rows if r["id"].startswith("elastic-slot-"))
+        shown = " ".join(cli("explain", victim["id"]).split())
+        assert "now: sweep elastic-" in shown and "1 running, 1 paused" in shown and "slot was reclaimed" in shown
+        assert admitted["state"] == "ADMITTED"
+        assert call(ctl, "report", ft, "running", note="test gang")["state"] == "RUNNING"
+        time.sleep(2.0)
+        call(ctl, "release", ft, "finished", state="SUCCEEDED")
+        # The slot comes back and the paused trial resumes from its checkpoint.
+        wait_for(lambda: call(ctl, "status", victim["id"])["state"] == "RUNNING", timeout=60,
+                 what="the reclaimed slot admitted again")
+    finally:
+        t.join(timeout=180)
+    rec = out["rec"]
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 2 and rec["preemptions"] == 1
+    assert rec["max_running_over_leased"] == 0  # never more trials running than slots held
+    granted = [g for _, g, _, _ in rec["grant_history"]]
+    shrunk = granted.index(1, granted.index(2))
+    assert 2 in granted[shrunk:]  # 2 slots, then 1, then 2 again
+    hist = histories(rec["results"])
+    resumed = {tid: rows for tid, rows in hist.items() if any(value(r, "resumed_from") is not None for r in rows)}
+    assert len(resumed) == 1, {t: [r["step"] for r in rows] for t, rows in hist.items()}
+    rows = next(iter(resumed.values()))
+    assert [r["step"] for r in rows] == list(range(4, 41, 4))  # no step lost, none trained twice
+    at = next(value(r, "resumed_from") for r in rows if value(r, "resumed_from") is not None)
+    assert 4 <= at < 40  # it went on from its checkpoint, not from the start
+
+
+def value(row, key):
+    """A result's ``key``, None where the trial did not report it (NaN in Tune's dataframe)."""
+    v = row.get(key)
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+# --------------------------------------------------------------------------------------- driver death
+
+
+def test_sweep_resumes_after_its_driver_dies(env, tmp_path):
+    import yaml
+
+    ctl = env["ctl"]
+    s = sweep_spec("phoenix", {
+        "trainable": "tests.sweep_fns:quadratic",
+        "space": {"x": {"type": "uniform", "low": -1, "high": 1}},
+        "search": {"algorithm": "random", "seed": 0},
+        "budget": {"max": 12, "report_every": 2},
+        "metric": "loss", "mode": "min", "trials": 4, "max_concurrent": 2,
+        "resources": {"gpu": 1, "cpu": 0.5}}, {"max_steps": 12, "report_every": 2, "sleep_s": 0.25})
+    path = tmp_path / "phoenix.yaml"
+    path.write_text(yaml.safe_dump(s))
+    cmd = [sys.executable, "-m", "raylane.run", str(path), "--storage-path", env["storage"],
+           "--tracking-uri", env["uri"]]
+    child_env = {**os.environ, "RAY_ADDRESS": env["address"], "PYTHONPATH": str(REPO)}
+    log1 = open(tmp_path / "driver1.log", "w")
+    first = subprocess.Popen(cmd, cwd=str(REPO), env=child_env, stdout=log1, stderr=subprocess.STDOUT)
+    try:
+        def one_finished():
+            rows = slot_records(env, "phoenix")
+            done = [int(m.group(1)) for r in rows if (m := re.search(r"(\d+) finished", r["detail"] or ""))]
+            return rows and max(done or [0]) >= 1 and max(done) < 4
+        wait_for(one_finished, timeout=120, every=0.2, what="a trial of the first driver finished")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    old = [r["id"] for r in slot_records(env, "phoenix") if r["state"] not in ("SUCCEEDED", "CANCELLED")]
+    second = subprocess.run(cmd, cwd=str(REPO), env=child_env, capture_output=True, text=True, timeout=240)
+    print(second.stdout[-3000:])
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resuming, driver 1" in second.stdout
+    for wid in old:  # the dead driver's slots were given back
+        assert call(ctl, "status", wid)["state"] == "CANCELLED"
+    client = mlflow_client(env)
+    parents = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                 "tags.`raylane.workload_id` LIKE 'phoenix-%'")
+    assert len(parents) == 1  # the same parent run went on
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["raylane.restarts"] == "1"
+    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert len(children) == 4  # no trial ran twice as a new trial
+    for c in children:
+        steps = [p.step for p in client.get_metric_history(c.info.run_id, "loss")]
+        assert steps == sorted(set(steps)) and steps[-1] == 12  # each curve whole, no step logged twice
