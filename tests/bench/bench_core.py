@@ -24,9 +24,9 @@ import argparse
 import cProfile
 import gc
 import math
+import os
 import pstats
 import random
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional
@@ -251,6 +251,9 @@ def main(argv=None) -> None:
     naive = drive("naive-sort", cfg, args.cycles, args.warmup, scheduler=naive_sort_cycle)
     for s in (main_run, idle, one, naive):
         print("  " + s.line())
+    load = os.getloadavg()
+    print(f"  machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) "
+          "at the end; above the CPU count, wall times include waiting for a CPU (cpu times do not)")
     print(f"  idle GC: the driver's collections between cycles took p50 {idle.pct(idle.gc_s, .5) * 1e3:.2f} ms, "
           f"p99 {idle.pct(idle.gc_s, .99) * 1e3:.2f} ms, max {max(idle.gc_s, default=0) * 1e3:.2f} ms; same "
           f"decisions: {idle.admitted == main_run.admitted and idle.preempted == main_run.preempted}")

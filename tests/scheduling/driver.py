@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional
 
-from raylane.scheduling import ClusterState, CycleResult, LeaseState, Snapshot, Workload, cycle
+from raylane.scheduling import ClusterState, CycleResult, Snapshot, Workload, cycle
 
 
 class Stuck(AssertionError):

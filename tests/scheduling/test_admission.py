@@ -6,7 +6,7 @@ import pytest
 
 from raylane.scheduling import ADMISSIONS, QuotaExceeded, QuotaLedger, Resources, WaitingForPreemption
 
-from .builders import PRETRAIN, PROD, decide, nodes, running, team, wl
+from .builders import PRETRAIN, decide, nodes, running, team, wl
 
 
 def many(team_name, n, gpus=1, t0=0.0, prefix=None, cls=PRETRAIN):

@@ -6,7 +6,7 @@ from raylane.scheduling import ORDERINGS
 from raylane.scheduling.ordering._fair_share import team_share
 from raylane.scheduling.types import SchedulerConfig
 
-from .builders import FINETUNE, PRETRAIN, PROD, SWEEP, decide, node, running, team, wl
+from .builders import PRETRAIN, PROD, SWEEP, decide, node, running, team, wl
 
 TEAMS = [team("x"), team("y"), team("z"), team("nlp")]  # no quotas: ordering alone decides
 

@@ -1,7 +1,7 @@
 """Placement strategies: which nodes a gang's workers go to, all or nothing, honouring required features."""
 import pytest
 
-from raylane.scheduling import PLACEMENTS, Capacity, Gang, Resources, cycle
+from raylane.scheduling import PLACEMENTS, Capacity, Gang, Resources
 
 from .builders import decide, node, nodes, obj, running, team, wl
 

@@ -5,7 +5,7 @@ import pytest
 
 from raylane.scheduling import PREEMPTIONS, QuotaExceeded, WaitingForPreemption
 
-from .builders import CRITICAL, FINETUNE, PRETRAIN, PROD, SLOW_START, SWEEP, decide, node, nodes, running, team, wl
+from .builders import CRITICAL, PRETRAIN, PROD, SLOW_START, SWEEP, decide, node, nodes, running, team, wl
 
 NOW = 1000.0
 

@@ -3,7 +3,7 @@
 Each of these was a livelock or a wrong victim in the first version of the core (see the commit that added them):
 the room a preemption makes must go to its preemptor, and nothing may be admitted only to be stopped next cycle.
 """
-from raylane.scheduling import ClusterState, Displaced, QuotaExceeded, SchedulerConfig, WaitingForPreemption
+from raylane.scheduling import Displaced, QuotaExceeded, WaitingForPreemption
 
 from .builders import CRITICAL, PRETRAIN, PROD, SWEEP, decide, make_state, node, nodes, obj, running, team, wl
 from .driver import Driver

@@ -1,12 +1,10 @@
 """ClusterState: the driver's state between cycles keeps usage, free capacity and queue order consistent."""
-import math
-
 import pytest
 
 from raylane.errors import NotFoundError
 from raylane.scheduling import Admit, ClusterState, LeaseState, Resources, SchedulerConfig
 
-from .builders import PROD, SWEEP, make_state, node, nodes, obj, running, team, wl
+from .builders import PROD, make_state, node, nodes, obj, running, team, wl
 
 
 def free_gpus(st):

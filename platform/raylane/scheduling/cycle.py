@@ -244,8 +244,7 @@ class _Walk:
 
     def decide(self, w: Workload, position: int, need: Resources) -> bool:
         """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
-        team, cap, ledger = w.team, self.cap, self.ledger
-        future = self.future
+        cap, future = self.cap, self.future
         # A borrower examined in the second pass may come before the reserved head in queue order: it does not
         # yield to it (it would have been decided before the head was even looked at).
         res = self.reservation if position > self.head_position else None
