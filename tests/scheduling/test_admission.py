@@ -119,3 +119,16 @@ def test_ledger_pool_and_headroom():
 def test_every_admission_lets_an_empty_cluster_take_an_in_quota_gang(name):
     out = decide(nodes(1), [team("nlp", gpu=8)], [], [wl("a").gpus(4)], admission=name)
     assert set(out.admitted) == {"a"}
+
+
+def test_borrowers_go_after_work_within_nominal_and_may_not_be_reached():
+    # FIFO puts nlp's borrower first; cv's in-quota gang is examined first for admission all the same. With a budget
+    # of one admission, the borrower is examined (it keeps its queue position) but not reached.
+    from raylane.scheduling import NotReached
+
+    out = decide(nodes(1), [team("nlp", gpu=2), team("cv", gpu=6)],
+                 [running(wl("r").gpus(2), on=["n1"])],
+                 [wl("b").gpus(2).at(0), wl("c").team("cv").gpus(2).at(1)], now=100, ordering="fifo",
+                 max_admissions_per_cycle=1)
+    assert set(out.admitted) == {"c"}
+    assert out.pending["b"] == NotReached() and out.positions["b"] == 1
