@@ -34,7 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from raylane.tracking import _chunks, _flatten, _param_value, _tag_value, tracking_uri
+from raylane.tracking import _chunks, _flatten, _param_value, _tag_value, client_for, tracking_uri
 
 __all__ = ["TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_BEST", "SweepTracking", "summarize", "child_runs"]
 
@@ -93,7 +93,7 @@ class SweepTracking(Callback):
     @property
     def client(self) -> MlflowClient:
         if self._client is None:
-            self._client = MlflowClient(tracking_uri=tracking_uri(self.uri))
+            self._client = client_for(tracking_uri(self.uri))
         return self._client
 
     # -- the child run of a trial
