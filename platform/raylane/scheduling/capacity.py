@@ -9,9 +9,13 @@ nodes a single-GPU best-fit is a few dictionary lookups.
 from __future__ import annotations
 
 import bisect
+from operator import attrgetter
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from raylane.scheduling.types import Node, Resources
+
+
+_GPU, _CPU, _MEMORY = attrgetter("gpu"), attrgetter("cpu"), attrgetter("memory")
 
 
 class Capacity:
@@ -29,7 +33,9 @@ class Capacity:
                 b = buckets[f.gpu] = {}
             b[nid] = None
         self._keys: List[float] = sorted(buckets)
-        self._total = sum(self.free.values(), Resources())  # kept up to date: every pending reason reads it
+        # Kept up to date from here on: every capacity-blocked workload's reason reads it.
+        free = self.free.values()
+        self._total = Resources(sum(map(_GPU, free)), sum(map(_CPU, free)), sum(map(_MEMORY, free)))
 
     # -- buckets -------------------------------------------------------------------------------------------
     def _bucket_add(self, node_id: str, gpu: float) -> None:
