@@ -137,11 +137,24 @@ def main(argv=None) -> None:
     def training():
         return next((r for r in call(ctl, "queue") if r["id"].startswith("pre-a-")), None)
 
+    def steps_logged() -> int:
+        from raylane.tracking import client_for
+
+        r = next((r for r in call(ctl, "queue", True) if r["id"].startswith("pre-a-")), None)
+        if r is None:
+            return 0
+        mlf = client_for(f"sqlite:///{tmp / 'mlflow.db'}")
+        runs = mlf.search_runs([e.experiment_id for e in mlf.search_experiments()],
+                               f"tags.`raylane.workload_id` = '{r['id']}'")
+        return len(mlf.get_metric_history(runs[0].info.run_id, "loss")) if runs else 0
+
     try:
         for rnd in range(1, args.rounds + 1):
-            wait_for(lambda: (r := training()) and r["state"] == "RUNNING", timeout=240, every=0.5,
-                     what="training running")
-            time.sleep(3.0)  # past the class's minimum runtime, and steps under way
+            # The gang is training (steps logged since its last start), past its class's minimum runtime.
+            mark = steps_logged()
+            wait_for(lambda: (r := training()) and r["state"] == "RUNNING" and steps_logged() >= mark + 50,
+                     timeout=240, every=0.5, what="training stepping")
+            time.sleep(2.0)
             free = ray.available_resources().get("GPU", 0)
             print(f"\nround {rnd}: training holds 2 GPUs, serving 1, free {free:g}")
             n_before = len(driver.leases)
@@ -169,6 +182,13 @@ def main(argv=None) -> None:
                       f", first answer +{first - l.demand_at:5.2f} s)"
                       + (f"  reclaimed {l.reclaimed_gpus:g} GPU(s) from {', '.join(l.reclaimed_from)}"
                          if l.reclaimed_from else ""))
+                if l.reclaimed_from:
+                    j = {e["kind"]: e["ts"] for e in call(ctl, "explain", l.reclaimed_from[0])["journal"]
+                         if e["ts"] >= l.demand_at}
+                    if "preempting" in j and "requeued" in j:
+                        print(f"            reclaim: preemption decided +{j['preempting'] - l.demand_at:5.2f} s, "
+                              f"training yielded and released +{j['requeued'] - l.demand_at:5.2f} s, "
+                              f"lease granted +{l.granted_at - l.demand_at:5.2f} s")
             if len(rows) == 2:
                 print(f"  ratio reclaim / free: {rows['reclaim'] / rows['free']:.2f}  (target <= 1.5)")
             serving_from = max(gen.first_answer_by(l.replica_id) for l in new)
@@ -190,8 +210,14 @@ def main(argv=None) -> None:
     finally:
         stop.set()
         th.join(120)
+        r = training()
+        if r is not None:
+            call(ctl, "cancel", r["id"])
         trainer.terminate()
-        trainer.wait(60)
+        try:
+            trainer.wait(30)
+        except subprocess.TimeoutExpired:
+            trainer.kill()
         log.close()
         try:
             serve.shutdown()
