@@ -8,7 +8,10 @@ after ``ray start --head``, while the head is still coming up), and is idempoten
 running it is left as it is (with its own policy and journal) and the script says so.
 
 The journal is a sqlite file that the control actor opens on the node it runs on. Put it on a disk that outlives
-the actor's process (the head node's disk, a persistent volume): the actor replays it after every restart.
+the actor's process (the head node's disk, a persistent volume): the actor replays it after every restart. The
+actor asks for no CPU, and Ray places such an actor on a random node unless it is pinned, which
+``start_control`` does not do yet; so the script reports the node the actor runs on and warns when it is not this
+one (docs/deploy.md, "Known limitations").
 
 Exit status: 0 the control actor runs; 1 the policy file is invalid or missing; 2 Ray or the actor could not be
 reached before --timeout.
@@ -113,7 +116,33 @@ def _start(policy: str, journal: Optional[str], pol, deadline: float) -> int:
     else:
         _say(f"control actor {CONTROL_NAME!r} (namespace {NAMESPACE!r}) started: policy {policy} "
              f"({len(pol.teams)} teams, {len(pol.classes)} classes), journal {jpath}")
+    _report_node(CONTROL_NAME, NAMESPACE, jpath)
     return 0
+
+
+def _report_node(name: str, namespace: str, jpath: str) -> None:
+    """Say which node the actor runs on; warn when it is not this one, whose disk the journal path was meant for."""
+    import ray
+
+    try:
+        from ray.util.state import list_actors
+
+        alive = [a for a in list_actors(address=ray.get_runtime_context().gcs_address,
+                                        filters=[("name", "=", name), ("state", "=", "ALIVE")], detail=True,
+                                        timeout=10)
+                 if getattr(a, "ray_namespace", namespace) == namespace]
+    except Exception as exc:  # noqa: BLE001 - the state API needs the dashboard; the actor runs without it
+        _say(f"could not tell which node the control actor runs on ({type(exc).__name__}: {exc})")
+        return
+    if not alive:
+        return
+    here = ray.get_runtime_context().get_node_id()
+    node = alive[0].node_id
+    if node == here:
+        _say(f"control actor runs on this node ({here[:12]}); journal {jpath} is on its disk")
+    else:
+        print(f"warning: the control actor runs on node {node}, not on this node ({here}): its journal {jpath} "
+              f"is on that node's disk, which may not outlive it", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
