@@ -15,10 +15,13 @@ values go to the tags ``raylane.config.<param>`` (params are write-once) and the
 ``exploited_step``.
 
 Words
-- *full budget*: what the sweep would have cost had every trial trained to ``budget.max``: each trial's GPU-seconds
-  scaled by ``budget.max / steps it trained``. The parent's ``gpu_seconds_saved`` is that minus what was used:
-  positive when a scheduler stopped trials early (ASHA, median), zero under FIFO, and negative under PBT when
-  exploits re-train steps (a cloned trial trains on from the other trial's earlier step).
+- *GPU-seconds used*: per trial, the seconds between its results (training, evaluation, checkpointing and the
+  first result's set-up; not the actor's start) times the GPUs a trial holds, summed over the sweep.
+- *full budget*: what the sweep would have cost had every trial trained to ``budget.max``: what was used, plus each
+  trial's missing steps at its steady cost per step (``steady_gpu_seconds / steady_steps``: results other than the
+  first of a start), or at the median of the others' for a trial stopped at its first report. The parent's
+  ``gpu_seconds_saved`` is the missing part: positive when a scheduler stopped trials early (ASHA, median), zero
+  when every trial ran its budget (FIFO; PBT, whose exploits may even re-train steps).
 - *best trial*: the one whose last reported metric is best under the sweep's mode; its child is tagged
   ``raylane.best_trial = true`` and the parent carries ``raylane.best_trial_id`` and the best value.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -49,6 +53,9 @@ TAG_STOPPED_EARLY = "raylane.stopped_early"
 TAG_BEST = "raylane.best_trial"
 GPU_SECONDS = "gpu_seconds"
 TRAINED_STEPS = "trained_steps"
+# Cumulative GPU-seconds and steps of the results that were not a (re)start's first: the steady cost of a step.
+STEADY_GPU_SECONDS = "steady_gpu_seconds"
+STEADY_STEPS = "steady_steps"
 _SKIP = frozenset(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag", "should_checkpoint", "experiment_id"}
 _MAX_METRICS_PER_BATCH = 900
 
@@ -78,6 +85,7 @@ class SweepTracking(Callback):
         self._runs: Dict[str, str] = {}
         self._gpu_s: Dict[str, float] = {}
         self._trained: Dict[str, int] = {}
+        self._steady: Dict[str, tuple] = {}  # trial -> (GPU-seconds, steps) of steady results
         self._last_step: Dict[str, int] = {}
         self._resume_mark: Dict[str, int] = {}  # steps at or below this were logged by an earlier driver
 
@@ -112,6 +120,8 @@ class SweepTracking(Callback):
             run_id = run.info.run_id
             self._gpu_s[tid] = float(run.data.metrics.get(GPU_SECONDS, 0.0))
             self._trained[tid] = int(run.data.metrics.get(TRAINED_STEPS, 0))
+            self._steady[tid] = (float(run.data.metrics.get(STEADY_GPU_SECONDS, 0.0)),
+                                 int(run.data.metrics.get(STEADY_STEPS, 0)))
             self._resume_mark[tid] = int(run.data.metrics.get("step", 0))
             self._last_step[tid] = self._resume_mark[tid]
             if run.info.status != "RUNNING":
@@ -161,13 +171,20 @@ class SweepTracking(Callback):
         previous = self._last_step.get(tid, 0)
         if "exploited_step" in result and _int(result.get("iterations_since_restore"), 0) == 1:
             previous = _int(result.get("exploited_step"), previous)  # PBT: trained on from another trial's step
-        self._trained[tid] = self._trained.get(tid, 0) + max(0, step - previous)
+        delta = max(0, step - previous)
+        self._trained[tid] = self._trained.get(tid, 0) + delta
         self._last_step[tid] = step
-        self._gpu_s[tid] = self._gpu_s.get(tid, 0.0) + float(result.get("time_this_iter_s") or 0.0) * self.gpus_per_trial
+        gpu_s = float(result.get("time_this_iter_s") or 0.0) * self.gpus_per_trial
+        self._gpu_s[tid] = self._gpu_s.get(tid, 0.0) + gpu_s
+        steady = self._steady.get(tid, (0.0, 0))
+        if _int(result.get("iterations_since_restore"), 1) > 1:  # the first result of a start carries its set-up
+            steady = (steady[0] + gpu_s, steady[1] + delta)
+        self._steady[tid] = steady
         ts = int(time.time() * 1000)
         metrics = [Metric(k, float(v), ts, step) for k, v in result.items()
                    if k not in _SKIP and _is_number(v)]
-        metrics += [Metric(GPU_SECONDS, self._gpu_s[tid], ts, step), Metric(TRAINED_STEPS, self._trained[tid], ts, step)]
+        metrics += [Metric(GPU_SECONDS, self._gpu_s[tid], ts, step), Metric(TRAINED_STEPS, self._trained[tid], ts, step),
+                    Metric(STEADY_GPU_SECONDS, steady[0], ts, step), Metric(STEADY_STEPS, steady[1], ts, step)]
         for chunk in _chunks(metrics, _MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
 
@@ -199,23 +216,29 @@ def summarize(client: MlflowClient, *, experiment_id: str, sweep_id: str, parent
     ``trials``, ``best_trial_id``, ``best_metric``, ``best_config``, ``gpu_seconds_used``,
     ``gpu_seconds_full_budget``, ``gpu_seconds_saved``, ``trained_steps``, ``full_budget_steps``, ``stopped_early``."""
     children = child_runs(client, experiment_id, sweep_id)
-    used = full = 0.0
+    used = missing_cost = 0.0
     steps = full_steps = 0
     early = 0
     scored = []
+    # The steady cost of a step: the trial's own, or the median of the others' for a trial stopped at its first
+    # report (whose only result carries its set-up).
+    rates = {run.info.run_id: run.data.metrics[STEADY_GPU_SECONDS] / run.data.metrics[STEADY_STEPS]
+             for run in children if run.data.metrics.get(STEADY_STEPS)}
+    typical = statistics.median(rates.values()) if rates else 0.0
     for run in children:
         m = run.data.metrics
         gpu_s, trained = float(m.get(GPU_SECONDS, 0.0)), int(m.get(TRAINED_STEPS, 0))
         used += gpu_s
         steps += trained
         full_steps += budget_max
-        full += gpu_s * budget_max / trained if trained else 0.0
+        missing_cost += max(0, budget_max - trained) * rates.get(run.info.run_id, typical)
         early += run.data.tags.get(TAG_STOPPED_EARLY) == "true"
         value = m.get(metric)
         if value is not None and math.isfinite(value):
             scored.append((value, run))
+    full = used + missing_cost
     out: Dict[str, Any] = {"trials": len(children), "gpu_seconds_used": used, "gpu_seconds_full_budget": full,
-                           "gpu_seconds_saved": full - used, "trained_steps": steps,
+                           "gpu_seconds_saved": missing_cost, "trained_steps": steps,
                            "full_budget_steps": full_steps, "stopped_early": early,
                            "best_trial_id": None, "best_metric": None, "best_config": {}}
     if scored:
