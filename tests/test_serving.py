@@ -26,7 +26,7 @@ from tests.raytest import local_policy, spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-TRAIN = {"max_steps": 3000, "checkpoint_every": 500, "batch_size": 8, "warmup_steps": 2, "eval_every": 0,
+TRAIN = {"max_steps": 1500, "checkpoint_every": 500, "batch_size": 8, "warmup_steps": 2, "eval_every": 0,
          "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
 SHAPE = {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}
 DOWNSCALE_DELAY = 6.0
@@ -130,8 +130,9 @@ def submit_job(env, s, name):
 
 def record_of_job(env, job_id):
     def find():
-        return next((r for r in call(env["ctl"], "queue", True)
-                     if call(env["ctl"], "status", r["id"]).get("job_id") == job_id), None)
+        # Replica leases carry their app's job id once held; the app's own record is the one asked for.
+        return next((r for r in call(env["ctl"], "queue", True) if "-replica-" not in r["id"]
+                     and call(env["ctl"], "status", r["id"]).get("job_id") == job_id), None)
     try:
         return wait_for(find, timeout=90, what=f"workload of job {job_id}")
     except AssertionError as exc:
@@ -171,6 +172,21 @@ def replica_leases(env):
 def slots():
     """The app's slot resource in the cluster (one GPU node): how many replicas Ray may place."""
     return ray.cluster_resources().get(slot_resource("lm"), 0.0)
+
+
+def scrape(name: str) -> str:
+    """The Prometheus lines of ``name`` from every node's metrics export port (Ray adds the ``ray_`` prefix)."""
+    lines = []
+    for n in ray.nodes():
+        if not n["Alive"]:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics",
+                                        timeout=5) as r:
+                lines += [ln for ln in r.read().decode().splitlines() if ln.startswith("ray_" + name)]
+        except OSError:
+            pass
+    return "\n".join(lines)
 
 
 def ask(url):
@@ -247,6 +263,13 @@ def test_burst_reclaims_gpus_from_training_and_gives_them_back(env, explain_fail
     assert rec["state"] == "SUCCEEDED" and rec["preemptions"] == 1 and rec["restarts"] == 0
     # 0 steps lost: every step logged exactly once, none re-run after the resume.
     assert loss_steps(env, tr) == list(range(1, TRAIN["max_steps"] + 1))
+
+    # The operator's metrics, as Prometheus scrapes them from the serving driver's node.
+    text = wait_for(lambda: (t := scrape("raylane_serve_")) and 'path="reclaim"' in t and t, timeout=60,
+                    what="serving metrics exported")
+    assert 'ray_raylane_serve_reclaims_total{' in text and 'victim_team="team-a"' in text
+    assert 'ray_raylane_serve_replicas_running{' in text and 'ray_raylane_serve_replicas_wanted{' in text
+    assert 'ray_raylane_serve_demand_to_serving_seconds_bucket{' in text
 
     # 5. Stopping the serving job drains it and gives every lease back.
     env["client"].stop_job(s_job)

@@ -285,7 +285,10 @@ class ServingDriver:
             l.reason = rec.get("reason") or ""
             if not rec.get("ready") or not _pg_created(rec.get("pg_name")):
                 continue
-            reply = call(self.ctl, "report", l.wid, "running", note=f"replica of {self.app}: GPU handed to Ray Serve")
+            # With the job id, a lease still held when the job ends (driver killed) is freed by the control actor's
+            # job watch. Pending leases carry none: cancelling one must not stop the job.
+            reply = call(self.ctl, "report", l.wid, "running", job_id=self.job_id,
+                         note=f"replica of {self.app}: GPU handed to Ray Serve")
             if reply["state"] != "RUNNING":
                 continue
             l.state, l.node, l.granted_at = "held", rec["placement"][0], time.time()
