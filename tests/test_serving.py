@@ -1,12 +1,12 @@
 """Online inference reclaiming GPUs from preemptible training, end to end on a real local Ray cluster (logical GPUs).
 
 One GPU node with 4 logical GPUs: the serving app (team-b, class serving) holds 1 for its one standing replica, and
-team-a's pretraining gang holds the other 3 (team-a's 2 nominal and 1 that team-b lends while it does not use it). Both are submitted as Ray jobs running
-``python -m raylane.run SPEC``. A bounded burst from a load generator on localhost makes the serving driver want a
-second replica; team-b is within its nominal quota, so the core preempts team-a's borrowing gang, which checkpoints
-and yields; the new replica serves; the burst ends, the replica goes after the downscale delay, and the training
-resumes where it stopped and finishes. Every request is answered; no training step is lost (MLflow's loss history
-has every step exactly once).
+team-a's pretraining gang holds the other 3 (team-a's 2 nominal, and 1 that team-b lends while it does not use it).
+Both are submitted as Ray jobs running ``python -m raylane.run SPEC``. A bounded burst from a load generator on
+localhost makes the serving driver want a second replica; team-b is within its nominal quota, so the core preempts
+team-a's borrowing gang, which checkpoints and yields; the new replica serves; the burst ends, the replica goes after
+the downscale delay, and the training resumes where it stopped and finishes. Every request is answered; no training
+step is lost (MLflow's loss history has every step exactly once); the operator's metrics reach Prometheus.
 """
 import json
 import sys

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import os
 import signal
 import threading
@@ -50,6 +49,7 @@ from raylane.config.loader import load_spec_from_dict
 from raylane.config.serve import DEFAULT_DEPLOYMENT
 from raylane.control.actor import GiB
 from raylane.control.client import call
+from raylane.errors import RetryableError
 from raylane.launchers.autoscale import Autoscaling, ReplicaScaler, pick_release
 
 __all__ = ["run_serving", "ServingDriver", "ReplicaLease", "slot_resource"]
@@ -58,6 +58,8 @@ log = logging.getLogger("raylane.serve")
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 GRACEFUL_SHUTDOWN_S = 10.0
+MAX_STEP_FAILURES = 20
+_TRANSIENT = (RetryableError, ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError)
 
 
 def slot_resource(app: str) -> str:
@@ -186,9 +188,18 @@ class ServingDriver:
         try:
             self.start()
             next_status = 0.0
+            failures = 0
             while not stop.is_set():
                 now = time.time()
-                self.step(now)
+                try:
+                    self.step(now)
+                    failures = 0
+                except _TRANSIENT as exc:
+                    # The control actor restarting, or Serve's controller slow to answer: try again next poll.
+                    failures += 1
+                    log.warning("%s: step failed (%d in a row): %s", self.app, failures, exc)
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
                 if now >= next_status:
                     next_status = now + 2.0
                     if call(self.ctl, "status", self.app_id)["state"] in TERMINAL:
