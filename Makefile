@@ -19,7 +19,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# promtool (from Debian's prometheus package) checks and unit-tests the alerting rules in deploy/prometheus.
 test: $(STAMP)
+	bash deploy/prometheus/install_promtool.sh
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: $(STAMP)

@@ -33,15 +33,26 @@ def policy_dict(policy: Union[str, Path, Dict[str, Any], None]) -> Dict[str, Any
 def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal: Optional[str] = None,
                   *, tick_s: float = 1.0, admit_timeout_s: float = 30.0):
     """Create the detached control actor (or return the running one) in the ``raylane`` namespace."""
+    # On the head node, beside its journal: an actor that asks for no CPU could otherwise land on any node.
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     remote = ray.remote(ControlActor).options(
         name=CONTROL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=1000,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
         runtime_env={"env_vars": {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "")}}
         if os.environ.get("RAY_AUTH_MODE") else None,
     )
     handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s)
     call(handle, "ping")
     return handle
+
+
+def head_node_id() -> str:
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+            return n["NodeID"]
+    return ray.get_runtime_context().get_node_id()
 
 
 def get_control():
