@@ -161,7 +161,7 @@ def test_pbt_sweep_exploit_copies_a_checkpoint_of_a_stronger_trial(env):
         # Half a logical GPU each: the population of 4 runs at once on the 2 GPUs, within team-a's nominal quota.
         "resources": {"gpu": 0.5, "cpu": 0.5}}, LM)
     rec = run(env, s)
-    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 4
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 4 and rec["max_running_over_leased"] == 0
     hist = histories(rec["results"])
     exploits = {tid: [(r["exploited_from"], int(r["exploited_step"])) for r in rows
                       if isinstance(r.get("exploited_from"), str) and r["exploited_from"] != tid]
