@@ -9,6 +9,7 @@ the downscale delay, and the training resumes where it stopped and finishes. Eve
 step is lost (MLflow's loss history has every step exactly once); the operator's metrics reach Prometheus.
 """
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -73,6 +74,7 @@ def env(tmp_path_factory):
     stop_control()
     ray.shutdown()
     cluster.shutdown()
+    shutil.rmtree(cluster.raylane_temp_dir, ignore_errors=True)
 
 
 def _cluster():
@@ -97,6 +99,7 @@ def _cluster():
                dashboard_agent_listen_port=_free_port(), temp_dir=temp_dir)
     c.wait_for_nodes()
     write_ray_address(c.address, temp_dir)
+    c.raylane_temp_dir = temp_dir
     if before is not None:
         shared.write_text(before)
     return c
