@@ -365,8 +365,8 @@ CROSS_CASES = [
     ("unknown class", "class", "research", "class", "research", "a class of the policy: one of pretrain"),
     ("undeclared feature", "gang.features", ["gpu-sim", "gpu-a100"], "gang.features[1]", "gpu-a100",
      "a node feature declared by the policy: one of gpu-sim"),
-    ("gang above team ceiling", "gang.workers", 5, "gang.resources.gpu", 1.0,
-     "at most 4 gpu for the whole gang (5 workers): team team-a may hold 2 nominal + 2 borrowed"),
+    ("gang above team ceiling", "gang.workers", 3, "gang.resources.gpu", 2.0,
+     "at most 4 gpu for the whole gang (3 workers): team team-a may hold 2 nominal + 2 borrowed"),
 ]
 
 
@@ -456,8 +456,8 @@ def test_spec_to_core(local_policy):
     w = spec.to_core("w-7", local_policy, submit_time=12.5)
     assert w.id == "w-7" and w.team == "team-a" and w.submit_time == 12.5 and w.kind == "train"
     assert w.cls == local_policy.workload_class("pretrain")
-    assert w.gang == Gang(workers=2, per_worker=Resources(gpu=1, cpu=1, memory=2), strategy="pack")
-    assert w.runtime_estimate_s == 600 and w.data_snapshot == "tinytext-v1"
+    assert w.gang == Gang(workers=2, per_worker=Resources(gpu=2, cpu=1, memory=1), strategy="spread")
+    assert w.runtime_estimate_s == 300 and w.data_snapshot == "tinytext-v1"
 
 
 @pytest.mark.parametrize(
@@ -474,7 +474,7 @@ def test_spec_fields_and_alias():
     spec = load_spec_from_dict(with_field(raw(PRETRAIN), "gang.features", ["gpu-sim"]))
     assert isinstance(spec, WorkloadSpec)
     assert spec.class_ == "pretrain" and spec.gang.features == ["gpu-sim"]
-    assert spec.run.code_version is None and spec.config["steps"] == 2000
+    assert spec.run.code_version is None and spec.config["max_steps"] == 2000
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -501,7 +501,7 @@ def test_cli_spec_check_ok_against_policy():
     result = runner.invoke(app, ["spec", "check", *files, "--policy", str(LOCAL)])
     assert result.exit_code == 0, result.output
     assert result.stdout.count("OK ") == len(files)
-    assert "pretrain-tiny-lm (train, class pretrain, team team-a): 2 x (1 GPU, 1 CPU, 2 GiB)" in result.stdout
+    assert "pretrain-tiny-lm (train, class pretrain, team team-a): 2 x (2 GPU, 1 CPU, 1 GiB)" in result.stdout
 
 
 def test_cli_spec_check_without_policy_says_so():
