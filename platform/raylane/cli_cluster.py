@@ -126,8 +126,11 @@ def submit(
             job_id = submit_job(
                 client,
                 entrypoint=f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}",
-                runtime_env={"env_vars": {k: v for k, v in os.environ.items()
-                                          if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}},
+                # `ray job stop` sends SIGTERM; the driver then cancels its workload, drains and releases its
+                # leases, which takes longer than Ray's default 3 s before SIGKILL.
+                runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
+                    k: v for k, v in os.environ.items()
+                    if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}},
                 metadata={"raylane.spec": data.get("name", "")},
             )
             console.print(f"ray job {job_id} submitted")
