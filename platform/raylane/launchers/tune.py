@@ -240,11 +240,18 @@ class SlotManager(threading.Thread):
         for slot in self.slots:
             if slot.phase != "reclaiming" or running > leased - 1:
                 continue
-            paused = [v for v in views.values() if v.status == Trial.PAUSED and v.paused_by == "quota"]
-            what = (f"trial {paused[-1].trial_id} paused at step {paused[-1].step} with its checkpoint"
-                    if paused else "no trial was running on it")
-            call(self.ctl, "release", slot.wid, "yielded", step=None, detail=what)
-            self.events.append(f"{slot.wid}: yielded: {what}")
+            paused = [v for v in views.values() if v.status == Trial.PAUSED and v.paused_by == "quota"
+                      and self._seen.get(v.trial_id) != (Trial.PAUSED, "quota")]
+            if paused:
+                # The pause is told on the reclaimed slot, whichever slot the trial was booked on.
+                v = paused[0]
+                self._seen[v.trial_id] = (v.status, v.paused_by)
+                self._last_holder[v.trial_id] = slot
+                what = f"trial {v.trial_id} paused at step {v.step} with its checkpoint (its slot was reclaimed)"
+            else:
+                what = "no trial was running on it"
+            self._note(slot, f"yielded: {what}")
+            call(self.ctl, "release", slot.wid, "yielded", step=paused[0].step if paused else None)
             _say(f"{self.sweep_id}: slot {slot.wid} yielded ({what})")
             slot.phase, slot.trial = "waiting", None
             leased -= 1
@@ -406,138 +413,158 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
               tracking_uri: Optional[str] = None, poll_s: float = 0.5, verbose: int = 1) -> Dict[str, Any]:
     """Run the sweep ``spec`` to the end under the control actor ``ctl``; returns its record (``id``, ``state``,
     ``preemptions``, ``restarts``, ``trials``, ``best``, ``gpu_seconds``, ``slots``...). See the module docstring."""
-    from ray import tune
-    from ray.tune import CheckpointConfig, FailureConfig, RunConfig, TuneConfig, Tuner
-
     from raylane.launchers.train import DEFAULT_STORAGE
-    from raylane.sweeps import build, quota
-    from raylane.sweeps.trainables import check_trainable, tune_trainable
-    from raylane.sweeps.tracking import SweepTracking, summarize
-    from raylane.tracking import RunTracker, _flatten, _param_value
+    from raylane.sweeps import quota
+    from raylane.sweeps.trainables import check_trainable
+    from raylane.sweeps.tracking import summarize
 
     # Every report is a checkpoint, so Tune snapshots its state often (good for resuming); do not warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # 1. Refuse a sweep whose trials could not start, before anything queues.
     parsed = _parse(spec)
     sweep = parsed.sweep
     check_trainable(parsed.config, sweep)
-    data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
-    storage_path = str(Path(storage_path or DEFAULT_STORAGE).expanduser().resolve())
-    exp_dir = Path(storage_path) / parsed.name
-    state_path = exp_dir / STATE_FILE
-    resumed = Tuner.can_restore(str(exp_dir))
-    state = SweepState.load(state_path) if resumed else None
-    if state is None:
-        state = SweepState(sweep_id=f"{parsed.name}-{secrets.token_hex(3)}")
-    else:
-        state.restarts += 1
-        for wid in state.slots:  # the dead driver's slots hold quota no one uses
-            try:
-                if call(ctl, "status", wid)["state"] not in TERMINAL:
-                    call(ctl, "cancel", wid)
-            except FatalError:
-                pass
-    sweep_id = state.sweep_id
-    retry_budget = int(call(ctl, "class_info", parsed.class_)["retry_budget"])
+    # 2. A new sweep, or the one a dead driver left behind (its slots are given back).
+    exp_dir = Path(storage_path or DEFAULT_STORAGE).expanduser().resolve() / parsed.name
+    state, resumed = _sweep_state(ctl, parsed.name, exp_dir)
+    # 3. The MLflow parent run, keyed by the sweep id.
+    tracker = _parent_run(parsed, state, exp_dir, resumed, tracking_uri)
+    # 4. The slots, and the thread that turns their states into the grant.
+    grant = quota.register(state.sweep_id, quota.Grant(sweep.concurrency))
+    manager = _submit_slots(ctl, parsed, state, exp_dir, grant, tracker, job_id, resumed, poll_s)
+    # 5. Tune, within the grant; any end gives the slots back and leaves the experiment resumable.
+    previous_handler = _install_signals(grant)
+    results, error = None, None
+    manager.start()
+    try:
+        results = _fit(ctl, parsed, state, exp_dir, grant, tracker, resumed, verbose, poll_s)
+        errored = sum(r.error is not None for r in results)
+        outcome = "CANCELLED" if grant.stop_requested else ("FAILED" if errored == len(results) else "SUCCEEDED")
+    except BaseException as exc:  # noqa: BLE001 - re-raised below, once the slots are back
+        error = exc
+        outcome = "CANCELLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+    finally:
+        manager.halt()
+        manager.finish(outcome)
+        _restore_signals(previous_handler)
+    # 6. The outcome on the parent run (best trial, compute saved), and the sweep's record.
+    summary = summarize(tracker.client, experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,
+                        sweep_id=state.sweep_id, parent_run_id=tracker.run_id, metric=sweep.metric, mode=sweep.mode,
+                        budget_max=sweep.budget.max)
+    tracker.event("finished" if outcome == "SUCCEEDED" else outcome.lower(),
+                  f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
+                  f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
+                  f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
+    tracker.finish(outcome)
+    state.save(exp_dir / STATE_FILE)
+    if error is not None:
+        raise error
+    _say(f"sweep {state.sweep_id}: {outcome}: best {sweep.metric} {summary['best_metric']} (trial "
+         f"{summary['best_trial_id']}); GPU-seconds {summary['gpu_seconds_used']:.1f}, "
+         f"{summary['gpu_seconds_saved']:.1f} saved against the full budget")
+    return {
+        "id": state.sweep_id, "state": outcome, "preemptions": state.preemptions, "restarts": state.restarts,
+        "slots": [s.wid for s in manager.slots], "trials": summary["trials"], "best": {
+            "trial_id": summary["best_trial_id"], sweep.metric: summary["best_metric"],
+            "config": summary["best_config"]},
+        "gpu_seconds": {k: summary[k] for k in ("gpu_seconds_used", "gpu_seconds_full_budget", "gpu_seconds_saved")},
+        "trained_steps": summary["trained_steps"], "full_budget_steps": summary["full_budget_steps"],
+        "stopped_early": summary["stopped_early"], "mlflow_run_id": tracker.run_id, "experiment_path": str(exp_dir),
+        "max_running_over_leased": grant.over, "grant_history": list(grant.history), "slot_events": manager.events,
+        "results": results,
+    }
 
-    # The MLflow parent run, keyed by the sweep id.
-    tracker = RunTracker(workload_id=sweep_id, spec=data, tracking_uri=tracking_uri)
-    parent_run_id = tracker.start()
+
+def _sweep_state(ctl, name: str, exp_dir: Path):
+    """The sweep's state: new (a fresh sweep id), or the one of the experiment at ``exp_dir``, whose last driver's
+    slots are cancelled (they hold quota no one uses)."""
+    from ray.tune import Tuner
+
+    resumed = Tuner.can_restore(str(exp_dir))
+    state = SweepState.load(exp_dir / STATE_FILE) if resumed else None
+    if state is None:
+        return SweepState(sweep_id=f"{name}-{secrets.token_hex(3)}"), resumed
+    state.restarts += 1
+    for wid in state.slots:
+        try:
+            if call(ctl, "status", wid)["state"] not in TERMINAL:
+                call(ctl, "cancel", wid)
+        except FatalError:  # forgotten by the control actor: nothing to give back
+            pass
+    return state, resumed
+
+
+def _parent_run(parsed, state: SweepState, exp_dir: Path, resumed: bool, tracking_uri: Optional[str]):
+    from raylane.tracking import RunTracker, _flatten, _param_value
+
+    data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+    tracker = RunTracker(workload_id=state.sweep_id, spec=data, tracking_uri=tracking_uri)
+    tracker.start()
     tracker.log_params({f"sweep.{k}": _param_value(v) for k, v in _flatten(data["sweep"])})
     if resumed:
         tracker.event("restarted", f"driver {state.restarts} resumes the sweep from {exp_dir}")
-    experiment_id = tracker.client.get_run(parent_run_id).info.experiment_id
+    return tracker
 
-    grant = quota.register(sweep_id, quota.Grant(sweep.concurrency))
+
+def _submit_slots(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, job_id, resumed: bool,
+                  poll_s: float) -> "SlotManager":
+    sweep = parsed.sweep
     slots = []
     for slot_spec in slot_specs(parsed):
-        rec = call(ctl, "submit", slot_spec, job_id=job_id)
-        slots.append(Slot(len(slots), rec["id"]))
+        slots.append(Slot(len(slots), call(ctl, "submit", slot_spec, job_id=job_id)["id"]))
     state.slots = [s.wid for s in slots]
-    state.save(state_path)
+    state.save(exp_dir / STATE_FILE)
     for s in slots:
-        call(ctl, "report", s.wid, "event", mlflow_run_id=parent_run_id,
-             note=f"slot {s.index} of sweep {sweep_id} ({sweep.trials} trials, up to {sweep.concurrency} at once)")
-    _say(f"sweep {sweep_id}: {sweep.trials} trials, {len(slots)} slot(s) submitted: "
+        call(ctl, "report", s.wid, "event", mlflow_run_id=tracker.run_id,
+             note=f"slot {s.index} of sweep {state.sweep_id} ({sweep.trials} trials, up to {sweep.concurrency} at once)")
+    _say(f"sweep {state.sweep_id}: {sweep.trials} trials, {len(slots)} slot(s) submitted: "
          f"{', '.join(s.wid for s in slots)}" + (f" (resuming, driver {state.restarts})" if resumed else ""))
-    manager = SlotManager(ctl=ctl, slots=slots, grant=grant, sweep_id=sweep_id, trials_total=sweep.trials,
-                          job_id=job_id, state=state, state_path=state_path, tracker=tracker, metric=sweep.metric,
-                          budget_max=sweep.budget.max, poll_s=poll_s)
+    return SlotManager(ctl=ctl, slots=slots, grant=grant, sweep_id=state.sweep_id, trials_total=sweep.trials,
+                       job_id=job_id, state=state, state_path=exp_dir / STATE_FILE, tracker=tracker,
+                       metric=sweep.metric, budget_max=sweep.budget.max, poll_s=poll_s)
 
-    stop_signal = _install_signals(grant)
-    outcome = "FAILED"
-    results = None
-    error: Optional[BaseException] = None
-    manager.start()
-    try:
-        if resumed and state.unfinished:
+
+def _fit(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, resumed: bool, verbose: int, poll_s: float):
+    """Build (or restore) the Tuner of the sweep and run it; returns Tune's ``ResultGrid``."""
+    from ray.tune import CheckpointConfig, FailureConfig, RunConfig, TuneConfig, Tuner
+
+    from raylane.sweeps import build, quota
+    from raylane.sweeps.tracking import SweepTracking
+    from raylane.sweeps.trainables import tune_trainable
+
+    sweep, sweep_id = parsed.sweep, state.sweep_id
+    trainable = tune_trainable(parsed.config, sweep)
+    if resumed:
+        if state.unfinished:
             # Tune starts every unfinished trial of a restored experiment at once: hold a slot for each first.
             need = min(state.unfinished, sweep.concurrency)
             _say(f"sweep {sweep_id}: waiting for {need} slot(s) before resuming {state.unfinished} unfinished trial(s)")
             while grant.granted < need and not grant.stop_requested:
                 time.sleep(poll_s)
-        trainable = tune_trainable(parsed.config, sweep)
-        if resumed:
-            tuner = Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = Tuner(
-                trainable,
-                param_space=build.param_space(sweep),
-                tune_config=TuneConfig(
-                    metric=sweep.metric, mode=sweep.mode, num_samples=build.num_samples(sweep),
-                    search_alg=build.search_algorithm(sweep, sweep_id),
-                    scheduler=quota.QuotaScheduler(build.scheduler(sweep), sweep_id),
-                    reuse_actors=False),
-                run_config=RunConfig(
-                    name=parsed.name, storage_path=storage_path, verbose=verbose,
-                    stop=quota.GrantStopper(sweep_id, sweep.budget.max),
-                    callbacks=[SweepTracking(sweep_id=sweep_id, parent_run_id=parent_run_id,
-                                             experiment_id=experiment_id, uri=tracker.tracking_uri,
-                                             name=parsed.name, gpus_per_trial=sweep.resources.gpu,
-                                             budget_max=sweep.budget.max, report_every=sweep.budget.report_every)],
-                    # PBT clones the checkpoint a trial had at its last perturbation: keep them all.
-                    checkpoint_config=CheckpointConfig(num_to_keep=None if sweep.scheduler.type == "pbt" else 2),
-                    failure_config=FailureConfig(max_failures=retry_budget)),
-            )
-        results = tuner.fit()
-        errored = sum(r.error is not None for r in results)
-        if grant.stop_requested:
-            outcome = "CANCELLED"
-        elif errored == len(results):
-            outcome = "FAILED"
-        else:
-            outcome = "SUCCEEDED"
-    except BaseException as exc:  # noqa: BLE001 - any end gives the slots back; the sweep stays resumable
-        error = exc
-        outcome = "CANCELLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
-    finally:
-        manager.halt()
-        manager.finish("SUCCEEDED" if outcome == "SUCCEEDED" else ("CANCELLED" if outcome == "CANCELLED"
-                                                                   else "FAILED"))
-        _restore_signals(stop_signal)
-    summary = summarize(tracker.client, experiment_id=experiment_id, sweep_id=sweep_id, parent_run_id=parent_run_id,
-                        metric=sweep.metric, mode=sweep.mode, budget_max=sweep.budget.max)
-    tracker.event("finished" if outcome == "SUCCEEDED" else outcome.lower(),
-                  f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
-                  f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
-                  f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
-    tracker.finish("FINISHED" if outcome == "SUCCEEDED" else ("KILLED" if outcome == "CANCELLED" else "FAILED"))
-    state.save(state_path)
-    if error is not None:
-        raise error
-    _say(f"sweep {sweep_id}: {outcome}: best {sweep.metric} {summary['best_metric']} (trial "
-         f"{summary['best_trial_id']}); GPU-seconds {summary['gpu_seconds_used']:.1f}, "
-         f"{summary['gpu_seconds_saved']:.1f} saved against the full budget")
-    return {
-        "id": sweep_id, "state": outcome, "preemptions": state.preemptions, "restarts": state.restarts,
-        "slots": [s.wid for s in slots], "trials": summary["trials"], "best": {
-            "trial_id": summary["best_trial_id"], sweep.metric: summary["best_metric"],
-            "config": summary["best_config"]},
-        "gpu_seconds": {k: summary[k] for k in ("gpu_seconds_used", "gpu_seconds_full_budget", "gpu_seconds_saved")},
-        "trained_steps": summary["trained_steps"], "full_budget_steps": summary["full_budget_steps"],
-        "stopped_early": summary["stopped_early"], "mlflow_run_id": parent_run_id, "experiment_path": str(exp_dir),
-        "max_running_over_leased": grant.over, "grant_history": list(grant.history), "slot_events": manager.events,
-        "results": results,
-    }
+        return Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True).fit()
+    retry_budget = int(call(ctl, "class_info", parsed.class_)["retry_budget"])
+    tracking = SweepTracking(
+        sweep_id=sweep_id, parent_run_id=tracker.run_id, uri=tracker.tracking_uri, name=parsed.name,
+        experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,
+        gpus_per_trial=sweep.resources.gpu, budget_max=sweep.budget.max, report_every=sweep.budget.report_every)
+    tuner = Tuner(
+        trainable,
+        param_space=build.param_space(sweep),
+        tune_config=TuneConfig(
+            metric=sweep.metric, mode=sweep.mode, num_samples=build.num_samples(sweep),
+            search_alg=build.search_algorithm(sweep, sweep_id),
+            scheduler=quota.QuotaScheduler(build.scheduler(sweep), sweep_id),
+            reuse_actors=False),
+        run_config=RunConfig(
+            name=parsed.name, storage_path=str(exp_dir.parent), verbose=verbose,
+            stop=quota.GrantStopper(sweep_id, sweep.budget.max),
+            callbacks=[tracking],
+            # PBT clones the checkpoint a trial had at its last perturbation: keep them all.
+            checkpoint_config=CheckpointConfig(num_to_keep=None if sweep.scheduler.type == "pbt" else 2),
+            # Tune retries a crashed trial from its last checkpoint, up to the class's retry budget.
+            failure_config=FailureConfig(max_failures=retry_budget)),
+    )
+    return tuner.fit()
 
 
 def _install_signals(grant):
