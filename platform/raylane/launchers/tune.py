@@ -439,7 +439,11 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
     try:
         results = _fit(ctl, parsed, state, exp_dir, grant, tracker, resumed, verbose, poll_s)
         errored = sum(r.error is not None for r in results)
-        outcome = "CANCELLED" if grant.stop_requested else ("FAILED" if errored == len(results) else "SUCCEEDED")
+        # Tune also returns when interrupted (SIGINT): trials left unfinished mean the sweep did not end.
+        views = grant.trials()
+        unfinished = sum(v.status in quota.UNFINISHED for v in views.values()) + max(0, sweep.trials - len(views))
+        outcome = ("CANCELLED" if grant.stop_requested or unfinished
+                   else "FAILED" if errored == len(results) else "SUCCEEDED")
     except BaseException as exc:  # noqa: BLE001 - re-raised below, once the slots are back
         error = exc
         outcome = "CANCELLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
