@@ -5,12 +5,13 @@ and a phrase of the allowed text the error must show.
 """
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.specdoc import DELETE, raw, with_field
 from typer.testing import CliRunner
 
 from raylane.cli import app
@@ -42,25 +43,6 @@ SPECS = ROOT / "examples" / "specs"
 PRETRAIN = SPECS / "pretrain-team-a.yaml"
 BAD_POLICY = ROOT / "tests" / "data" / "bad_policy.yaml"
 BAD_SPEC = ROOT / "tests" / "data" / "bad_spec.yaml"
-DELETE = object()
-
-
-def raw(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
-
-
-def with_field(doc: dict, dotted: str, value) -> dict:
-    """A deep copy of ``doc`` with ``dotted`` (keys split on '.') set to ``value`` (or removed, for DELETE)."""
-    doc = copy.deepcopy(doc)
-    *parents, last = dotted.split(".")
-    node = doc
-    for key in parents:
-        node = node.setdefault(key, {})
-    if value is DELETE:
-        del node[last]
-    else:
-        node[last] = value
-    return doc
 
 
 def errors_of(fn, *args, **kwargs) -> list:

@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.specdoc import DELETE
+from tests.specdoc import raw as _raw
+from tests.specdoc import with_field as _with_field
+
 from raylane.config import sweep as sweep_cfg
 from raylane.config.loader import MISSING, load_policy, load_spec, load_spec_from_dict
 from raylane.errors import ValidationError
@@ -21,24 +25,15 @@ from raylane.sweeps.trainables import check_trainable, lm_base_config, merge_con
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "specs" / "sweep-asha-team-a.yaml"
 LOCAL = ROOT / "policies" / "local.yaml"
-DELETE = object()
 
 
 def raw() -> dict:
-    return yaml.safe_load(EXAMPLE.read_text())
+    return _raw(EXAMPLE)
 
 
-def with_field(doc: dict, dotted: str, value) -> dict:
-    doc = copy.deepcopy(doc)
-    *parents, last = dotted.split("/")
-    node = doc
-    for key in parents:
-        node = node.setdefault(key, {})
-    if value is DELETE:
-        del node[last]
-    else:
-        node[last] = value
-    return doc
+def with_field(doc: dict, path: str, value) -> dict:
+    """Paths are split on '/', since search-space parameter names may hold dots."""
+    return _with_field(doc, path, value, sep="/")
 
 
 def errors_of(doc) -> list:
