@@ -52,7 +52,9 @@ def ray_job_submit(spec_path: Path) -> str:
                                                             "RAYLANE_MLFLOW_URI": MLFLOW_URI}}),
              "--", sys.executable, "-m", "raylane.run", spec_path, "--storage-path", STORAGE,
              "--tracking-uri", MLFLOW_URI, quiet=True)
-    return re.search(r"raysubmit_[A-Za-z0-9]+", out).group(0)
+    job = re.search(r"raysubmit_[A-Za-z0-9]+", out).group(0)
+    JOBS.append(job)
+    return job
 
 
 def queue():
@@ -64,12 +66,21 @@ def show_queue(title):
     sh(RAYLANE, "queue", "--all")
 
 
+JOBS = []
+
+
 def wait(pred, timeout, what):
     t0 = time.time()
     while time.time() - t0 < timeout:
         got = pred()
         if got:
             return got
+        failed = [j for j in JOBS if "FAILED" in sh(RAY, "job", "status", "--address", "http://127.0.0.1:8265", j,
+                                                      check=False, quiet=True)]
+        if failed:
+            for j in failed:
+                print(sh(RAY, "job", "logs", "--address", "http://127.0.0.1:8265", j, check=False, quiet=True)[-4000:])
+            raise SystemExit(f"demo: ray job {', '.join(failed)} failed while waiting for {what}")
         time.sleep(1.0)
     raise SystemExit(f"demo: timed out waiting for {what}")
 

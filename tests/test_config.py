@@ -456,7 +456,7 @@ def test_spec_fields_and_alias():
     spec = load_spec_from_dict(with_field(raw(PRETRAIN), "gang.features", ["gpu-sim"]))
     assert isinstance(spec, WorkloadSpec)
     assert spec.class_ == "pretrain" and spec.gang.features == ["gpu-sim"]
-    assert spec.run.code_version is None and spec.config["max_steps"] == 2000
+    assert spec.run.code_version is None and spec.config["max_steps"] == 600
 
 
 # ------------------------------------------------------------------------------------------ CLI

@@ -174,7 +174,8 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
 
 
 def test_crash_within_retry_budget_restarts_from_checkpoint(env):
-    job = submit_job(env, spec("crash1", "team-a", "pretrain", workers=1, gpu=1, cpu=1,
+    # Two workers on logical GPUs: DDP over gloo with the model kept on the CPU.
+    job = submit_job(env, spec("crash1", "team-a", "pretrain", workers=2, gpu=1, cpu=1,
                                config=dict(TRAIN, fault={"crash_at_step": 15, "times": 1})), "crash1")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("SUCCEEDED")

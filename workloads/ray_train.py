@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+import torch
 from torch import nn
 
 from raylane.errors import RetryableError, ValidationError
@@ -135,7 +136,10 @@ class RayTrainHooks(TrainHooks):
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self.world_size > 1:
-            return ray.train.torch.prepare_model(model)
+            # Logical GPUs (a CPU build of torch, or a test cluster) still get Ray's GPU scheduling; the model
+            # then stays on the CPU and DDP runs over gloo instead of asking CUDA for a device.
+            device = True if torch.cuda.is_available() else torch.device("cpu")
+            return ray.train.torch.prepare_model(model, move_to_device=device)
         return model
 
     def close(self) -> None:
