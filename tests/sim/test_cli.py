@@ -64,3 +64,29 @@ def test_main_cli_has_sim():
 
     res = runner.invoke(main_app, ["sim", "--help"])
     assert res.exit_code == 0 and "--preset" in res.stdout
+
+
+def test_ctrl_c_keeps_partial_figures(tmp_path):
+    """A real SIGINT to a long replay: it stops, prints the figures of what finished, marked partial, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raylane.sim", "/work/shared/data/traces/philly.csv", "--nodes", "70",
+         "--preset", "fifo", "--json", "--out", str(tmp_path), "--no-plots"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    line = ""
+    while "trace " not in line and time.monotonic() < deadline:  # the replay starts after this line
+        line = proc.stderr.readline()
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    report = json.loads(out)
+    assert report["partial"] is True and report["runs"]["fifo"]["partial"] is True
+    assert 0 < report["runs"]["fifo"]["jobs"]["finished"] < 82247
+    assert json.loads((tmp_path / "summary.json").read_text())["partial"] is True

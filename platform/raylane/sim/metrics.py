@@ -3,6 +3,9 @@
 This module owns the definitions (they are what ``docs/simulator.md`` and the JSON report promise):
 - *JCT*: finish minus submit, of the jobs that finished. Average and p50/p95/p99.
 - *queueing delay*: first start minus submit (time to first GPU), of the jobs that started. p50/p95/p99 and mean.
+  A preemptive policy can start every job at once and stop it later, so beside it:
+- *wait*: JCT minus duration, of the jobs that finished: all the time a job was not doing useful work (queued
+  first, queued again after preemptions, and redoing work lost to them).
 - *makespan*: last finish minus first submit.
 - *utilization*: GPUs held by leases over GPUs in the cluster, time-weighted, from the first submit to the last
   finish; *goodput* is the part of it that was not lost to preemptions.
@@ -32,6 +35,7 @@ FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("queueing.p50", "queue p50", "s"),
     ("queueing.p95", "queue p95", "s"),
     ("queueing.p99", "queue p99", "s"),
+    ("wait.p95", "wait p95", "s"),
     ("makespan_s", "makespan", "s"),
     ("utilization.mean", "GPU util", ""),
     ("preemptions.per_job", "preempt/job", ""),
@@ -103,6 +107,7 @@ def summarize(r: SimResult) -> Dict[str, Any]:
     started = [j for j in range(n) if r.first_start[j] >= 0]
     jct = [r.finish[j] - jobs[j].submit for j in done]
     queueing = [r.first_start[j] - jobs[j].submit for j in started]
+    wait = [max(0.0, r.finish[j] - jobs[j].submit - jobs[j].duration) for j in done]
     t0 = min((job.submit for job in jobs), default=0.0)
     t1 = max((r.finish[j] for j in done), default=t0) if not r.partial else r.end_time
     t1 = max(t1, t0)
@@ -166,6 +171,7 @@ def summarize(r: SimResult) -> Dict[str, Any]:
         },
         "jct": _dist(jct),
         "queueing": _dist(queueing),
+        "wait": _dist(wait),
         "makespan_s": span,
         "end_time_s": r.end_time,
         "utilization": {"mean": util, "goodput": (gpu_s_used - lost_gpu_s) / (r.total_gpus * span)
