@@ -57,10 +57,6 @@ def ray_job_submit(spec_path: Path) -> str:
     return job
 
 
-def queue():
-    return json.loads(sh(RAYLANE, "queue", "--all", "--json", quiet=True))
-
-
 def show_queue(title):
     banner(title)
     sh(RAYLANE, "queue", "--all")
@@ -69,37 +65,66 @@ def show_queue(title):
 JOBS = []
 
 
+def jobs():
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient("http://127.0.0.1:8265")
+
+
 def wait(pred, timeout, what):
     t0 = time.time()
     while time.time() - t0 < timeout:
         got = pred()
         if got:
             return got
-        failed = [j for j in JOBS if "FAILED" in sh(RAY, "job", "status", "--address", "http://127.0.0.1:8265", j,
-                                                      check=False, quiet=True)]
+        failed = [j for j in JOBS if str(jobs().get_job_status(j)).endswith("FAILED")]
         if failed:
             for j in failed:
-                print(sh(RAY, "job", "logs", "--address", "http://127.0.0.1:8265", j, check=False, quiet=True)[-4000:])
+                print(jobs().get_job_logs(j)[-4000:])
             raise SystemExit(f"demo: ray job {', '.join(failed)} failed while waiting for {what}")
         time.sleep(1.0)
     raise SystemExit(f"demo: timed out waiting for {what}")
 
 
-def workload_of(job_id):
-    for row in queue():
-        ex = json.loads(sh(RAYLANE, "explain", row["id"], "--json", quiet=True))
-        if ex.get("job_id") == job_id:
-            return row["id"]
-    return None
+_CTL = None
+
+
+def ctl():
+    """The control actor, through this process's own Ray connection (polling via the CLI would be slow)."""
+    global _CTL
+    if _CTL is None:
+        import ray
+
+        from raylane.control.client import get_control
+
+        ray.init(address="127.0.0.1:6390", namespace="raylane", logging_level="ERROR", log_to_driver=False)
+        _CTL = get_control()
+    return _CTL
+
+
+def queue():
+    from raylane.control.client import call
+
+    return call(ctl(), "queue", True)
 
 
 def state(wid):
     return next(r for r in queue() if r["id"] == wid)
 
 
+def workload_of(job_id):
+    from raylane.control.client import call
+
+    rec = call(ctl(), "find_job", job_id)
+    return rec["id"] if rec else None
+
+
 def latest_checkpoint(wid):
+    """The newest complete checkpoint of ``wid`` (one being written is skipped)."""
+    from workloads.checkpoint import is_checkpoint
+
     run_dir = STORAGE / wid
-    cps = sorted(run_dir.glob("checkpoint_*")) if run_dir.is_dir() else []
+    cps = [p for p in sorted(run_dir.glob("checkpoint_*")) if is_checkpoint(p)] if run_dir.is_dir() else []
     return str(cps[-1]) if cps else None
 
 
@@ -116,7 +141,7 @@ def main():
         a_spec = yaml.safe_load((REPO / "examples/specs/pretrain-team-a.yaml").read_text())
         (tmp / "a.yaml").write_text(yaml.safe_dump(a_spec))
         a_job = ray_job_submit(tmp / "a.yaml")
-        a = wait(lambda: workload_of(a_job), 60, "A registered")
+        a = wait(lambda: workload_of(a_job), 180, "A registered")
         print(f"ray job {a_job} -> workload {a}")
         wait(lambda: latest_checkpoint(a), 240, "A's first checkpoint")
         show_queue("A is training (4 GPUs: 2 nominal + 2 borrowed from team B)")
@@ -126,7 +151,7 @@ def main():
         b_spec["config"]["init_from"] = latest_checkpoint(a)
         (tmp / "b.yaml").write_text(yaml.safe_dump(b_spec))
         b_job = ray_job_submit(tmp / "b.yaml")
-        b = wait(lambda: workload_of(b_job), 60, "B registered")
+        b = wait(lambda: workload_of(b_job), 180, "B registered")
         wait(lambda: state(a)["preemptions"] >= 1, 120, "A preempted")
         wait(lambda: state(a)["state"] == "PENDING", 120, "A back in the queue")
         show_queue("A was preempted: it checkpointed at its current step and waits; B takes the GPUs")
@@ -151,6 +176,9 @@ def main():
         if not ok:
             raise SystemExit(1)
     finally:
+        import ray
+
+        ray.shutdown()
         if not os.environ.get("RAYLANE_DEMO_KEEP"):
             banner("raylane down")
             sh(RAYLANE, "down", check=False)

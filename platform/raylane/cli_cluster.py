@@ -21,7 +21,7 @@ from rich.table import Table
 
 from raylane.errors import FatalError, RaylaneError, RetryableError
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 
