@@ -197,7 +197,7 @@ def show_mlflow(wids):
             print(f"{wid}: run {run.info.run_id} {run.info.status}; loss {hist[0].value:.3f} -> {hist[-1].value:.3f}"
                   f" over steps {min(steps)}..{max(steps)} ({len(steps)} points); preemptions="
                   f"{t.get('raylane.preemptions')} restarts={t.get('raylane.restarts')}; "
-                  f"code {run.data.params.get('code_version', '?')}")
+                  f"code {run.data.params.get('raylane.code_version', '?')}")
 
 
 if __name__ == "__main__":
