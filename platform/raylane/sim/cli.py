@@ -133,14 +133,14 @@ def _fmt(key: str, v: Any) -> str:
 
 
 def comparison_rows(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
-    """Per run, avg JCT, p95 queueing delay and p95 wait as ratios to each reference run present (NaN where the
+    """Per run, avg JCT, p95 queueing delay and average wait as ratios to each reference run present (NaN where the
     reference's figure is 0)."""
     out: Dict[str, Dict[str, float]] = {}
     for name, s in summaries.items():
         row: Dict[str, float] = {}
         for ref in REFERENCES:
             if ref in summaries:
-                for key in ("jct.mean", "queueing.p95", "wait.p95"):
+                for key in ("jct.mean", "queueing.p95", "wait.mean"):
                     base = get(summaries[ref], key)
                     v = get(s, key)
                     row[f"{key}/{ref}"] = v / base if base else math.nan
@@ -157,7 +157,7 @@ def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
     ref_cols = [k for k in (next(iter(ratios.values()), {}) or {})]
     for k in ref_cols:
         what, ref = k.split("/")
-        short = {"jct.mean": "JCT", "queueing.p95": "q p95", "wait.p95": "wait p95"}[what]
+        short = {"jct.mean": "JCT", "queueing.p95": "q p95", "wait.mean": "wait"}[what]
         table.add_column(f"{short}/{ref.split('-')[0]}", justify="right")
     for name, s in summaries.items():
         cells = [name + (" (partial)" if s["partial"] else "")]

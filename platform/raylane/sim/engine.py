@@ -108,6 +108,8 @@ class SimResult:
     end_time: float = 0.0
     cluster_name: str = ""
     trace_source: str = ""
+    # The tick the replay used (``options.tick_s`` resolved).
+    tick_s: float = 0.0
 
 
 def gang_for(job: TraceJob, max_node_gpus: int) -> Gang:
@@ -411,7 +413,7 @@ class Simulator:
             times=times, busy=busy_s, queued=queued_s, running=running_s, rejected=list(self.rejected),
             cycles=cycles, instants=instants, wall_s=time.perf_counter() - wall0, partial=partial,
             end_time=t, cluster_name=self.cluster_name,
-            trace_source=self.trace.source,
+            trace_source=self.trace.source, tick_s=tick,
         )
 
 

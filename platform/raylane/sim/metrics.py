@@ -35,7 +35,8 @@ FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("queueing.p50", "queue p50", "s"),
     ("queueing.p95", "queue p95", "s"),
     ("queueing.p99", "queue p99", "s"),
-    ("wait.p95", "wait p95", "s"),
+    ("wait.mean", "wait avg", "s"),
+    ("wait.p99", "wait p99", "s"),
     ("makespan_s", "makespan", "s"),
     ("utilization.mean", "GPU util", ""),
     ("preemptions.per_job", "preempt/job", ""),
@@ -163,7 +164,7 @@ def summarize(r: SimResult) -> Dict[str, Any]:
         },
         "options": {
             "estimates": r.options.estimates, "noise_sigma": r.options.noise_sigma, "seed": r.options.seed,
-            "stop_delay_s": r.options.stop_delay_s, "tick_s": r.options.tick_s, "max_examined": r.options.max_examined,
+            "stop_delay_s": r.options.stop_delay_s, "tick_s": r.tick_s, "max_examined": r.options.max_examined,
         },
         "jobs": {
             "total": n, "finished": len(done), "started": len(started), "unfinished": n - len(done),

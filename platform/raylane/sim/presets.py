@@ -17,9 +17,9 @@ Presets
   by a log-normal factor (sigma 0.5).
 - ``las``: Tiresias' discretized 2D-LAS: least attained GPU-service first over queues split at 1 and 10 GPU-hours,
   FIFO inside a queue, preempting leases that rank after a waiting job. Knows no durations.
-- ``las-easy``: the same LAS, with EASY backfilling and no runtime estimates: a gang blocked for capacity reserves
-  the nodes it will get (assuming running leases end ``default_runtime`` after they started), and work behind it
-  starts on the other nodes instead of idling them. Knows no durations.
+- ``las-easy``: the same LAS with EASY backfilling on no estimates: a gang blocked for capacity reserves the nodes it
+  will get (running leases are assumed to end ``default_runtime`` after they started), and work behind it starts on
+  the other nodes instead of leaving them idle. Knows no durations.
 - ``srtf-oracle``: shortest remaining time first with exact durations, preemptive, EASY backfill on exact
   estimates: the lower-bound reference no policy that does not know durations should beat.
 """
