@@ -25,7 +25,7 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]),), gpus=4, cpus=4, dashboard=True)
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
-    policy = local_policy(pretrain={"min_runtime": "2s", "grace_period": "20s", "retry_budget": 1})
+    policy = local_policy(pretrain={"min_runtime": "2s", "grace_period": "6s", "retry_budget": 1})
     ctl = start_control(policy, str(tmp / "journal.db"), tick_s=0.2)
     from ray.job_submission import JobSubmissionClient
 
@@ -156,7 +156,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
 def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     policy_grace = call(env["ctl"], "class_info", "pretrain")["grace_period_s"]
     a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                                 config=dict(TRAIN, max_steps=1500, fault={"ignore_stop": True})), "deaf-a")
+                                 config=dict(TRAIN, max_steps=8000, fault={"ignore_stop": True})), "deaf-a")
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=300, what="A past step 100")
     t0 = time.time()
@@ -169,7 +169,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     assert any("stopped by force" in n for n in notes), notes
     _, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
-    assert steps[-1] == 1500 and set(steps) == set(range(1, 1501))
+    assert steps[-1] == 8000 and set(steps) == set(range(1, 8001))
     assert time.time() - t0 >= policy_grace
 
 

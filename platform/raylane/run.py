@@ -163,7 +163,9 @@ def _drive(ctl, wid, spec, *, train_fn, storage_path, tracking_uri, poll_s) -> D
             tracker.event("cancelled", f"cancelled at step {step}")
             tracker.finish("KILLED")
             return call(ctl, "status", wid)
-        if state in ("PREEMPTING", "PENDING") or out.get("status") == "yielded":
+        # A gang that reached its last step finished, even if a preemption arrived meanwhile.
+        done = error is None and out.get("status") == "finished"
+        if not done and (state in ("PREEMPTING", "PENDING") or out.get("status") == "yielded"):
             how = "yielded" if error is None else "stopped by force"
             tracker.event("preempted", f"{how} at step {step}", step=step)
             _say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
