@@ -21,15 +21,22 @@ __all__ = ["plot_jct_cdf", "plot_timeline", "write_plots"]
 
 Run = Tuple[str, SimResult]
 
+# Runs that decide alike draw the same line; dashes keep each one visible under the others.
+_STYLES = ("-", "--", "-.", ":")
+
+
+def _style(k: int) -> str:
+    return _STYLES[k % len(_STYLES)]
+
 
 def plot_jct_cdf(runs: Sequence[Run], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, r in runs:
+    for k, (label, r) in enumerate(runs):
         jct = sorted(r.finish[j] - r.jobs[j].submit for j in range(len(r.jobs)) if r.finish[j] >= 0)
         if not jct:
             continue
         n = len(jct)
-        ax.plot([max(x, 1.0) for x in jct], [(k + 1) / n for k in range(n)], label=label, lw=1.4)
+        ax.plot([max(x, 1.0) for x in jct], [(i + 1) / n for i in range(n)], label=label, lw=1.4, ls=_style(k))
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (s)")
     ax.set_ylabel("fraction of jobs")
@@ -45,22 +52,23 @@ def plot_jct_cdf(runs: Sequence[Run], path: Path) -> Path:
 
 def plot_timeline(runs: Sequence[Run], path: Path, bins: int = 400) -> Path:
     fig, (ax_u, ax_q) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for label, r in runs:
+    span = max((r.end_time - r.times[0] for _, r in runs if r.times), default=0.0)
+    unit, unit_s = ("days", 86400.0) if span > 3 * 86400 else ("hours", 3600.0)
+    for k, (label, r) in enumerate(runs):
         if not r.times:
             continue
         t0, t1 = r.times[0], r.end_time if r.end_time > r.times[0] else r.times[-1]
-        hours = 3600.0
         x, busy = binned(r.times, r.busy, t0, t1, bins)
         _, queued = binned(r.times, r.queued, t0, t1, bins)
-        xs = [(v - t0) / hours for v in x]
-        ax_u.plot(xs, [b / r.total_gpus for b in busy], label=label, lw=1.0)
-        ax_q.plot(xs, queued, label=label, lw=1.0)
+        xs = [(v - t0) / unit_s for v in x]
+        ax_u.plot(xs, [b / r.total_gpus for b in busy], label=label, lw=1.0, ls=_style(k))
+        ax_q.plot(xs, queued, label=label, lw=1.0, ls=_style(k))
     ax_u.set_ylabel("GPU utilization")
     ax_u.set_ylim(0, 1.05)
     ax_u.grid(True, alpha=0.3)
     ax_u.legend(fontsize=8, loc="lower right")
     ax_q.set_ylabel("pending workloads")
-    ax_q.set_xlabel("simulated time (hours)")
+    ax_q.set_xlabel(f"simulated time ({unit})")
     ax_q.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
