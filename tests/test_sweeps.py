@@ -276,8 +276,9 @@ def test_sweep_shrinks_for_a_higher_class_gang_of_its_team_and_grows_back(env):
     assert 2 in granted[shrunk:]  # 2 slots, then 1, then 2 again
     hist = histories(rec["results"])
     resumed = {tid: rows for tid, rows in hist.items() if any(value(r, "resumed_from") is not None for r in rows)}
-    # At least the trial paused for the shrink resumed; on a loaded machine the grant can dip twice, pausing the
-    # other trial too. Every paused trial must go on from its checkpoint with no step lost and none trained twice.
+    # At least the trial paused for the shrink resumed. A CI run once saw both trials paused and resumed (why the
+    # second one paused was not established); every paused trial must go on from its checkpoint with no step lost
+    # and none trained twice.
     assert resumed, {t: [r["step"] for r in rows] for t, rows in hist.items()}
     for rows in resumed.values():
         assert [r["step"] for r in rows] == list(range(4, 61, 4))  # no step lost, none trained twice
