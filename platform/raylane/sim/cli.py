@@ -45,12 +45,9 @@ REFERENCES = ("srtf-oracle", "fifo")
 
 
 def _fail(exc: Exception) -> None:
-    if isinstance(exc, ValidationError):
-        _err.print(f"{exc.source}: {len(exc.errors)} error(s)", style="bold red", markup=False)
-        for path, value, allowed in exc.errors:
-            _err.print(f"  {path}: got {value!r}; {allowed}", markup=False)
-    else:
-        _err.print(str(exc), style="bold red", markup=False)
+    from raylane.cli_config import print_error
+
+    print_error(exc)
     raise typer.Exit(1)
 
 
