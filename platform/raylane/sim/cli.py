@@ -146,21 +146,21 @@ def comparison_rows(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str,
 
 
 def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
+    """One column per run, one row per figure (a comparison of nine runs stays readable in a terminal), then the
+    ratios to the reference runs."""
     table = Table(title="replay figures (seconds unless noted)", show_lines=False)
-    table.add_column("policy", style="bold")
-    for key, label, unit in FIGURES:
-        table.add_column(label, justify="right")
-    ratios = comparison_rows(summaries)
-    ref_cols = [k for k in (next(iter(ratios.values()), {}) or {})]
-    for k in ref_cols:
-        what, ref = k.split("/")
-        short = {"jct.mean": "JCT", "queueing.p95": "q p95", "wait.mean": "wait"}[what]
-        table.add_column(f"{short}/{ref.split('-')[0]}", justify="right")
+    table.add_column("figure", style="bold")
     for name, s in summaries.items():
-        cells = [name + (" (partial)" if s["partial"] else "")]
-        cells += [_fmt(key, get(s, key)) for key, _, _ in FIGURES]
-        cells += [f"{ratios[name][k]:.2f}x" if not math.isnan(ratios[name][k]) else "-" for k in ref_cols]
-        table.add_row(*cells)
+        table.add_column(name + (" (partial)" if s["partial"] else ""), justify="right")
+    for key, label, _ in FIGURES:
+        table.add_row(label, *[_fmt(key, get(s, key)) for s in summaries.values()])
+    ratios = comparison_rows(summaries)
+    names = {"jct.mean": "JCT avg", "queueing.p95": "queue p95", "wait.mean": "wait avg"}
+    keys = list(next(iter(ratios.values()), {}) or {})
+    for k in keys:
+        what, ref = k.split("/")
+        cells = [f"{ratios[n][k]:.2f}x" if not math.isnan(ratios[n][k]) else "-" for n in summaries]
+        table.add_row(f"{names[what]} / {ref}", *cells)
     return table
 
 
