@@ -43,10 +43,10 @@ def timed_core(acc: Dict[str, float]):
         finally:
             acc["cycle"] += clock() - t
 
-    def snapshot(self):
+    def snapshot(self, limit=None):
         t = clock()
         try:
-            return real_snapshot(self)
+            return real_snapshot(self, limit)
         finally:
             acc["snapshot"] += clock() - t
 

@@ -39,7 +39,8 @@ class ClusterState:
         self.usage: Dict[str, Resources] = {}
         self._queues: Dict[str, List[Tuple[Tuple, Workload]]] = {}
         self._where: Dict[str, str] = {}  # pending workload id -> team
-        self._queue_cache: Dict[str, Tuple[Workload, ...]] = {}
+        # team -> {limit: the first `limit` workloads of its queue (None: all)}
+        self._queue_cache: Dict[str, Dict[Optional[int], Tuple[Workload, ...]]] = {}
         self._leases_cache: Optional[Tuple[Lease, ...]] = None
         self._team_leases: Dict[str, Dict[str, Lease]] = {}
         self._team_leases_cache: Dict[str, Tuple[Lease, ...]] = {}
@@ -170,16 +171,19 @@ class ClusterState:
         self._decayed_at = now
 
     # -- snapshot ------------------------------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, limit: Optional[int] = None) -> Snapshot:
+        """The state now. ``limit``: keep only the first ``limit`` workloads of each team queue; a cycle run with
+        ``max_examined <= limit`` decides exactly as on the whole queue, and long queues are not copied."""
         if self._nodes_cache is None:
             self._nodes_cache = tuple(self.nodes.values())
         if self._leases_cache is None:
             self._leases_cache = tuple(self.leases.values())
         queues = {}
         for team, q in self._queues.items():
-            t = self._queue_cache.get(team)
+            per_limit = self._queue_cache.setdefault(team, {})
+            t = per_limit.get(limit)
             if t is None:
-                t = self._queue_cache[team] = tuple(w for _, w in q)
+                t = per_limit[limit] = tuple(w for _, w in (q if limit is None else q[:limit]))
             if t:
                 queues[team] = t
         by_team = {}

@@ -320,7 +320,7 @@ class Simulator:
                 if now - last_decay >= decay_every:
                     state.decay(now)
                     last_decay = now
-                result = cycle(state.snapshot(), now, max_examined=max_examined)
+                result = cycle(state.snapshot(limit=max_examined), now, max_examined=max_examined)
                 cycles += 1
                 for adm in result.admitted:
                     start(adm, now)
