@@ -1,6 +1,6 @@
 """Speed of the simulator: the full Philly trace (82,247 jobs) replayed under FIFO on one shared cluster.
 
-Scene: ``/work/shared/data/traces/philly.csv``, all of it, sorted by submit time; 70 nodes x 8 GPUs (the cluster of
+Scene: ``examples/traces/philly.csv.gz``, all of it, sorted by submit time; 70 nodes x 8 GPUs (the cluster of
 ``deploy/clusters/philly-560.yaml``); the ``fifo`` preset (strict order, no backfill, no preemption) on one shared
 cluster (admission none). The target is a replay under 30 s on the project's 2-core machine.
 
@@ -19,6 +19,7 @@ import pstats
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import raylane.sim.engine as engine
@@ -27,7 +28,7 @@ from raylane.scheduling.state import ClusterState
 from raylane.scheduling.types import SchedulerConfig
 from raylane.sim import SimOptions, Simulator, apply_preset, cluster_from_flags, get_preset, load_trace, summarize
 
-PHILLY = "/work/shared/data/traces/philly.csv"
+PHILLY = str(Path(__file__).resolve().parents[2] / "examples" / "traces" / "philly.csv.gz")
 
 
 @contextmanager

@@ -7,10 +7,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from raylane.scheduling.types import SchedulerConfig
 from raylane.sim import SimOptions, Simulator, Trace, TraceJob, apply_preset, cluster_from_flags, get_preset
+
+# The real traces the tests replay ship with the repository (examples/traces/README.md says where they come from).
+TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+PHILLY = str(TRACES / "philly.csv.gz")
+TIRESIAS = str(TRACES / "tiresias_60_job.csv")
 
 
 class JobBuilder:

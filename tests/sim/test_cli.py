@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from raylane.sim.cli import app
 
-TIRESIAS = "/work/shared/data/traces/tiresias_60_job.csv"
+from tests.sim.builders import PHILLY, TIRESIAS
+
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
@@ -75,7 +76,7 @@ def test_ctrl_c_keeps_partial_figures(tmp_path):
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raylane.sim", "/work/shared/data/traces/philly.csv", "--nodes", "70",
+        [sys.executable, "-m", "raylane.sim", PHILLY, "--nodes", "70",
          "--preset", "fifo", "--json", "--out", str(tmp_path), "--no-plots"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     deadline = time.monotonic() + 120

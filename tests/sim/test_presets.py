@@ -13,8 +13,8 @@ from raylane.scheduling.types import SchedulerConfig
 from raylane.sim import COMPARISON, PRESETS, SimOptions, Simulator, apply_preset, cluster_from_flags, get_preset
 from raylane.sim import load_trace, summarize
 
-PHILLY = "/work/shared/data/traces/philly.csv"
-TIRESIAS = "/work/shared/data/traces/tiresias_60_job.csv"
+from tests.sim.builders import PHILLY, TIRESIAS
+
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -20,10 +20,11 @@ from raylane.scheduling.types import SchedulerConfig
 from raylane.sim import SimOptions, Simulator, apply_preset, cluster_from_flags, get_preset, load_trace, summarize
 from raylane.sim.metrics import get
 
-TRACES = "/work/shared/data/traces"
+from tests.sim.builders import PHILLY, TIRESIAS
+
 SCENES = {
-    "tiresias": (f"{TRACES}/tiresias_60_job.csv", {}, 1, 8),
-    "philly": (f"{TRACES}/philly.csv", dict(start="2017-10-09", end="2017-10-10"), 16, 8),
+    "tiresias": (TIRESIAS, {}, 1, 8),
+    "philly": (PHILLY, dict(start="2017-10-09", end="2017-10-10"), 16, 8),
 }
 
 Range = Tuple[float, float]

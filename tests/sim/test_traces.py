@@ -8,7 +8,8 @@ import pytest
 from raylane.errors import NotFoundError, ValidationError
 from raylane.sim.traces import DEFAULT_TEAM, detect_format, load_trace
 
-TRACES = Path("/work/shared/data/traces")
+from tests.sim.builders import TRACES
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -110,3 +111,15 @@ def test_detect_format():
                           "interval"]) == "tiresias"
     assert detect_format(["submit_time", "duration", "gpus"]) == "generic"
     assert detect_format(["a"]) is None
+
+
+def test_gzip_trace_reads_like_the_plain_csv(tmp_path):
+    import gzip
+
+    plain = write(tmp_path, PHILLY)
+    packed = tmp_path / "philly.csv.gz"
+    packed.write_bytes(gzip.compress(PHILLY.encode()))
+    a, b = load_trace(plain), load_trace(packed)
+    assert a.format == b.format == "philly"
+    assert [(j.submit, j.duration, j.gpus, j.team) for j in a.jobs] == [(j.submit, j.duration, j.gpus, j.team)
+                                                                        for j in b.jobs]

@@ -23,6 +23,7 @@ Formats (chosen by ``format=`` or recognised from the header)
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -162,7 +163,9 @@ def load_trace(
     p = Path(path)
     if not p.is_file():
         raise NotFoundError(f"trace {p} not found" + (" (it is a directory)" if p.exists() else ""))
-    with p.open(newline="", encoding="utf-8") as f:
+    # A trace may be gzip-compressed (``.gz``): the shipped Philly trace is.
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
