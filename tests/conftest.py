@@ -1,5 +1,17 @@
-"""Test-wide settings. Ray reads these at import, so they are set before anything imports Ray."""
+"""Test-wide settings and the clean-up check.
+
+Ray reads the settings at import, so they are set before anything imports Ray.
+
+Every process this pytest session starts inherits ``RAYLANE_PYTEST_SESSION`` (Ray's head, raylets, dashboard and
+agents, workers and job drivers included). After each test module the check below waits a little for what the
+module stopped to exit, then fails the module if a process of this session is still alive, or if a module with no
+``ray``-marked test left a Ray session initialized (a pure test must never start Ray). What it finds is killed, so
+one module's leak does not break the next.
+"""
 import os
+import signal
+import time
+import uuid
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -7,8 +19,12 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
+SESSION_KEY = "RAYLANE_PYTEST_SESSION"
+os.environ[SESSION_KEY] = uuid.uuid4().hex
 
 import pytest
+
+LEFTOVER_GRACE_S = 20.0
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -17,3 +33,73 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
+
+
+def session_processes(key: str = SESSION_KEY) -> list:
+    """(pid, command line) of every live process, other than this one, started with this session's marker."""
+    if not os.path.isdir("/proc"):
+        return []
+    marker = f"{key}={os.environ[key]}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if cmd:  # a zombie has no command line: it is dead, only not yet reaped
+            found.append((int(entry), cmd))
+    return found
+
+
+def _ray_initialized() -> bool:
+    import sys
+
+    if "ray" not in sys.modules:
+        return False
+    import ray
+    from ray.experimental import internal_kv
+
+    return ray.is_initialized() or internal_kv._internal_kv_initialized()
+
+
+def _reset_ray() -> None:
+    import ray
+    from ray.experimental import internal_kv
+
+    ray.shutdown()
+    internal_kv._internal_kv_reset()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaves_nothing_behind(request):
+    yield
+    problems = []
+    uses_ray = any(item.get_closest_marker("ray") for item in request.session.items
+                   if item.module is request.module)
+    if _ray_initialized():
+        if not uses_ray:
+            problems.append("a module with no `ray`-marked test initialized Ray (pure tests must not start it)")
+        else:
+            problems.append("Ray is still initialized after the module's fixtures were torn down")
+        _reset_ray()
+    deadline = time.time() + LEFTOVER_GRACE_S
+    left = session_processes()
+    while left and time.time() < deadline:
+        time.sleep(0.5)
+        left = session_processes()
+    if left:
+        problems.append(f"{len(left)} process(es) it started are still alive {LEFTOVER_GRACE_S:g}s after its "
+                        "teardown:\n" + "\n".join(f"  {pid}: {cmd[:200]}" for pid, cmd in left))
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    if problems:
+        pytest.fail(f"{request.module.__name__} left things behind: " + "; ".join(problems), pytrace=False)

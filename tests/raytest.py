@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -43,25 +44,57 @@ def spec(name: str, team: str, cls: str, *, workers: int = 1, gpu: float = 1, cp
 
 
 def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-sim", "ssd"])), gpus: int = 2,
-                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False):
-    """A head (no GPUs) and one node per entry with logical GPUs and feature labels."""
+                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False, free_ports: bool = False):
+    """A head (no GPUs) and one node per entry with logical GPUs and feature labels; stop it with ``stop_cluster``.
+
+    ``free_ports``: the dashboard and the agents on free ports instead of Ray's defaults (8265, 52365), which
+    another Ray session on the machine may hold.
+    """
+    from ray._private.utils import get_ray_address_file, write_ray_address
     from ray.cluster_utils import Cluster
 
-    from raylane.localcluster import node_labels
     from raylane.config.cluster import NodeGroup
+    from raylane.localcluster import node_labels
 
-    # A temp dir of its own: Ray's job supervisor points job drivers at the cluster named in
-    # <temp dir>/ray_current_cluster, which the shared /tmp/ray would hand to whichever cluster started last.
-    temp_dir = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
-    c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard,
-                                "temp_dir": temp_dir})
+    # A temp dir of its own (under TMPDIR, removed by stop_cluster): Ray's job supervisor points job drivers at the
+    # cluster named in <temp dir>/ray_current_cluster, and the default one would name whichever started last.
+    temp_dir = tempfile.mkdtemp(prefix="rl-")
+    # cluster_utils also writes the default <TMPDIR>/ray/ray_current_cluster, and fails where that folder does not
+    # exist yet (a machine that never ran Ray); what was there before is put back once the nodes are up.
+    shared = Path(get_ray_address_file(None))
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    before = shared.read_text() if shared.exists() else None
+    head = {"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard, "temp_dir": temp_dir}
+    if free_ports:
+        head.update(dashboard_port=free_port(), dashboard_agent_listen_port=free_port())
+    c = Cluster(initialize_head=True, connect=False, head_node_args=head)
     for name, feats in gpu_nodes:
+        extra = {"dashboard_agent_listen_port": free_port()} if free_ports else {}
         c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)),
-                   temp_dir=temp_dir)
+                   temp_dir=temp_dir, **extra)
     c.wait_for_nodes()
     # `ray start --head` writes this file; cluster_utils does not, and job drivers would find any cluster.
-    from ray._private.utils import write_ray_address
-
     write_ray_address(c.address, temp_dir)
+    if before is None:
+        shared.unlink(missing_ok=True)
+    else:
+        shared.write_text(before)
+    c.raylane_temp_dir = temp_dir
     return c
+
+
+def stop_cluster(c) -> None:
+    """Disconnect this process, stop every node of ``c`` and remove its temp dir."""
+    import ray
+
+    ray.shutdown()
+    c.shutdown()
+    shutil.rmtree(c.raylane_temp_dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -6,7 +6,7 @@ ray = pytest.importorskip("ray")
 
 from raylane.control.client import call, start_control, stop_control  # noqa: E402
 from raylane.errors import InfeasibleError, NotFoundError, ValidationError  # noqa: E402
-from tests.raytest import local_policy, spec, start_cluster, wait_for  # noqa: E402
+from tests.raytest import local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -20,8 +20,7 @@ def ctl(tmp_path_factory):
     handle = start_control(local_policy(pretrain={"min_runtime": 0}), journal, tick_s=0.2)
     yield handle
     stop_control()
-    ray.shutdown()
-    cluster.shutdown()
+    stop_cluster(cluster)
 
 
 def pg_table():

@@ -9,12 +9,9 @@ the downscale delay, and the training resumes where it stopped and finishes. Eve
 step is lost (MLflow's loss history has every step exactly once); the operator's metrics reach Prometheus.
 """
 import json
-import shutil
 import sys
-import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +20,7 @@ ray = pytest.importorskip("ray")
 from raylane.control.client import call, start_control, stop_control  # noqa: E402
 from raylane.launchers.serve import slot_resource  # noqa: E402
 from tests.loadgen import LoadGen  # noqa: E402
-from tests.raytest import local_policy, spec, wait_for  # noqa: E402
+from tests.raytest import free_port, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -37,14 +34,6 @@ ENV = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
        "RAY_JOB_STOP_WAIT_TIME_S": "60"}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     from ray import serve
@@ -56,10 +45,11 @@ def env(tmp_path_factory):
     # A small checkpoint of the LM for the replicas to load (pure torch, about a second).
     hooks = LocalHooks(tmp / "lm")
     train(dict(TRAIN, max_steps=4, checkpoint_every=4), hooks=hooks)
-    cluster = _cluster()
+    # The dashboard and agents on free ports: another Ray session on the machine may hold 8265 and 52365.
+    cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim"]),), gpus=4, cpus=4, dashboard=True, free_ports=True)
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     ctl = start_control(local_policy(pretrain={"min_runtime": "2s"}), str(tmp / "journal.db"), tick_s=0.2)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     client = JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
     yield {"ctl": ctl, "client": client, "tmp": tmp, "port": port, "checkpoint": hooks.latest_checkpoint(),
@@ -72,37 +62,7 @@ def env(tmp_path_factory):
     except Exception:  # noqa: BLE001 - already gone
         pass
     stop_control()
-    ray.shutdown()
-    cluster.shutdown()
-    shutil.rmtree(cluster.raylane_temp_dir, ignore_errors=True)
-
-
-def _cluster():
-    """A head (no GPUs) and one node of 4 GPUs, isolated from other Ray sessions on this machine: the dashboard
-    and job agents on free ports (others may hold 8265, 52365)."""
-    from ray.cluster_utils import Cluster
-
-    from raylane.config.cluster import NodeGroup
-    from raylane.localcluster import node_labels
-
-    from ray._private.utils import get_ray_address_file, write_ray_address
-
-    # A temp dir of its own: a job's driver finds its cluster through the temp dir's "current cluster" file, which
-    # in the shared /tmp/ray names whichever session started last (cluster_utils writes it there; put it back).
-    temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    shared = Path(get_ray_address_file(None))
-    before = shared.read_text() if shared.exists() else None
-    c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": True, "temp_dir": temp_dir,
-                                "dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port()})
-    c.add_node(num_cpus=4, num_gpus=4, labels=node_labels(NodeGroup(name="gpu-a", features=["gpu-sim"])),
-               dashboard_agent_listen_port=_free_port(), temp_dir=temp_dir)
-    c.wait_for_nodes()
-    write_ray_address(c.address, temp_dir)
-    c.raylane_temp_dir = temp_dir
-    if before is not None:
-        shared.write_text(before)
-    return c
+    stop_cluster(cluster)
 
 
 def serve_spec(env) -> dict:

@@ -21,7 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import call, start_control, stop_control  # noqa: E402
-from tests.raytest import REPO, local_policy, spec, start_cluster, wait_for  # noqa: E402
+from tests.raytest import REPO, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -40,8 +40,7 @@ def env(tmp_path_factory):
     yield {"ctl": ctl, "tmp": tmp, "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"),
            "address": cluster.address}
     stop_control()
-    ray.shutdown()
-    cluster.shutdown()
+    stop_cluster(cluster)
 
 
 def sweep_spec(name, sweep, config=None, cls="sweep"):

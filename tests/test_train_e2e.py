@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import call, start_control, stop_control  # noqa: E402
-from tests.raytest import local_policy, spec, start_cluster, wait_for  # noqa: E402
+from tests.raytest import local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -37,8 +37,7 @@ def env(tmp_path_factory):
     yield {"ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
            "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
     stop_control()
-    ray.shutdown()
-    cluster.shutdown()
+    stop_cluster(cluster)
 
 
 @pytest.fixture(autouse=True)
