@@ -149,3 +149,88 @@ def test_metrics_reach_the_nodes_prometheus_endpoint(ctl):
         return admitted and held and held[0] >= 1.0 and text
     text = wait_for(scrape, timeout=60, every=1.0, what="team-b's admission and held GPU on /metrics")
     assert "# HELP ray_raylane_team_gpus GPUs a team's leases hold, and its quota. Labels: team, what" in text
+
+
+def _checkpoint(run_dir, step):
+    d = run_dir / f"checkpoint_{step:08d}"
+    d.mkdir(parents=True)
+    (d / "state.pt").write_bytes(f"weights at {step}".encode())
+    (d / "meta.json").write_text(f'{{"step": {step}}}')
+    return str(d)
+
+
+def _rotate(ctl, wid, run_dir, step, keep=3):
+    """The source's gang writes a checkpoint and Ray Train's retention deletes all but the newest ``keep``."""
+    import shutil
+
+    path = _checkpoint(run_dir, step)
+    for old in sorted(run_dir.glob("checkpoint_*"))[:-keep]:
+        shutil.rmtree(old)
+    call(ctl, "checkpoint_saved", wid, path, {"step": step})
+    return path
+
+
+def test_checkpoint_reference_is_pinned_against_retention_until_loaded(ctl, tmp_path):
+    drain(ctl)
+    runs = tmp_path / "runs" / "src"
+    cfg = {"max_steps": 200, "checkpoint_every": 10}
+    src = call(ctl, "submit", spec("src", "team-a", "pretrain", config=cfg))["id"]
+    for step in (10, 20):
+        _rotate(ctl, src, runs, step)
+    # Waits for a step still to come: held out of the queue with the reason, not admitted.
+    later = call(ctl, "submit", spec("ft-later", "team-b", "finetune",
+                                     config={"init_from": {"workload": "src", "step": 40}}))["id"]
+    # Names a step on disk now: pinned (copied) at once.
+    now = call(ctl, "submit", spec("ft-now", "team-b", "finetune",
+                                   config={"init_from": {"workload": src, "step": 20}}))["id"]
+    row = wait_for(lambda: next(r for r in call(ctl, "queue") if r["id"] == later)["reason"], what="reason")
+    assert row == f"waiting for {src}'s checkpoint at step 40 (last checkpoint at step 20)"
+    assert call(ctl, "status", later)["state"] == "PENDING"
+    for step in (30, 40, 50, 60, 70):  # the source trains on; its retention deletes 20 and 40 meanwhile
+        _rotate(ctl, src, runs, step)
+    assert not (runs / "checkpoint_00000020").exists() and not (runs / "checkpoint_00000040").exists()
+    wait_for(lambda: call(ctl, "status", later)["state"] == "ADMITTED", what="the consumer admitted once step 40 "
+                                                                              "was written")
+    for wid, step in ((now, 20), (later, 40)):
+        got = call(ctl, "resolve_checkpoint", wid)
+        assert got == {"path": str(runs / "_pinned" / f"checkpoint_{step:08d}"), "step": step, "source": src}
+        assert (runs / "_pinned" / f"checkpoint_{step:08d}" / "state.pt").read_bytes() == f"weights at {step}".encode()
+    # A consumer's own first checkpoint means it has loaded what it was promised: the copy goes.
+    _checkpoint(tmp_path / "runs" / later, 5)
+    call(ctl, "checkpoint_saved", later, str(tmp_path / "runs" / later / "checkpoint_00000005"), {"step": 5})
+    assert not (runs / "_pinned" / "checkpoint_00000040").exists()
+    assert (runs / "_pinned" / "checkpoint_00000020").exists()
+    call(ctl, "cancel", now)  # ended without loading: its copy goes too
+    assert not (runs / "_pinned" / "checkpoint_00000020").exists()
+    kinds = [e["kind"] for e in call(ctl, "explain", later)["journal"]]
+    assert kinds[:4] == ["submitted", "pinned", "pinned", "admitted"] and "unpinned" in kinds
+
+
+def test_checkpoint_reference_that_can_never_resolve_is_refused_or_failed(ctl, tmp_path):
+    drain(ctl)
+    runs = tmp_path / "runs" / "src2"
+    src = call(ctl, "submit", spec("src2", "team-a", "pretrain", config={"max_steps": 100, "checkpoint_every": 10}))
+    for step in (10, 20, 30, 40):
+        _rotate(ctl, src["id"], runs, step)
+    refused = {
+        "nobody": "which is not known to the control plane",
+        ("src2", 10): "was deleted by its retention",
+        ("src2", 500): "trains to step 100 only",
+        ("src2", 45): "checkpoints every 10 steps",
+    }
+    for target, why in refused.items():
+        name, step = (target, "latest") if isinstance(target, str) else target
+        with pytest.raises(InfeasibleError, match=why):
+            call(ctl, "submit", spec("ft-bad", "team-b", "finetune",
+                                     config={"init_from": {"workload": name, "step": step}}))
+    with pytest.raises(ValidationError, match="config.init_from.step"):
+        call(ctl, "submit", spec("ft-bad", "team-b", "finetune", config={"init_from": {"workload": "src2",
+                                                                                        "step": -1}}))
+    # Promised a step, then the source ends before writing it: the consumer fails with the reason, unqueued.
+    waiting = call(ctl, "submit", spec("ft-wait", "team-b", "finetune",
+                                       config={"init_from": {"workload": "src2", "step": 90}}))["id"]
+    call(ctl, "release", src["id"], "failed", state="FAILED", detail="crashed")
+    rec = wait_for(lambda: (r := call(ctl, "status", waiting))["state"] == "FAILED" and r, what="consumer failed")
+    assert any("failed: config.init_from src2@90: " in note and "ended without a checkpoint at step 90" in note
+               for _, note in rec["events"]), rec["events"]
+    assert rec["attempts"] == 0

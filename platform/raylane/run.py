@@ -93,10 +93,16 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
 
 
 def _check_train_config(spec: Dict[str, Any]) -> None:
-    """Refuse a bad training config before the workload queues, with every problem named."""
+    """Refuse a bad training config before the workload queues, with every problem named.
+
+    ``init_from: {workload, step}`` names another workload's checkpoint: its shape is checked here, whether it can
+    resolve by the control actor at submit, and it becomes a directory when the gang starts."""
+    from raylane.control.checkpoints import parse_ref
     from workloads.ray_train import check_config
 
     cfg = {k: v for k, v in (spec.get("config") or {}).items() if k not in ("storage_path", "fault")}
+    if parse_ref(cfg.get("init_from")) is not None:
+        cfg.pop("init_from")
     check_config(cfg)
 
 
@@ -124,6 +130,7 @@ def _wait_admitted(ctl, wid: str, poll_s: float) -> Dict[str, Any]:
 
 def _drive(ctl, wid, spec, *, train_fn, storage_path, tracking_uri, poll_s) -> Dict[str, Any]:
     from raylane.control.client import call
+    from raylane.errors import FatalError
     from raylane.launchers.train import DEFAULT_STORAGE, StopPoll, build_trainer
     from raylane.tracking import RunTracker, wrap_hooks_factory
 
@@ -144,6 +151,10 @@ def _drive(ctl, wid, spec, *, train_fn, storage_path, tracking_uri, poll_s) -> D
             continue  # preempted or cancelled between admission and start: wait again
         loop_cfg = dict(spec.get("config", {}))
         loop_cfg.pop("storage_path", None)
+        try:
+            loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
+        except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
+            return _fail_now(ctl, tracker, wid, f"{exc}")
         fault = loop_cfg.pop("fault", None)
         loop_cfg["stop_poll"] = StopPoll(wid)
         loop_cfg["wrap_hooks"] = _compose(wrap_hooks_factory(run_id, tracker.tracking_uri),
@@ -179,19 +190,59 @@ def _drive(ctl, wid, spec, *, train_fn, storage_path, tracking_uri, poll_s) -> D
                        detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
             _say(f"{wid} finished at step {step}")
             return rec
+        fatal = _fatal_cause(error)
+        if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
+            return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
         failures += 1
         if failures > retry_budget:
-            why = f"gang failed {failures} times (retry budget {retry_budget}): {_short(error)}"
-            tracker.event("failed", why)
-            tracker.finish("FAILED")
-            _say(f"{wid} failed: {why}")
-            return call(ctl, "release", wid, "failed", state="FAILED", detail=why)
+            return _fail_now(ctl, tracker, wid,
+                             f"gang failed {failures} times (retry budget {retry_budget}): {_short(error)}")
         backoff = min(2.0 ** (failures - 1), 30.0)
         tracker.event("restarted", f"attempt {failures} failed ({_short(error)}); retry in {backoff:g}s")
         call(ctl, "report", wid, "event", restart=True, note=f"restart {failures}/{retry_budget} after "
                                                               f"{_short(error)}; backoff {backoff:g}s")
         _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
         time.sleep(backoff)
+
+
+def _resolved_init(ctl, wid: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """``init_from: {workload, step}`` as the directory the control actor pinned for this workload."""
+    from raylane.control.checkpoints import parse_ref
+    from raylane.control.client import call
+
+    if parse_ref(cfg.get("init_from")) is None:
+        return {}
+    got = call(ctl, "resolve_checkpoint", wid)
+    _say(f"{wid} starts from {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
+    return {"init_from": got["path"]}
+
+
+def _fatal_cause(error: Optional[BaseException]) -> Optional[BaseException]:
+    """The error behind a failed attempt that no retry can fix (a ``FatalError`` such as a config
+    ``ValidationError``, on any worker), or None."""
+    from raylane.errors import FatalError
+
+    seen = set()
+    todo = [error] if error is not None else []
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, FatalError):
+            return exc
+        todo += [getattr(exc, "cause", None), exc.__cause__, exc.__context__]
+        todo += list((getattr(exc, "worker_failures", None) or {}).values())
+    return None
+
+
+def _fail_now(ctl, tracker, wid: str, why: str) -> Dict[str, Any]:
+    from raylane.control.client import call
+
+    tracker.event("failed", why)
+    tracker.finish("FAILED")
+    _say(f"{wid} failed: {why}")
+    return call(ctl, "release", wid, "failed", state="FAILED", detail=why)
 
 
 def _short(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from typing import Any, Dict, List, Optional
@@ -26,6 +27,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from raylane import metrics
 from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
+from raylane.control import checkpoints as ckrefs
 from raylane.control.journal import Journal
 from raylane.control.records import Record, State
 from raylane.errors import InfeasibleError, NotFoundError
@@ -82,6 +84,8 @@ class ControlActor:
         self._workers: Dict[str, list] = {}
         self._preemptor_cls: Dict[str, str] = {}
         self._jobs_checked = 0.0
+        # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
+        self._waiting: set = set()
         self._started = time.time()
         self.cycles = 0
         self._recover()
@@ -100,6 +104,9 @@ class ControlActor:
                     if v.get("state") != "REMOVED" and v.get("name")}
         for rec in self.records.values():
             if rec.state.terminal:
+                continue
+            if rec.state is State.PENDING and self._init_ref(rec) is not None:
+                self._waiting.add(rec.id)  # enqueued by the first tick once its checkpoint exists
                 continue
             w = self._core(rec)
             self.state.enqueue(w)
@@ -124,6 +131,9 @@ class ControlActor:
     def _append(self, kind: str, rec: Record, **data):
         e = self.journal.append(kind, rec.id, **data)
         rec.apply(e)
+        if rec.state.terminal:
+            self._waiting.discard(rec.id)
+            self._unpin(rec, f"{rec.id} ended")
         return e
 
     # ----------------------------------------------------------------------------------------------- loop
@@ -171,6 +181,8 @@ class ControlActor:
         now = time.time()
         self._refresh_nodes()
         self._watch_jobs(now)
+        for wid in list(self._waiting):
+            self._release_if_ready(self.records[wid])
         await self._enforce_deadlines(now)
         self.state.decay(now)
         result = cycle(self.state.snapshot(), now)
@@ -321,6 +333,16 @@ class ControlActor:
         self._refresh_nodes()
         why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
         data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+        ref = ckrefs.parse_ref(parsed.config.get("init_from"))
+        source, verdict = None, None
+        if why is None and ref is not None:
+            source = ckrefs.find_source(ref, self.records.values())
+            if source is None:
+                why = f"config.init_from names workload {ref.workload!r}, which is not known to the control plane"
+            else:
+                verdict = self._judge(ref, source)
+                if verdict.never:
+                    why = f"config.init_from {ref}: {verdict.reason}"
         if why is not None:
             rec = Record(wid, data, now)
             self.records[wid] = rec
@@ -330,9 +352,109 @@ class ControlActor:
         rec = Record(wid, data, now, job_id=job_id)
         self.records[wid] = rec
         self._append_submitted(rec, data, now, job_id)
-        self.state.enqueue(w)
+        if ref is None:
+            self.state.enqueue(w)
+        else:
+            # A step is pinned now (copied at once if it is already written); `latest` is pinned at the start.
+            self._append("pinned", rec, source=source.id, step=ref.step,
+                         note=f"starts from {source.id}'s checkpoint at "
+                              f"{'the latest step when it starts' if ref.step is None else f'step {ref.step}'}")
+            self._waiting.add(wid)
+            self._release_if_ready(rec)
         self._poke()
         return rec.public()
+
+    # ------------------------------------------------------------------------------ checkpoint references
+    def _init_ref(self, rec: Record):
+        return ckrefs.parse_ref((rec.spec.get("config") or {}).get("init_from"))
+
+    def _judge(self, ref, source: Record, rec: Optional[Record] = None):
+        max_step, every = ckrefs.source_limits(source.spec)
+        pinned = (rec.pin.get("path") if rec is not None and rec.pin.get("step") == ref.step else None)
+        return ckrefs.judge(ref, source_id=source.id, source_ended=source.state.terminal, max_step=max_step,
+                            cadence=every, written=source.checkpoints, pinned=pinned)
+
+    def _pin_now(self, rec: Record, source: Record, step: int, path: str) -> str:
+        """Copy ``source``'s checkpoint at ``step`` out of its retention's reach; journal it on ``rec``."""
+        if rec.pin.get("path") and rec.pin.get("step") == step and os.path.isdir(rec.pin["path"]):
+            return rec.pin["path"]
+        dst = ckrefs.pin_copy(path, ckrefs.pin_dir(path, step))
+        self._append("pinned", rec, source=source.id, step=step, path=dst,
+                     note=f"pinned {source.id}'s checkpoint at step {step}: {dst}")
+        return dst
+
+    def _release_if_ready(self, rec: Record) -> None:
+        """Queue a held-back consumer once its checkpoint exists; fail it if it never can."""
+        if rec.id not in self._waiting:
+            return
+        if rec.state is not State.PENDING:
+            self._waiting.discard(rec.id)
+            return
+        ref = self._init_ref(rec)
+        source = ckrefs.find_source(ref, self.records.values()) if ref is not None else None
+        if source is None:
+            verdict = ckrefs.Verdict(never=True, reason=f"workload {ref.workload if ref else '?'} is gone")
+        else:
+            verdict = self._judge(ref, source, rec)
+        if verdict.never:
+            self._append("finished", rec, state="FAILED", outcome="checkpoint reference",
+                         note=f"failed: config.init_from {ref}: {verdict.reason}")
+            ev = self._admitted.get(rec.id)
+            if ev is not None:
+                ev.set()
+            return
+        if verdict.ready:
+            if ref.step is not None:
+                self._pin_now(rec, source, verdict.step, verdict.path)
+            self._waiting.discard(rec.id)
+            self.state.enqueue(self._core(rec))
+            self._poke()
+            return
+        rec.reason, rec.position, rec.reason_data = verdict.reason, None, {"type": "WaitingForCheckpoint"}
+
+    def _unpin(self, rec: Record, why: str) -> None:
+        """``rec`` no longer needs its pinned checkpoint; the copy goes once no other consumer holds it."""
+        if not rec.pin or rec.pin.get("released"):
+            return
+        path = rec.pin.get("path")
+        self._append("unpinned", rec, note=f"released its pin on {rec.pin['source']}'s checkpoint ({why})")
+        held = any(r.pin.get("path") == path and not r.pin.get("released") for r in self.records.values())
+        if path and not held:
+            ckrefs.drop_copy(path)
+
+    async def checkpoint_saved(self, wid: str, path: str, metrics: Optional[Dict[str, Any]] = None) -> None:
+        """A gang's checkpoint is written and registered (Ray Train's report callback, on the driver's node)."""
+        rec = self._get(wid)
+        step = ckrefs.step_of(path, metrics)
+        if step is None:
+            return
+        self._append("checkpointed", rec, step=step, path=path)
+        if wid in self.state.leases:
+            self.state.checkpointed(wid, time.time())
+        # It has a checkpoint of its own: a resume starts from that, so whatever it pinned has been loaded.
+        self._unpin(rec, "loaded: it wrote a checkpoint of its own")
+        for other in list(self.records.values()):
+            if other.pin.get("source") == wid and not other.pin.get("released") and other.pin.get("step") == step:
+                self._pin_now(other, rec, step, path)
+            if other.id in self._waiting:
+                self._release_if_ready(other)
+
+    async def resolve_checkpoint(self, wid: str) -> Dict[str, Any]:
+        """The directory a starting consumer loads (pinned for it); raises NotFoundError if it can never resolve."""
+        rec = self._get(wid)
+        ref = self._init_ref(rec)
+        if ref is None:
+            return {"path": None}
+        pinned = rec.pin.get("path")
+        if pinned and os.path.isdir(pinned):
+            return {"path": pinned, "step": rec.pin.get("step"), "source": rec.pin.get("source")}
+        source = ckrefs.find_source(ref, self.records.values())
+        verdict = self._judge(ref, source, rec) if source is not None else ckrefs.Verdict(
+            never=True, reason=f"workload {ref.workload} is gone")
+        if not verdict.ready:
+            raise NotFoundError(f"config.init_from {ref}: {verdict.reason}")
+        path = self._pin_now(rec, source, verdict.step, verdict.path)
+        return {"path": path, "step": verdict.step, "source": source.id}
 
     def _append_submitted(self, rec: Record, data, now, job_id=None) -> None:
         e = self.journal.append("submitted", rec.id, spec=data, submit_time=now, job_id=job_id,

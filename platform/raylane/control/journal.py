@@ -5,7 +5,8 @@ preempt before telling the workload), and rebuilds its whole state by replaying 
 journal owns nothing else. One file per control plane; sqlite's WAL mode makes each append durable on commit.
 
 Entry kinds: ``submitted``, ``rejected``, ``admitted``, ``running``, ``checkpointed``, ``preempting``,
-``requeued``, ``finished``, ``cancelled``, ``event`` (free-form notes shown by ``explain``).
+``requeued``, ``finished``, ``cancelled``, ``pinned`` / ``unpinned`` (a consumer's claim on another workload's
+checkpoint, ``raylane.control.checkpoints``), ``event`` (free-form notes shown by ``explain``).
 """
 from __future__ import annotations
 

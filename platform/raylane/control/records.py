@@ -62,6 +62,11 @@ class Record:
     # When it last entered the queue: its submit time, or the time it was requeued after a preemption.
     queued_since: Optional[float] = None
     events: List[Tuple[float, str]] = field(default_factory=list)
+    # Checkpoints its gang reported: step -> directory (Ray Train's retention may have deleted the older ones).
+    checkpoints: Dict[int, str] = field(default_factory=dict)
+    # Its claim on another workload's checkpoint (config.init_from: {workload, step}; raylane.control.checkpoints):
+    # source id, step (None: latest at the start), path of the pinned copy once made, released once loaded.
+    pin: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def team(self) -> str:
@@ -93,6 +98,12 @@ class Record:
         elif e.kind == "checkpointed":
             self.last_checkpoint = e.ts
             self.step = d.get("step", self.step)
+            if d.get("path") and d.get("step") is not None:
+                self.checkpoints[int(d["step"])] = d["path"]
+        elif e.kind == "pinned":
+            self.pin = {"source": d["source"], "step": d.get("step"), "path": d.get("path"), "released": False}
+        elif e.kind == "unpinned":
+            self.pin = {**self.pin, "released": True}
         elif e.kind == "preempting":
             self.state = State.PREEMPTING
             self.stop_deadline = d.get("deadline")

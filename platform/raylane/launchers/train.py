@@ -18,7 +18,7 @@ import ray
 import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from ray.train.v2._internal.execution.callback import WorkerGroupCallback
+from ray.train.v2._internal.execution.callback import ReportCallback, WorkerGroupCallback
 
 from raylane.control.actor import CONTROL_NAME, GiB, NAMESPACE
 from raylane.errors import RetryableError
@@ -59,6 +59,27 @@ class RegisterWorkers(WorkerGroupCallback):
         ray.get(ctl.register_workers.remote(self.workload_id, handles), timeout=30)
 
 
+class RecordCheckpoints(ReportCallback):
+    """Tells the control actor of every checkpoint the gang registers, whatever loop wrote it.
+
+    Runs in Train's controller after Train's own checkpoint manager took the report (and its retention deleted what
+    fell out of ``num_to_keep``), so the checkpoint named here is on storage. The actor journals it, pins it for a
+    consumer that waits for that step (raylane.control.checkpoints), and counts it as the gang's last checkpoint.
+    """
+
+    def __init__(self, workload_id: str):
+        self.workload_id = workload_id
+
+    def after_report(self, training_report, metrics):
+        checkpoint = getattr(training_report, "checkpoint", None)
+        if checkpoint is None:
+            return
+        ctl = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+        reported = getattr(training_report, "metrics", None) or {}
+        step = {"step": reported["step"]} if "step" in reported else {}
+        ray.get(ctl.checkpoint_saved.remote(self.workload_id, checkpoint.path, step), timeout=60)
+
+
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
                   train_loop_config: Dict[str, Any], train_fn=None) -> TorchTrainer:
     from workloads.ray_train import train_loop_per_worker
@@ -84,7 +105,7 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
         storage_path=storage_path,
         failure_config=FailureConfig(max_failures=0),
         checkpoint_config=CheckpointConfig(num_to_keep=3),
-        callbacks=[RegisterWorkers(workload_id)],
+        callbacks=[RegisterWorkers(workload_id), RecordCheckpoints(workload_id)],
     )
     return TorchTrainer(
         train_fn or train_loop_per_worker,
