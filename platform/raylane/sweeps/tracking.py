@@ -11,8 +11,18 @@ the trial's sampled config, flattened with dots (``model.d_model``), as Tune's o
 are every number the trial reports, against its ``step``, plus ``gpu_seconds`` (cumulative: the seconds between
 its results times the GPUs a trial holds). A trial found already in the store (a resumed driver) gets the same
 child run; the points it already logged are not logged twice. PBT changes a trial's config on exploit: the new
-values go to the tags ``raylane.config.<param>`` (params are write-once) and the event shows as the metrics
-``exploited_step``.
+values go to the tags ``raylane.config.<param>`` (params are write-once). Where the trial's weights came from goes
+to the tag ``raylane.exploits``: a JSON list with one entry per start of the trial from another trial's checkpoint,
+``{"step": <first step reported after it>, "source": <trial id>, "source_step": <that checkpoint's step>}`` (the
+latest ones, as many as MLflow's limit on a tag holds), taken from the first result of the start, which carries
+``exploited_from`` and ``exploited_step`` (as ``workloads.ray_tune`` reports them); ``exploited_step`` is also a
+metric of every result that carries it.
+
+The child runs are the sweep's complete record of its results. Tune's own per-trial history (``result.json``,
+hence ``Result.metrics_dataframe``) is not: Tune's logger callbacks copy a trial's ``result.json`` back from the
+storage path each time the trial restarts with a checkpoint (a PBT exploit or time share, a quota pause), and that
+copy is only as recent as the last experiment sync (every 10 s or more), so the results reported in between are
+lost from it.
 
 Words
 - *GPU-seconds used*: per trial, the seconds between its results (training, evaluation, checkpointing and the
@@ -27,6 +37,7 @@ Words
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -38,9 +49,10 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from raylane.tracking import _chunks, _flatten, _param_value, _tag_value, client_for, tracking_uri
+from raylane.tracking import _MAX_TAG_VALUE, _chunks, _flatten, _param_value, _tag_value, client_for, tracking_uri
 
-__all__ = ["TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_BEST", "SweepTracking", "summarize", "child_runs"]
+__all__ = ["TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_BEST", "TAG_EXPLOITS", "SweepTracking", "summarize", "child_runs",
+           "exploits"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +63,7 @@ TAG_TRIAL_STATUS = "raylane.trial_status"
 TAG_FINAL_STEP = "raylane.final_step"
 TAG_STOPPED_EARLY = "raylane.stopped_early"
 TAG_BEST = "raylane.best_trial"
+TAG_EXPLOITS = "raylane.exploits"
 GPU_SECONDS = "gpu_seconds"
 TRAINED_STEPS = "trained_steps"
 # Cumulative GPU-seconds and steps of the results that were not a (re)start's first: the steady cost of a step.
@@ -88,6 +101,7 @@ class SweepTracking(Callback):
         self._steady: Dict[str, tuple] = {}  # trial -> (GPU-seconds, steps) of steady results
         self._last_step: Dict[str, int] = {}
         self._resume_mark: Dict[str, int] = {}  # steps at or below this were logged by an earlier driver
+        self._exploits: Dict[str, List[Dict[str, Any]]] = {}  # trial -> its TAG_EXPLOITS entries
 
     def __getstate__(self) -> Dict[str, Any]:
         keep = ("sweep_id", "parent_run_id", "experiment_id", "uri", "name", "gpus_per_trial", "budget_max",
@@ -124,6 +138,7 @@ class SweepTracking(Callback):
                                  int(run.data.metrics.get(STEADY_STEPS, 0)))
             self._resume_mark[tid] = int(run.data.metrics.get("step", 0))
             self._last_step[tid] = self._resume_mark[tid]
+            self._exploits[tid] = exploits(run)
             if run.info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
         else:
@@ -185,8 +200,15 @@ class SweepTracking(Callback):
                    if k not in _SKIP and _is_number(v)]
         metrics += [Metric(GPU_SECONDS, self._gpu_s[tid], ts, step), Metric(TRAINED_STEPS, self._trained[tid], ts, step),
                     Metric(STEADY_GPU_SECONDS, steady[0], ts, step), Metric(STEADY_STEPS, steady[1], ts, step)]
+        tags = []
+        source = result.get("exploited_from")
+        if isinstance(source, str) and source != tid and _int(result.get("iterations_since_restore"), 0) == 1:
+            entry = {"step": step, "source": source, "source_step": _int(result.get("exploited_step"), None)}
+            self._exploits.setdefault(tid, []).append(entry)
+            tags.append(RunTag(TAG_EXPLOITS, _exploits_tag(self._exploits[tid])))
         for chunk in _chunks(metrics, _MAX_METRICS_PER_BATCH):
-            self.client.log_batch(run_id, metrics=chunk)
+            self.client.log_batch(run_id, metrics=chunk, tags=tags)
+            tags = []
 
     def on_trial_complete(self, iteration: int, trials: List, trial, **info) -> None:
         self._safely("trial end", self._end, trial, "FINISHED")
@@ -208,6 +230,28 @@ def child_runs(client: MlflowClient, experiment_id: str, sweep_id: str) -> list:
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_SWEEP_ID}` = '{sweep_id}'",
                               max_results=10_000)
     return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+
+
+def exploits(run) -> List[Dict[str, Any]]:
+    """The ``raylane.exploits`` entries of a child run (see the module docstring), oldest first; [] for none."""
+    text = run.data.tags.get(TAG_EXPLOITS)
+    if not text:
+        return []
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _exploits_tag(entries: List[Dict[str, Any]]) -> str:
+    """The tag's JSON: the latest entries that fit MLflow's limit on a tag (a too-long tag would fail the write of
+    the result's metrics with it)."""
+    for first in range(len(entries) + 1):
+        text = json.dumps(entries[first:])
+        if len(text) <= _MAX_TAG_VALUE:
+            return text
+    return "[]"
 
 
 def summarize(client: MlflowClient, *, experiment_id: str, sweep_id: str, parent_run_id: str, metric: str,
