@@ -4,8 +4,10 @@
    control actor, with policies/local.yaml and a fresh journal.
 2. Team A's preemptible pretraining gang (2 workers x 2 GPUs: it borrows 2 GPUs of team B's quota) is submitted
    with plain `ray job submit` and starts training.
-3. Team B's higher-class fine-tuning gang arrives (from A's latest checkpoint). B is within its nominal quota, so it
-   reclaims what A borrowed: A checkpoints at its current step, yields and waits in the queue; B runs.
+3. Team B's higher-class fine-tuning gang arrives; its spec names A's latest checkpoint
+   (``init_from: {workload: pretrain-tiny-lm, step: latest}``), resolved when B starts and kept safe from A's
+   checkpoint retention until B has loaded it. B is within its nominal quota, so it reclaims what A borrowed: A
+   checkpoints at its current step, yields and waits in the queue; B runs.
 4. When B is done, A is admitted again, resumes from its checkpoint and finishes.
 5. The queue, A's journal (admission, preemption, resume) and the MLflow runs are shown; then `raylane down`.
 """
@@ -16,11 +18,9 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -136,21 +136,15 @@ def main():
     sh(RAYLANE, "down", check=False, quiet=True)
     sh(RAYLANE, "up", "--fresh", "--policy", REPO / "policies" / "local.yaml")
     try:
-        tmp = Path(tempfile.mkdtemp(prefix="raylane-demo-"))
         banner("team A submits pretraining with `ray job submit -- python -m raylane.run ...`")
-        a_spec = yaml.safe_load((REPO / "examples/specs/pretrain-team-a.yaml").read_text())
-        (tmp / "a.yaml").write_text(yaml.safe_dump(a_spec))
-        a_job = ray_job_submit(tmp / "a.yaml")
+        a_job = ray_job_submit(REPO / "examples/specs/pretrain-team-a.yaml")
         a = wait(lambda: workload_of(a_job), 180, "A registered")
         print(f"ray job {a_job} -> workload {a}")
         wait(lambda: latest_checkpoint(a), 240, "A's first checkpoint")
         show_queue("A is training (4 GPUs: 2 nominal + 2 borrowed from team B)")
 
-        banner("team B submits a higher-class fine-tuning gang from A's latest checkpoint")
-        b_spec = yaml.safe_load((REPO / "examples/specs/finetune-team-b.yaml").read_text())
-        b_spec["config"]["init_from"] = latest_checkpoint(a)
-        (tmp / "b.yaml").write_text(yaml.safe_dump(b_spec))
-        b_job = ray_job_submit(tmp / "b.yaml")
+        banner("team B submits a higher-class fine-tuning gang that starts from A's latest checkpoint")
+        b_job = ray_job_submit(REPO / "examples/specs/finetune-team-b.yaml")
         b = wait(lambda: workload_of(b_job), 180, "B registered")
         wait(lambda: state(a)["preemptions"] >= 1, 120, "A preempted")
         wait(lambda: state(a)["state"] == "PENDING", 120, "A back in the queue")
@@ -164,6 +158,8 @@ def main():
 
         banner(f"events of {a}")
         sh(RAYLANE, "explain", a)
+        banner(f"events of {b} (the checkpoint of A it was promised, pinned, loaded, released)")
+        sh(RAYLANE, "explain", b)
         banner("MLflow runs (one per logical workload)")
         show_mlflow([a, b])
         banner("evaluation of A's final model")
@@ -173,6 +169,9 @@ def main():
         ok = state(a)["state"] == state(b)["state"] == "SUCCEEDED"
         print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.time() - t0:.0f}s; MLflow store {MLFLOW_URI}; "
               f"browse with: mlflow ui --backend-store-uri {MLFLOW_URI}")
+        print(f"state kept in {HOME} (journal.db: the control plane's journal, started afresh by each demo; runs/: "
+              f"checkpoints by workload id; mlflow.db: MLflow runs). A later demo adds to it and is not disturbed "
+              f"by it; clear it with: rm -rf {HOME}")
         if not ok:
             raise SystemExit(1)
     finally:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -44,11 +46,11 @@ def spec(name: str, team: str, cls: str, *, workers: int = 1, gpu: float = 1, cp
 
 
 def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-sim", "ssd"])), gpus: int = 2,
-                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False, free_ports: bool = False):
+                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False):
     """A head (no GPUs) and one node per entry with logical GPUs and feature labels; stop it with ``stop_cluster``.
 
-    ``free_ports``: the dashboard and the agents on free ports instead of Ray's defaults (8265, 52365), which
-    another Ray session on the machine may hold.
+    The dashboard and the agents listen on free ports, not Ray's defaults (8265, 52365), which another Ray session
+    on the machine may hold. A cluster that fails to come up is stopped before the error is raised.
     """
     from ray._private.utils import get_ray_address_file, write_ray_address
     from ray.cluster_utils import Cluster
@@ -64,22 +66,25 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     shared = Path(get_ray_address_file(None))
     shared.parent.mkdir(parents=True, exist_ok=True)
     before = shared.read_text() if shared.exists() else None
-    head = {"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard, "temp_dir": temp_dir}
-    if free_ports:
-        head.update(dashboard_port=free_port(), dashboard_agent_listen_port=free_port())
-    c = Cluster(initialize_head=True, connect=False, head_node_args=head)
-    for name, feats in gpu_nodes:
-        extra = {"dashboard_agent_listen_port": free_port()} if free_ports else {}
-        c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)),
-                   temp_dir=temp_dir, **extra)
-    c.wait_for_nodes()
+    head = {"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard, "temp_dir": temp_dir,
+            "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
+    c = Cluster(initialize_head=False, connect=False)
+    c.raylane_temp_dir = temp_dir
+    try:
+        c.add_node(**head)
+        for name, feats in gpu_nodes:
+            c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)),
+                       temp_dir=temp_dir, dashboard_agent_listen_port=free_port())
+        c.wait_for_nodes()
+    except BaseException:
+        stop_cluster(c)
+        raise
     # `ray start --head` writes this file; cluster_utils does not, and job drivers would find any cluster.
     write_ray_address(c.address, temp_dir)
     if before is None:
         shared.unlink(missing_ok=True)
     else:
         shared.write_text(before)
-    c.raylane_temp_dir = temp_dir
     return c
 
 
@@ -89,6 +94,15 @@ def stop_cluster(c) -> None:
 
     ray.shutdown()
     c.shutdown()
+    # What a half-started head leaves (its GCS and monitor run before the dashboard fails to bind) is found by the
+    # session folder on its command line.
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if c.raylane_temp_dir.encode() in f.read():
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
     shutil.rmtree(c.raylane_temp_dir, ignore_errors=True)
 
 

@@ -45,8 +45,7 @@ def env(tmp_path_factory):
     # A small checkpoint of the LM for the replicas to load (pure torch, about a second).
     hooks = LocalHooks(tmp / "lm")
     train(dict(TRAIN, max_steps=4, checkpoint_every=4), hooks=hooks)
-    # The dashboard and agents on free ports: another Ray session on the machine may hold 8265 and 52365.
-    cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim"]),), gpus=4, cpus=4, dashboard=True, free_ports=True)
+    cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim"]),), gpus=4, cpus=4, dashboard=True)
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     ctl = start_control(local_policy(pretrain={"min_runtime": "2s"}), str(tmp / "journal.db"), tick_s=0.2)
     port = free_port()

@@ -214,3 +214,48 @@ def _write(env, s, name):
     path = env["tmp"] / f"{name}.yaml"
     path.write_text(yaml.safe_dump(s))
     return path
+
+
+def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(env):
+    import json
+
+    # A holds all of team-a's quota (2 nominal + 2 borrowed) and checkpoints every 20 steps; Ray Train keeps the
+    # newest 3, so step 40 is deleted long before A ends. B (team-a too, same class: no preemption) names step 40,
+    # waits for it to be written, then for quota until A is done, and must start from exactly that checkpoint.
+    src_cfg = dict(TRAIN, max_steps=300, checkpoint_every=20)
+    a_job = submit_job(env, spec("src-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1, config=src_cfg), "src-a")
+    a = record_of_job(env, a_job)["id"]
+    b_cfg = dict(TRAIN, max_steps=20, checkpoint_every=10, init_from={"workload": a, "step": 40})
+    b_cfg.pop("model")  # the shape comes from the checkpoint
+    b_job = submit_job(env, spec("cons-b", "team-a", "pretrain", workers=1, gpu=2, cpu=1, config=b_cfg), "cons-b")
+    b = record_of_job(env, b_job)["id"]
+    assert str(finished(env, a_job)).endswith("SUCCEEDED")
+    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    runs = env["tmp"] / "runs"
+    assert not (runs / a / "checkpoint_00000040").exists()  # rotated out by A's retention
+    rb = call(env["ctl"], "explain", b)
+    pinned = [e for e in rb["journal"] if e["kind"] == "pinned" and e.get("path")]
+    assert [(e["source"], e["step"]) for e in pinned] == [(a, 40)]
+    admitted = next(e for e in rb["journal"] if e["kind"] == "admitted")
+    assert pinned[0]["ts"] < admitted["ts"]  # pinned when A wrote step 40, long before B could start
+    first = min((runs / b).glob("checkpoint_*"))
+    meta = json.loads((first / "meta.json").read_text())
+    assert meta["init_from"] == str(runs / a / "_pinned" / "checkpoint_00000040")
+    # B has a checkpoint of its own: the pinned copy is gone.
+    assert not (runs / a / "_pinned" / "checkpoint_00000040").exists()
+    assert any(e["kind"] == "unpinned" for e in rb["journal"])
+
+
+def test_an_error_no_retry_fixes_fails_in_one_attempt(env):
+    src = submit_job(env, spec("src-c", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=TRAIN), "src-c")
+    c = record_of_job(env, src)["id"]
+    assert str(finished(env, src)).endswith("SUCCEEDED")
+    # A model shape that differs from the checkpoint it starts from: refused by the loop on the worker, every time.
+    bad = dict(TRAIN, init_from={"workload": c, "step": "latest"}, model=dict(TRAIN["model"], d_model=48))
+    job = submit_job(env, spec("bad-d", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=bad), "bad-d")
+    wid = record_of_job(env, job)["id"]
+    assert str(finished(env, job)).endswith("FAILED")
+    rec = call(env["ctl"], "explain", wid)
+    assert rec["state"] == "FAILED" and rec["attempts"] == 1 and rec["restarts"] == 0
+    note = rec["journal"][-2]["note"] if rec["journal"][-1]["kind"] == "unpinned" else rec["journal"][-1]["note"]
+    assert "ValidationError" in note and "model" in note and "not retried" in note, note
