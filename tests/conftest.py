@@ -35,26 +35,11 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{rep.when}", rep)
 
 
-def session_processes(key: str = SESSION_KEY) -> list:
+def session_processes() -> list:
     """(pid, command line) of every live process, other than this one, started with this session's marker."""
-    if not os.path.isdir("/proc"):
-        return []
-    marker = f"{key}={os.environ[key]}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if cmd:  # a zombie has no command line: it is dead, only not yet reaped
-            found.append((int(entry), cmd))
-    return found
+    from raylane.localcluster import marked_processes
+
+    return marked_processes(SESSION_KEY, os.environ[SESSION_KEY])
 
 
 def _ray_initialized() -> bool:

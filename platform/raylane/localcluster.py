@@ -2,19 +2,23 @@
 
 ``up`` starts a head (with the dashboard, which Ray's job API and Train's cleanup need) and one ``ray start`` worker
 per node of the cluster file, then the control actor; ``down`` stops them. State (address, dashboard URL) is kept in
-``~/.raylane/local.json`` so later commands find the cluster. Feature tags become node labels
+``~/.raylane/local.json`` so later commands find the cluster. Every process of the cluster (raylets, GCS, dashboard,
+agents, workers, job drivers) inherits ``RAYLANE_LOCAL_CLUSTER=<id>``; ``down`` stops exactly those, not other
+Ray sessions on the machine (``ray stop`` would stop every one of them). Feature tags become node labels
 ``feature.raylane.io/<tag>=true``, which the control actor reads back from ``ray.nodes()``.
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from raylane.config.cluster import ClusterFile
 from raylane.control.actor import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYPE_LABEL
@@ -24,6 +28,7 @@ STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"
 HEAD_PORT = 6390
 DASHBOARD_PORT = 8265
 GiB = 1024 ** 3
+MARKER = "RAYLANE_LOCAL_CLUSTER"
 
 
 def ray_env() -> Dict[str, str]:
@@ -52,6 +57,7 @@ def node_labels(group) -> Dict[str, str]:
 def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT) -> Dict[str, str]:
     """Start the head and the worker nodes; returns the state written to ``STATE_FILE``."""
     env = ray_env()
+    env[MARKER] = secrets.token_hex(8)
     ray = _ray_bin()
     head = [ray, "start", "--head", f"--port={port}", f"--num-cpus={cluster.head.cpus}",
             f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
@@ -66,15 +72,65 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
                   f"--memory={int(g.memory * GiB)}", f"--labels={json.dumps(node_labels(g))}",
                   "--disable-usage-stats"], env)
     state = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "cluster": cluster.name,
-             "started": time.time()}
+             "started": time.time(), "marker": env[MARKER]}
     STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(state))
     return state
 
 
-def down() -> None:
-    _run([_ray_bin(), "stop", "--force"], ray_env(), check=False)
+def down(grace_s: float = 10.0) -> None:
+    """Stop the cluster ``up`` started: SIGTERM to its processes, SIGKILL to what is left after ``grace_s``.
+
+    Without a recorded marker (a state file from an older version) or without ``/proc``, falls back to
+    ``ray stop --force``, which stops every Ray process of this user on the machine."""
+    st = state() or {}
+    if st.get("marker") and os.path.isdir("/proc"):
+        left = marked_processes(MARKER, st["marker"])
+        for pid, _ in left:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.time() + grace_s
+        while left and time.time() < deadline:
+            time.sleep(0.25)
+            left = marked_processes(MARKER, st["marker"])
+        for pid, _ in left:
+            _signal(pid, signal.SIGKILL)
+        deadline = time.time() + 5.0
+        while left and time.time() < deadline:  # SIGKILL is not instant either
+            time.sleep(0.1)
+            left = marked_processes(MARKER, st["marker"])
+    elif st or not os.path.isdir("/proc"):
+        _run([_ray_bin(), "stop", "--force"], ray_env(), check=False)
     STATE_FILE.unlink(missing_ok=True)
+
+
+def marked_processes(key: str, value: str) -> List[Tuple[int, str]]:
+    """(pid, command line) of the live processes, other than this one, started with ``key=value`` in their
+    environment (Linux ``/proc``; an empty list elsewhere)."""
+    if not os.path.isdir("/proc"):
+        return []
+    marker = f"{key}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if cmd:  # a zombie has no command line: it is dead, only not yet reaped
+            found.append((int(entry), cmd))
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # already gone
+        pass
 
 
 def state() -> Optional[Dict[str, str]]:
