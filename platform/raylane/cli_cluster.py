@@ -203,11 +203,31 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
     console.print(f"  preemptions={out['preemptions']} restarts={out['restarts']} step={out.get('step')}")
     if out.get("detail"):
         console.print(f"  now: {out['detail']}", highlight=False)
-    for e in out["journal"]:
-        if e["kind"] == "event" and not e.get("note"):
-            continue  # a progress update from the driver, shown above as "now"
+    for e in _journal_lines(out["journal"]):
         ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
         console.print(f"  {ts} {e['kind']:<13} {e.get('note', '')}", highlight=False)
+
+
+def _journal_lines(journal):
+    """The journal as ``explain`` shows it: driver progress updates (shown as "now") left out, and each run of
+    checkpoints folded into one line."""
+    out = []
+    for e in journal:
+        if e["kind"] == "event" and not e.get("note"):
+            continue
+        if e["kind"] == "checkpointed":
+            if out and out[-1]["kind"] == "checkpointed":
+                run = out[-1]
+                run["steps"].append(e.get("step"))
+            else:
+                run = {**e, "steps": [e.get("step")]}
+                out.append(run)
+            steps = [s for s in run["steps"] if s is not None]
+            span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}" if steps else ""
+            run["note"] = f"{len(run['steps'])} checkpoint(s), {span}".rstrip(", ")
+            continue
+        out.append(e)
+    return out
 
 
 def cancel(workload_id: str = typer.Argument(...)):
