@@ -234,3 +234,25 @@ def test_checkpoint_reference_that_can_never_resolve_is_refused_or_failed(ctl, t
     assert any("failed: config.init_from src2@90: " in note and "ended without a checkpoint at step 90" in note
                for _, note in rec["events"]), rec["events"]
     assert rec["attempts"] == 0
+
+
+def test_admission_is_ready_only_once_the_reservation_is_placed(ctl):
+    # After a forced stop the lease is free in the ledger at once, but the stopped gang's own placement group
+    # (Ray Train's, unknown to the control actor) holds the GPUs until Train tears it down. The preemptor's
+    # driver must not start, and hand over its reservation, before the reservation is placed.
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    drain(ctl)
+    stopped_gang = placement_group([{"GPU": 2}], bundle_label_selector=[{"ray.io/node-id": node_by_feature("nvlink")}])
+    ray.get(stopped_gang.ready(), timeout=30)
+    try:
+        wid = call(ctl, "submit", spec("next", "team-b", "finetune", gpu=2, features=["nvlink"]))["id"]
+        rec = wait_for(lambda: (r := call(ctl, "wait_admission", wid, 0.5))["state"] == "ADMITTED" and r,
+                       what="admitted in the ledger")
+        assert not rec["ready"], "ready while its reservation cannot be placed"
+        assert pg_table()[rec["pg_name"]]["state"] == "PENDING"
+    finally:
+        remove_placement_group(stopped_gang)
+    rec = wait_for(lambda: (r := call(ctl, "wait_admission", wid, 1.0))["ready"] and r, what="reservation placed")
+    assert rec["state"] == "ADMITTED" and pg_table()[rec["pg_name"]]["state"] == "CREATED"
+    drain(ctl)

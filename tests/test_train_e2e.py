@@ -5,7 +5,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -153,34 +152,34 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
 
 
 def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
-    # Timing on 2 shared cores decides how far the deaf gang gets before the forced stop; one CI run of three failed
-    # here (cause not yet known), so the scenario is tried a second time before failing.
-    for attempt in range(2):
-        try:
-            return _forced_stop(env, f"deaf-a{attempt}", f"ft-b2{attempt}")
-        except AssertionError:
-            if attempt == 1:
-                raise
-
-
-def _forced_stop(env, a_name, b_name):
-    policy_grace = call(env["ctl"], "class_info", "pretrain")["grace_period_s"]
-    a_job = submit_job(env, spec(a_name, "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                                 config=dict(TRAIN, max_steps=8000, fault={"ignore_stop": True})), a_name)
+    grace = call(env["ctl"], "class_info", "pretrain")["grace_period_s"]
+    # Asked to stop, the gang hangs instead of yielding: only the forced stop ends its first attempt, however fast
+    # the machine (a gang that trains on while deaf may reach its last step inside the grace period).
+    a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
+                                 config=dict(TRAIN, max_steps=400, fault={"hang_on_stop": True})), "deaf-a")
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=300, what="A past step 100")
-    t0 = time.time()
-    b_job = submit_job(env, spec(b_name, "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), b_name)
+    b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
     ra = call(env["ctl"], "explain", a)
-    assert ra["preemptions"] == 1
-    notes = [e.get("note", "") for e in ra["journal"]]
-    assert any("stopped by force" in n for n in notes), notes
+    journal = [(round(e["ts"], 2), e["kind"], e.get("note", "")) for e in ra["journal"]]
+    assert ra["preemptions"] == 1, journal
+    decided = next(e for e in ra["journal"] if e["kind"] == "preempting")
+    forced = [e for e in ra["journal"] if e["kind"] == "requeued" and "stopped by force" in e.get("note", "")]
+    assert len(forced) == 1, journal
+    # Stopped no earlier than the class's grace period after the preemption was decided, and not much later
+    # (the control loop ticks every 0.2 s; a busy 2-core machine can delay a tick by a few seconds).
+    assert grace <= forced[0]["ts"] - decided["ts"] <= grace + 10, journal
+    rb = call(env["ctl"], "explain", record_of_job(env, b_job)["id"])
+    # The preemptor started once the stopped gang's GPUs were really free: its admission was never rolled back.
+    assert not [e for e in rb["journal"] if e["kind"] == "requeued"], rb["journal"]
     _, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
-    assert steps[-1] == 8000 and set(steps) == set(range(1, 8001))
-    assert time.time() - t0 >= policy_grace
+    assert steps == list(range(1, 401))
+    # Resumed from its last checkpoint, it has the loss of an uninterrupted run at every step.
+    ref = reference_losses(dict(TRAIN, max_steps=400))
+    assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
 def test_crash_within_retry_budget_restarts_from_checkpoint(env):

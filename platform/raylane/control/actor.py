@@ -577,7 +577,12 @@ class ControlActor:
             finally:
                 ev.clear()
         out = rec.public()
-        out["ready"] = rec.state in (State.ADMITTED, State.RUNNING) and rec.pg_name is not None
+        # Ready means placed, not only decided. A lease freed by a forced stop is admitted to the preemptor at once,
+        # while the stopped gang's own placement group holds the GPUs until Ray Train tears it down; a driver that
+        # started then would hand over (remove) a reservation never placed, and the admission would be rolled
+        # back under its running gang.
+        out["ready"] = rec.pg_name is not None and (
+            rec.state is State.RUNNING or (rec.state is State.ADMITTED and _placed(rec.pg_name)))
         return out
 
     async def find_job(self, job_id: str) -> Optional[Dict[str, Any]]:
@@ -634,6 +639,11 @@ class ControlActor:
         if rec is None:
             raise NotFoundError(f"no workload {wid!r}")
         return rec
+
+
+def _placed(pg_name: str) -> bool:
+    """Whether the reservation ``pg_name`` exists with every bundle placed."""
+    return any(v.get("name") == pg_name and v.get("state") == "CREATED" for v in placement_group_table().values())
 
 
 def _fields(reason) -> Dict[str, Any]:

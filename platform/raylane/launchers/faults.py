@@ -3,7 +3,11 @@
 - ``crash_at_step: K`` with ``times: N``: rank 0 raises at step K in the first N attempts that reach it. The count
   is kept in marker files under the run's storage, so it survives the gang restarts it causes.
 - ``ignore_stop: true``: the loop never hears a stop request, like a loop that does not poll; the control actor
-  must then stop the gang by force after the class's grace period.
+  must then stop the gang by force after the class's grace period. It trains on meanwhile, so a short run may
+  finish inside the grace period.
+- ``hang_on_stop: true``: asked to stop, the loop neither yields nor trains on: it hangs, like a gang stuck in a
+  collective or on I/O. Only the forced stop ends the attempt, however fast the machine; resumed (nothing asks it to
+  stop then), it trains normally.
 - ``first_step_file: PATH``: rank 0 writes the wall-clock time of its first step there (submit-to-first-step
   benchmarks).
 """
@@ -22,8 +26,9 @@ class InjectedCrash(RuntimeError):
 
 class Faults:
     def __init__(self, *, marker_dir: str, crash_at_step: Optional[int] = None, times: int = 1,
-                 ignore_stop: bool = False, first_step_file: Optional[str] = None):
+                 ignore_stop: bool = False, hang_on_stop: bool = False, first_step_file: Optional[str] = None):
         self.marker_dir, self.crash_at_step, self.times, self.ignore_stop = marker_dir, crash_at_step, times, ignore_stop
+        self.hang_on_stop = hang_on_stop
         self.first_step_file = first_step_file
 
     def __call__(self, hooks):
@@ -37,6 +42,9 @@ class _FaultHooks(ForwardingHooks):
 
     def should_stop(self) -> bool:
         asked = super().should_stop()  # still asked: it is a collective every rank must join
+        if asked and self.fault.hang_on_stop:
+            while True:  # until the control actor kills this worker
+                time.sleep(1.0)
         return False if self.fault.ignore_stop else asked
 
     def report(self, step, metrics):
