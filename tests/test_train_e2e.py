@@ -153,12 +153,14 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
 
 def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     grace = call(env["ctl"], "class_info", "pretrain")["grace_period_s"]
-    # Asked to stop, the gang hangs instead of yielding: only the forced stop ends its first attempt, however fast
-    # the machine (a gang that trains on while deaf may reach its last step inside the grace period).
+    # The first attempt holds after step 150 until it is asked to stop, then hangs instead of yielding: only the
+    # forced stop ends it, however fast or slow the machine (a deaf gang that trains on may finish before the
+    # preemptor's driver has even registered, or inside the grace period).
+    fault = {"hold_at_step": 150, "hang_on_stop": True}
     a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                                 config=dict(TRAIN, max_steps=400, fault={"hang_on_stop": True})), "deaf-a")
+                                 config=dict(TRAIN, max_steps=300, fault=fault)), "deaf-a")
     a = record_of_job(env, a_job)["id"]
-    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=300, what="A past step 100")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 150, timeout=300, what="A at step 150")
     b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
@@ -176,9 +178,9 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     assert not [e for e in rb["journal"] if e["kind"] == "requeued"], rb["journal"]
     _, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
-    assert steps == list(range(1, 401))
+    assert steps == list(range(1, 301))
     # Resumed from its last checkpoint, it has the loss of an uninterrupted run at every step.
-    ref = reference_losses(dict(TRAIN, max_steps=400))
+    ref = reference_losses(dict(TRAIN, max_steps=300))
     assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
