@@ -22,7 +22,7 @@ demo: $(STAMP)
 # promtool (from Debian's prometheus package) checks and unit-tests the alerting rules in deploy/prometheus.
 test: $(STAMP)
 	bash deploy/prometheus/install_promtool.sh
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=10
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
