@@ -11,6 +11,7 @@ retried from the latest checkpoint with backoff up to the class's retry budget.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Dict, Optional, Sequence
 
@@ -24,6 +25,7 @@ from raylane.control.actor import CONTROL_NAME, GiB, NAMESPACE
 from raylane.errors import RetryableError
 from raylane.scheduling.placement import RAY_STRATEGY
 
+log = logging.getLogger("raylane.launchers.train")
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".raylane", "runs")
 
 
@@ -74,10 +76,13 @@ class RecordCheckpoints(ReportCallback):
         checkpoint = getattr(training_report, "checkpoint", None)
         if checkpoint is None:
             return
-        ctl = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
         reported = getattr(training_report, "metrics", None) or {}
         step = {"step": reported["step"]} if "step" in reported else {}
-        ray.get(ctl.checkpoint_saved.remote(self.workload_id, checkpoint.path, step), timeout=60)
+        try:
+            ctl = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+            ray.get(ctl.checkpoint_saved.remote(self.workload_id, checkpoint.path, step), timeout=60)
+        except Exception as exc:  # noqa: BLE001 - the control plane restarting must not fail the training run
+            log.warning("could not tell the control actor of checkpoint %s: %s", checkpoint.path, exc)
 
 
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
