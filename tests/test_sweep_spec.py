@@ -106,6 +106,8 @@ SWEEP_CASES = [
     ("grace at max", "sweep/scheduler/grace_period", 80, "sweep.scheduler", None, "below budget.max (80)"),
     ("pbt field on asha", "sweep/scheduler/quantile_fraction", 0.25, "sweep.scheduler.quantile_fraction", 0.25,
      "only for scheduler pbt (this one is asha)"),
+    ("synch on asha", "sweep/scheduler/synch", True, "sweep.scheduler.synch", True,
+     "only for scheduler pbt (this one is asha)"),
     ("metric empty", "sweep/metric", "", "sweep.metric", "", "at least 1 character"),
     ("mode", "sweep/mode", "minimize", "sweep.mode", "minimize", "one of min, max"),
     ("trials missing", "sweep/trials", DELETE, "sweep.trials", None, "required for algorithm tpe"),
@@ -229,6 +231,16 @@ def test_each_scheduler_measures_time_in_steps(kind):
         "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}} if kind == "pbt" else {})}
     sched = build.scheduler(load_spec_from_dict(doc).sweep)
     assert getattr(sched, "_time_attr", build.TIME_ATTR) == build.TIME_ATTR
+
+
+@pytest.mark.parametrize("synch", [None, True, False])
+def test_pbt_is_asynchronous_unless_synch(synch):
+    doc = raw()
+    doc["sweep"]["search"] = {"algorithm": "random"}
+    doc["sweep"]["scheduler"] = {"type": "pbt", "perturbation_interval": 20,
+                                 "mutations": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}},
+                                 **({} if synch is None else {"synch": synch})}
+    assert build.scheduler(load_spec_from_dict(doc).sweep)._synch is bool(synch)
 
 
 def test_asha_rungs():

@@ -160,15 +160,15 @@ def test_pbt_sweep_exploit_copies_a_checkpoint_of_a_stronger_trial(env):
     from raylane.sweeps.tracking import exploits
 
     s = sweep_spec("pbt-lm", {
-        # Asynchronous PBT compares a trial's score with the others' last ones, whatever steps they were taken at,
-        # so with trials of similar strength whether anyone exploits depends on the order of reports (seen: a run
-        # with none). Two trials that barely learn (lr 1e-6) are in the lower half at every perturbation once the
-        # two that learn have a score, whichever is ahead: they exploit at their second or third perturbation.
+        # Synchronous PBT: at every perturbation the whole population is ranked at the same step. Asynchronous PBT
+        # ranks a trial against the others' last scores and leaves out trials that finished, so on an idle machine,
+        # where each short trial finishes before the next has started, no exploit ever happened (seen in CI). The
+        # two trials that barely learn (lr 1e-6) are the lower half at the first perturbation and exploit then.
         "space": {"lr": {"type": "grid", "values": [1e-6, 1e-2, 1.5e-6, 2e-2]}},
         "search": {"algorithm": "grid", "seed": 1},
         # A perturbation at every report and half the population in each quantile.
         "budget": {"max": 20, "report_every": 5},
-        "scheduler": {"type": "pbt", "perturbation_interval": 5, "quantile_fraction": 0.5,
+        "scheduler": {"type": "pbt", "perturbation_interval": 5, "quantile_fraction": 0.5, "synch": True,
                       "mutations": {"lr": {"type": "loguniform", "low": 1e-4, "high": 3e-2}}},
         "metric": "val_loss", "mode": "min", "max_concurrent": 4,
         # Half a logical GPU each: the population of 4 runs at once on the 2 GPUs, within team-a's nominal quota.

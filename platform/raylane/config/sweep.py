@@ -204,7 +204,7 @@ _SCHEDULER_FIELDS = {
     "fifo": (),
     "median": ("grace_period", "min_samples"),
     "asha": ("grace_period", "eta"),
-    "pbt": ("perturbation_interval", "mutations", "quantile_fraction", "resample_probability"),
+    "pbt": ("perturbation_interval", "mutations", "quantile_fraction", "resample_probability", "synch"),
 }
 
 
@@ -213,7 +213,10 @@ class TrialSchedulerSpec(StrictModel):
     (stop a trial whose best result is worse than the median of the others' at the same step, after
     ``grace_period``), ``asha`` (successive halving: at each rung ``grace_period * eta**k`` only the best
     ``1/eta`` go on), ``pbt`` (population based training: every ``perturbation_interval`` steps the bottom
-    ``quantile_fraction`` of trials copy the checkpoint and config of a top one and perturb the ``mutations``).
+    ``quantile_fraction`` of trials copy the checkpoint and config of a top one and perturb the ``mutations``;
+    with ``synch: true`` every trial waits at each perturbation until the whole population has reached it, so the
+    quantiles are taken over all trials at the same step: asynchronous PBT compares a trial with the others' last
+    scores, and a trial that finished or has not started yet is no part of the population).
     Budgets are in steps and must fall on reports (multiples of ``budget.report_every``)."""
 
     type: SchedulerName = DEFAULT_SCHEDULER
@@ -224,9 +227,10 @@ class TrialSchedulerSpec(StrictModel):
     mutations: Optional[Dict[ParamPath, ParamSpec]] = Field(default=None, validate_default=True)
     quantile_fraction: Optional[float] = Field(default=None, gt=0, le=0.5)
     resample_probability: Optional[float] = Field(default=None, ge=0, le=1)
+    synch: Optional[bool] = None
 
     @field_validator("grace_period", "eta", "min_samples", "perturbation_interval", "mutations",
-                     "quantile_fraction", "resample_probability")
+                     "quantile_fraction", "resample_probability", "synch")
     @classmethod
     def _only_for_its_scheduler(cls, v: Any, info: ValidationInfo) -> Any:
         kind = info.data.get("type")

@@ -192,6 +192,7 @@ def _pbt_factory():
             quantile_fraction=s.quantile_fraction if s.quantile_fraction is not None else cfg.DEFAULT_QUANTILE,
             resample_probability=(s.resample_probability if s.resample_probability is not None
                                   else cfg.DEFAULT_RESAMPLE),
+            synch=bool(s.synch),
         )
 
     return build
