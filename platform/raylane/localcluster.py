@@ -85,19 +85,23 @@ def down(grace_s: float = 10.0) -> None:
     ``ray stop --force``, which stops every Ray process of this user on the machine."""
     st = state() or {}
     if st.get("marker") and os.path.isdir("/proc"):
-        left = marked_processes(MARKER, st["marker"])
-        for pid, _ in left:
-            _signal(pid, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        while left and time.time() < deadline:
+        # Rounds until none is left: a process can appear while the others stop (a raylet restarting an agent that
+        # exited on SIGTERM before the raylet did), and one that appears after the grace period is killed at once.
+        grace_end = time.time() + grace_s
+        give_up = grace_end + 15.0
+        asked = set()
+        while time.time() < give_up:
+            left = marked_processes(MARKER, st["marker"])
+            if not left:
+                break
+            late = time.time() >= grace_end
+            for pid, _ in left:
+                if late:
+                    _signal(pid, signal.SIGKILL)
+                elif pid not in asked:
+                    _signal(pid, signal.SIGTERM)
+                    asked.add(pid)
             time.sleep(0.25)
-            left = marked_processes(MARKER, st["marker"])
-        for pid, _ in left:
-            _signal(pid, signal.SIGKILL)
-        deadline = time.time() + 5.0
-        while left and time.time() < deadline:  # SIGKILL is not instant either
-            time.sleep(0.1)
-            left = marked_processes(MARKER, st["marker"])
     elif st or not os.path.isdir("/proc"):
         _run([_ray_bin(), "stop", "--force"], ray_env(), check=False)
     STATE_FILE.unlink(missing_ok=True)
