@@ -1,0 +1,121 @@
+"""End-to-end helpers through Ray's jobs API: a module-scoped environment (a local cluster with logical GPUs, the
+control actor, a jobs client, a sqlite MLflow store) and the calls tests make on it. Shared by every e2e module
+that submits workloads as a user would (``python -m raylane.run SPEC`` as a Ray job)."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, Optional
+
+import ray
+
+from raylane.control.client import call, start_control, stop_control
+from tests.raytest import local_policy, start_cluster, stop_cluster, wait_for
+
+# What every test job's driver gets: no auth (a test cluster), a fast Train controller, no drain watcher.
+JOB_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+def start_env(tmp, *, policy: Optional[dict] = None, gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]),), gpus: int = 4,
+              cpus: int = 4) -> Dict[str, Any]:
+    """Cluster, control actor and jobs client; stop with ``stop_env``."""
+    from ray.job_submission import JobSubmissionClient
+
+    from raylane.jobs import wait_ready
+
+    cluster = start_cluster(gpu_nodes=gpu_nodes, gpus=gpus, cpus=cpus, dashboard=True)
+    try:
+        ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
+        ctl = start_control(policy or local_policy(), str(tmp / "journal.db"), tick_s=0.2)
+        dash = "http://" + ray._private.worker.get_dashboard_url()
+        client = JobSubmissionClient(dash)
+        wait_ready(client)
+    except BaseException:
+        stop_cluster(cluster)
+        raise
+    return {"cluster": cluster, "ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
+            "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
+
+
+def stop_env(env) -> None:
+    stop_control()
+    stop_cluster(env["cluster"])
+
+
+def write_spec(env, s: dict, name: str):
+    import yaml
+
+    path = env["tmp"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(s))
+    return path
+
+
+def submit_job(env, s: dict, name: str, *, working_dir: Optional[str] = None, env_vars: Optional[dict] = None) -> str:
+    """Submit ``s`` as ``python -m raylane.run SPEC`` (a plain Ray job); ``working_dir`` is uploaded with it."""
+    from raylane.jobs import submit_job as submit
+
+    path = write_spec(env, s, name)
+    runtime_env: Dict[str, Any] = {"env_vars": {**JOB_ENV, **(env_vars or {})}}
+    if working_dir:
+        runtime_env["working_dir"] = str(working_dir)
+    job = submit(env["client"],
+                 entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
+                            f"--tracking-uri {env['uri']}",
+                 runtime_env=runtime_env)
+    env["jobs"].append(job)
+    return job
+
+
+def workload_of(env, wid: str) -> Optional[str]:
+    return call(env["ctl"], "status", wid).get("job_id")
+
+
+def record_of_job(env, job_id: str, timeout: float = 60) -> Dict[str, Any]:
+    def find():
+        return next((r for r in call(env["ctl"], "queue", True) if workload_of(env, r["id"]) == job_id), None)
+    return wait_for(find, timeout=timeout, what=f"workload of job {job_id}")
+
+
+def finished(env, job_id: str, timeout: float = 240):
+    from ray.job_submission import JobStatus
+
+    return wait_for(lambda: (s := env["client"].get_job_status(job_id)) in
+                    (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and s, timeout=timeout,
+                    every=1.0, what=f"job {job_id} to end")
+
+
+def mlflow_run(env, wid: str, must: bool = True):
+    """The one MLflow run of workload ``wid`` (None when ``must`` is false and there is none yet)."""
+    from raylane.tracking import client_for
+
+    client = client_for(env["uri"])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`raylane.workload_id` = '{wid}'")
+    if not runs and not must:
+        return None
+    assert len(runs) == 1, f"one MLflow run for {wid}, found {len(runs)}"
+    return runs[0]
+
+
+def metric_history(env, wid: str, key: str = "loss", must: bool = True):
+    """(run, [(step, value), ...] sorted by step) of ``key`` in workload ``wid``'s run."""
+    from raylane.tracking import client_for
+
+    run = mlflow_run(env, wid, must)
+    if run is None:
+        return None, []
+    hist = client_for(env["uri"]).get_metric_history(run.info.run_id, key)
+    return run, sorted((m.step, m.value) for m in hist)
+
+
+def print_job_logs_on_failure(request, env) -> None:
+    """For an autouse fixture: after a failed test, print the tail of each job's logs."""
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for job in env["jobs"]:
+            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-4000:])
+    env["jobs"].clear()
+
+
+__all__ = ["JOB_ENV", "start_env", "stop_env", "write_spec", "submit_job", "record_of_job", "finished", "mlflow_run",
+           "metric_history", "print_job_logs_on_failure", "local_policy", "call", "wait_for"]
