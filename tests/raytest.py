@@ -8,7 +8,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 import yaml
 
@@ -36,13 +36,20 @@ def local_policy(**class_overrides) -> dict:
     return data
 
 
+# The reference LM, one entrypoint among others.
+LM_ENTRYPOINT = "workloads.ray_train:train_loop_per_worker"
+
+
 def spec(name: str, team: str, cls: str, *, workers: int = 1, gpu: float = 1, cpu: float = 0.5,
-         features=(), placement=None, config=None, kind: str = "train") -> dict:
+         features=(), placement=None, config=None, kind: str = "train", entrypoint: Optional[str] = None) -> dict:
     gang = {"workers": workers, "resources": {"gpu": gpu, "cpu": cpu}, "features": list(features)}
     if placement:
         gang["placement"] = placement
-    return {"name": name, "team": team, "class": cls, "kind": kind, "gang": gang, "config": config or {},
-            "run": {"intent": f"test {name}", "owner": "pytest"}}
+    out = {"name": name, "team": team, "class": cls, "kind": kind, "gang": gang, "config": config or {},
+           "run": {"intent": f"test {name}", "owner": "pytest"}}
+    if kind == "train":
+        out["entrypoint"] = entrypoint or LM_ENTRYPOINT
+    return out
 
 
 def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-sim", "ssd"])), gpus: int = 2,

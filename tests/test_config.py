@@ -305,7 +305,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 # ------------------------------------------------------------------------------------------ spec errors
 
-SWEEP = {"space": {"lr": {"type": "uniform", "low": 0.001, "high": 0.01}}, "budget": {"max": 10}, "metric": "loss",
+SWEEP = {"trainable": "tests.sweep_fns:quadratic", "space": {"lr": {"type": "uniform", "low": 0.001, "high": 0.01}}, "budget": {"max": 10}, "metric": "loss",
          "mode": "min", "trials": 2}
 
 SPEC_CASES = [

@@ -20,7 +20,7 @@ from raylane.config.loader import MISSING, load_policy, load_spec, load_spec_fro
 from raylane.errors import ValidationError
 from raylane.launchers.tune import _parse, slot_specs
 from raylane.sweeps import build
-from raylane.sweeps.trainables import check_trainable, lm_base_config, merge_config
+from raylane.sweeps.trainables import base_config, check_trainable, merge_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "specs" / "sweep-asha-team-a.yaml"
@@ -60,10 +60,11 @@ def test_example_is_valid_against_the_local_policy():
 
 def test_defaults_live_in_one_place():
     doc = raw()
-    doc["sweep"] = {"space": {"lr": {"type": "uniform", "low": 0.001, "high": 0.01}}, "budget": {"max": 10},
+    doc["sweep"] = {"trainable": "workloads.ray_tune:lm_trainable",
+                    "space": {"lr": {"type": "uniform", "low": 0.001, "high": 0.01}}, "budget": {"max": 10},
                     "metric": "loss", "mode": "min", "trials": 3}
     s = load_spec_from_dict(doc).sweep
-    assert s.trainable == "workloads.train_lm" and s.search.algorithm == sweep_cfg.DEFAULT_SEARCH
+    assert s.search.algorithm == sweep_cfg.DEFAULT_SEARCH
     assert s.scheduler.type == sweep_cfg.DEFAULT_SCHEDULER and s.budget.report_every == 1
     assert s.max_concurrent == sweep_cfg.DEFAULT_MAX_CONCURRENT and s.concurrency == 3  # no more slots than trials
     assert s.resources == sweep_cfg.DEFAULT_TRIAL_RESOURCES
@@ -137,7 +138,7 @@ def test_all_errors_of_a_sweep_at_once():
     assert {"sweep.mode", "sweep.space.lr.low", "sweep.search.algorithm", "team"} <= paths
 
 
-PBT = {"space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}},
+PBT = {"trainable": "workloads.ray_tune:lm_trainable", "space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}},
        "budget": {"max": 40, "report_every": 5},
        "scheduler": {"type": "pbt", "perturbation_interval": 10,
                      "mutations": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}},
@@ -167,7 +168,7 @@ def test_pbt_section(field, value, path, allowed):
 
 
 def test_grid_trials_default_to_the_grid_and_may_not_exceed_it():
-    grid = {"space": {"lr": {"type": "grid", "values": [0.001, 0.01]},
+    grid = {"trainable": "tests.sweep_fns:quadratic", "space": {"lr": {"type": "grid", "values": [0.001, 0.01]},
                       "model.d_model": {"type": "grid", "values": [16, 32, 64]}},
             "search": {"algorithm": "grid"}, "budget": {"max": 10}, "metric": "loss", "mode": "min"}
     doc = with_field(raw(), "sweep", grid)
@@ -252,12 +253,24 @@ def test_asha_rungs():
 # ------------------------------------------------------------------------------------------ pre-flight
 
 
-def test_lm_base_config_takes_the_budget_and_refuses_conflicts():
+def test_the_lm_trainable_takes_the_budget_and_refuses_conflicts():
+    from workloads.ray_tune import lm_trainable
+
     s = load_spec_from_dict(raw()).sweep
-    base, errors = lm_base_config({"lr": 0.01}, s)
+    base, errors = base_config(lm_trainable, {"lr": 0.01}, s)
     assert (base["max_steps"], base["checkpoint_every"], base["eval_every"], errors) == (80, 10, 10, [])
-    _, errors = lm_base_config({"max_steps": 50, "eval_every": 3}, s)
+    _, errors = base_config(lm_trainable, {"max_steps": 50, "eval_every": 3}, s)
     assert [e[0] for e in errors] == ["config.max_steps", "config.eval_every"]
+
+
+def test_a_trainable_without_declarations_takes_the_config_as_is_and_a_trainable_is_required():
+    from tests.sweep_fns import quadratic
+
+    s = load_spec_from_dict(raw()).sweep
+    assert base_config(quadratic, {"x": 1}, s) == ({"x": 1}, [])
+    doc = raw()
+    del doc["sweep"]["trainable"]
+    assert_has_error(errors_of(doc), "sweep.trainable", None, "required")
 
 
 def test_trainable_preflight_reports_every_problem():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pickle
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,13 +15,6 @@ from mlflow import MlflowClient
 from raylane.sweeps.tracking import TAG_EXPLOITS, SweepTracking, child_runs, exploits
 
 SWEEP = "pbt-lm-a1b2c3"
-
-
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # creates the tables
-    return db
 
 
 @pytest.fixture

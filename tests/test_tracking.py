@@ -1,7 +1,8 @@
 """raylane.tracking against a real MLflow sqlite store (no Ray): one run per workload across restarts, the event
 log and its counters, rank-0 metric logging against global steps across resumes, and a real short training run.
 
-Creating an MLflow database runs its migrations (~3 s), so one is made per module and copied for each test."""
+Creating an MLflow database runs its migrations (~3 s), so one is made per session (conftest ``template_db``)
+and copied for each test."""
 from __future__ import annotations
 
 import json
@@ -9,14 +10,12 @@ import pickle
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Mapping, Optional
 
 import pytest
 from mlflow import MlflowClient
 
 from raylane.errors import FatalError, NotFoundError, ValidationError
-from raylane.tracking import MlflowHooks, RunTracker, code_version, spec_params, tracking_uri, wrap_hooks_factory
-from workloads.train_lm import LocalHooks, TrainHooks, train
+from raylane.tracking import MetricLogger, RunTracker, code_version, spec_params, tracking_uri
 
 SPEC = {
     "name": "pretrain-tiny-lm",
@@ -28,15 +27,6 @@ SPEC = {
     "run": {"intent": "Baseline for the weekly report", "owner": "alice", "code_version": "abc123"},
 }
 
-# As in tests/test_workloads.py, with a small corpus: a step takes ~10 ms on two cores.
-SMALL = {"batch_size": 8, "num_threads": 2, "model": {"d_model": 32}, "corpus": {"max_bytes": 100_000}}
-
-
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # creates the tables
-    return db
 
 
 @pytest.fixture
@@ -53,20 +43,6 @@ def client(uri: str) -> MlflowClient:
 
 def steps(uri: str, run_id: str, key: str = "loss") -> list[int]:
     return [m.step for m in sorted(client(uri).get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))]
-
-
-class FakeRunner(TrainHooks):
-    """Inner hooks that record what reached them."""
-
-    def __init__(self, rank: int = 0):
-        self.world_rank = rank
-        self.calls: list[tuple] = []
-
-    def report(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.calls.append(("report", step))
-
-    def save_checkpoint(self, dir_path: Optional[str], step: int, metrics: Mapping[str, float]) -> None:
-        self.calls.append(("save", step))
 
 
 def metrics(loss: float) -> dict[str, float]:
@@ -254,121 +230,68 @@ def test_finish_sets_the_status_and_a_restart_reopens_the_run(uri, tmp_path):
         assert client(uri).get_run(t.run_id).info.status == status
 
 
-# --- metrics from the training gang ----------------------------------------------------------------------------
+# --- metrics of the training loop's reports (raylane.train logs them from rank 0) --------------------------------
 
 
-def test_rank0_logs_against_global_steps_and_a_resume_adds_no_duplicates(uri):
+def test_reports_are_logged_against_their_steps_and_a_resume_adds_no_duplicates(uri):
     run_id = started(uri).run_id
-    # Attempt 1: checkpoint at step 4, metrics up to 6 written, then the worker dies.
-    first = MlflowHooks(FakeRunner(), run_id=run_id, tracking_uri=uri, flush_every=20)
+    # Attempt 1: reports up to step 6 (a checkpoint at 4, flushed before it), then the worker dies.
+    first = MetricLogger(run_id, uri, flush_every=20)
     for step in range(1, 7):
-        first.report(step, metrics(float(step)))
+        first.log(step, {**metrics(float(step)), "epoch": 0, "note": "text is skipped", "done": True})
         if step == 4:
-            first.save_checkpoint(None, step, metrics(float(step)))
-    first.close()
-    # Attempt 2 resumes from step 4: it re-runs 5 and 6, then goes on.
-    second = MlflowHooks(FakeRunner(), run_id=run_id, tracking_uri=uri, flush_every=3)
+            first.flush()
+    first.flush()
+    # Attempt 2 resumes from step 4: it re-reports 5 and 6, then goes on.
+    second = MetricLogger(run_id, uri, flush_every=3)
     for step in range(5, 10):
-        second.report(step, metrics(100.0 + step))
-    second.save_checkpoint(None, 9, metrics(109.0))
+        second.log(step, metrics(100.0 + step))
+    second.flush()
     history = {m.step: m.value for m in client(uri).get_metric_history(run_id, "loss")}
-    assert steps(uri, run_id) == list(range(1, 10))  # each global step once
+    assert steps(uri, run_id) == list(range(1, 10))  # each step once
     assert history == {**{s: float(s) for s in range(1, 7)}, **{s: 100.0 + s for s in range(7, 10)}}
-    assert steps(uri, run_id, "samples_per_s") == list(range(1, 10))
+    assert steps(uri, run_id, "done") == list(range(1, 7)) and "note" not in client(uri).get_run(run_id).data.metrics
     assert client(uri).get_run(run_id).data.tags["raylane.metrics_step"] == "9"
 
 
-def test_other_ranks_forward_everything_and_write_nothing(uri):
+def test_steps_another_writer_logged_first_are_not_logged_again(uri):
+    from mlflow.entities import Metric, RunTag
+
     run_id = started(uri).run_id
-    runner = FakeRunner(rank=1)
-    hooks = MlflowHooks(runner, run_id=run_id, tracking_uri=uri, flush_every=1)
-    for step in range(1, 4):
-        hooks.report(step, metrics(1.0))
-    hooks.save_checkpoint(None, 3, metrics(1.0))
-    hooks.close()
-    assert runner.calls == [("report", 1), ("report", 2), ("report", 3), ("save", 3)]
-    assert hooks._client is None and client(uri).get_run(run_id).data.metrics == {}
-
-
-def test_the_buffered_tail_is_flushed_at_checkpoints_and_close(uri):
-    run_id = started(uri).run_id
-    hooks = MlflowHooks(FakeRunner(), run_id=run_id, tracking_uri=uri, flush_every=20)
-    for step in range(1, 8):
-        hooks.report(step, metrics(float(step)))
-    assert steps(uri, run_id) == []  # still buffered
-    hooks.save_checkpoint(None, 7, metrics(7.0))
-    assert steps(uri, run_id) == list(range(1, 8))
-    for step in range(8, 11):
-        hooks.report(step, metrics(float(step)))
-    hooks.close()
-    assert steps(uri, run_id) == list(range(1, 11))
-
-
-def test_log_every_thins_steps_but_keeps_eval_and_checkpoint_steps(uri):
-    run_id = started(uri).run_id
-    hooks = MlflowHooks(FakeRunner(), run_id=run_id, tracking_uri=uri, log_every=5)
-    for step in range(1, 13):
-        m = metrics(float(step))
-        if step == 3:
-            m["val_loss"] = 2.0
-        hooks.report(step, m)
-        if step == 12:
-            hooks.save_checkpoint(None, step, m)
-    assert steps(uri, run_id) == [3, 5, 10, 12]
-    assert steps(uri, run_id, "val_loss") == [3]
+    # A loop that logs its own metrics to the run (as the reference LM does) moves the mark first.
+    client(uri).log_batch(run_id, metrics=[Metric("loss", 1.0, 0, s) for s in range(1, 6)],
+                          tags=[RunTag("raylane.metrics_step", "5")])
+    logger = MetricLogger(run_id, uri)
+    logger.log(5, metrics(5.0))
+    logger.log(6, metrics(6.0))
+    logger.flush()
+    assert steps(uri, run_id) == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_failed_flush_keeps_the_metrics_for_the_next_one(uri, monkeypatch, caplog):
     run_id = started(uri).run_id
-    hooks = MlflowHooks(FakeRunner(), run_id=run_id, tracking_uri=uri, flush_every=2)
-    real = hooks._get_client
+    logger = MetricLogger(run_id, uri, flush_every=2)
+    real = logger._get_client
 
     def down():
         raise ConnectionError("store unreachable")
 
-    monkeypatch.setattr(hooks, "_get_client", down)
+    monkeypatch.setattr(logger, "_get_client", down)
     for step in (1, 2, 3):
-        hooks.report(step, metrics(1.0))  # the flush at step 2 fails without raising
-    assert hooks.failed_flushes == 1 and "store unreachable" in caplog.text
-    monkeypatch.setattr(hooks, "_get_client", real)
-    hooks.save_checkpoint(None, 3, metrics(1.0))
+        logger.log(step, metrics(1.0))  # the flush at step 2 fails without raising
+    assert logger.failed_flushes == 1 and "store unreachable" in caplog.text
+    monkeypatch.setattr(logger, "_get_client", real)
+    logger.flush()
     assert steps(uri, run_id) == [1, 2, 3]
 
 
-def test_hooks_factory_is_picklable_and_hooks_validate_their_options(uri):
+def test_the_logger_is_picklable_and_validates_its_options(uri):
     run_id = started(uri).run_id
-    factory = pickle.loads(pickle.dumps(wrap_hooks_factory(run_id, uri, data_snapshot="snap-3")))
-    hooks = factory(FakeRunner())
-    assert isinstance(hooks, MlflowHooks) and (hooks.run_id, hooks.tracking_uri) == (run_id, uri)
-    hooks.report(1, metrics(1.0))
-    hooks.close()
-    copy = pickle.loads(pickle.dumps(hooks))  # the client stays behind
+    logger = MetricLogger(run_id, uri)
+    logger.log(1, metrics(1.0))
+    logger.flush()
+    copy = pickle.loads(pickle.dumps(logger))  # the client stays behind
     assert copy._client is None and copy.run_id == run_id
-    assert client(uri).get_run(run_id).data.params["raylane.data_snapshot"] == "snap-3"
     with pytest.raises(ValidationError) as err:
-        MlflowHooks(FakeRunner(), run_id=run_id, tracking_uri=uri, log_every=0, flush_every=True)
-    assert [e[0] for e in err.value.errors] == ["log_every", "flush_every"]
-
-
-# --- a real training run ---------------------------------------------------------------------------------------
-
-
-def test_a_real_training_run_reaches_mlflow_across_a_yield_and_resume(uri, tmp_path):
-    tracker = started(uri, spec={**SPEC, "config": SMALL})
-    wrap = wrap_hooks_factory(tracker.run_id, uri)
-    config = {**SMALL, "max_steps": 6, "checkpoint_every": 3}
-    first = train(config, hooks=wrap(LocalHooks(tmp_path / "ckpt", stop_at_step=4)))
-    assert (first.status, first.step) == ("yielded", 4)
-    tracker.event("preempted", "yielded at step 4", step=4)
-    local = LocalHooks(tmp_path / "ckpt")
-    second = train(config, hooks=wrap(local))
-    assert (second.status, second.step, second.resumed_from_step) == ("finished", 6, 4)
-    tracker.finish("FINISHED")
-
-    run = client(uri).get_run(tracker.run_id)
-    history = {m.step: m.value for m in client(uri).get_metric_history(tracker.run_id, "loss")}
-    assert steps(uri, tracker.run_id) == [1, 2, 3, 4, 5, 6]
-    assert history[6] == pytest.approx(local.losses()[6]) and history[5] == pytest.approx(local.losses()[5])
-    assert run.data.params["raylane.data_snapshot"] == second.data_snapshot  # read from the first checkpoint
-    assert run.data.params["batch_size"] == "8"
-    assert run.info.status == "FINISHED" and run.data.tags["raylane.preemptions"] == "1"
+        MetricLogger("", uri, flush_every=True, flush_interval_s=0)
+    assert [e[0] for e in err.value.errors] == ["run_id", "flush_every", "flush_interval_s"]

@@ -10,8 +10,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.client import call, start_control, stop_control  # noqa: E402
-from tests.raytest import local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
+from raylane.control.client import call  # noqa: E402
+from tests.jobtest import finished, metric_history, print_job_logs_on_failure, record_of_job, start_env, stop_env  # noqa: E402
+from tests.jobtest import submit_job, write_spec  # noqa: E402
+from tests.raytest import local_policy, spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -21,82 +23,20 @@ TRAIN = {"max_steps": 40, "checkpoint_every": 50, "batch_size": 8, "warmup_steps
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e")
-    cluster = start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]),), gpus=4, cpus=4, dashboard=True)
-    ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     policy = local_policy(pretrain={"min_runtime": "2s", "grace_period": "6s", "retry_budget": 1})
-    ctl = start_control(policy, str(tmp / "journal.db"), tick_s=0.2)
-    from ray.job_submission import JobSubmissionClient
-
-    dash = "http://" + ray._private.worker.get_dashboard_url()
-    client = JobSubmissionClient(dash)
-    from raylane.jobs import wait_ready
-
-    wait_ready(client)
-    yield {"ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
-           "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
-    stop_control()
-    stop_cluster(cluster)
+    env = start_env(tmp_path_factory.mktemp("e2e"), policy=policy)
+    yield env
+    stop_env(env)
 
 
 @pytest.fixture(autouse=True)
 def job_logs_on_failure(request, env):
     yield
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        for job in env["jobs"]:
-            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-4000:])
-    env["jobs"].clear()
-
-
-def submit_job(env, s, name):
-    import yaml
-
-    path = env["tmp"] / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(s))
-    from raylane.jobs import submit_job as submit
-
-    job = submit(
-        env["client"],
-        entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
-                   f"--tracking-uri {env['uri']}",
-        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-                                  "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}},
-    )
-    env["jobs"].append(job)
-    return job
-
-
-def record_of_job(env, job_id):
-    def find():
-        return next((r for r in call(env["ctl"], "queue", True) if _job(env, r["id"]) == job_id), None)
-    return wait_for(find, timeout=60, what=f"workload of job {job_id}")
-
-
-def _job(env, wid):
-    return call(env["ctl"], "status", wid).get("job_id")
-
-
-def finished(env, job_id, timeout=240):
-    from ray.job_submission import JobStatus
-
-    status = wait_for(lambda: (s := env["client"].get_job_status(job_id)) in
-                      (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and s, timeout=timeout,
-                      every=1.0, what=f"job {job_id} to end")
-    return status
+    print_job_logs_on_failure(request, env)
 
 
 def loss_history(env, wid, must=True):
-    from raylane.tracking import client_for
-
-    client = client_for(env["uri"])
-    run = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                             f"tags.`raylane.workload_id` = '{wid}'")
-    if not run and not must:
-        return None, []
-    assert len(run) == 1, f"one MLflow run for {wid}, found {len(run)}"
-    hist = client.get_metric_history(run[0].info.run_id, "loss")
-    return run[0], sorted((m.step, m.value) for m in hist)
+    return metric_history(env, wid, "loss", must)
 
 
 def reference_losses(config):
@@ -122,7 +62,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
         [os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit", "--address", env["dash"],
          "--no-wait", "--runtime-env-json",
          '{"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}}', "--",
-         sys.executable, "-m", "raylane.run", str(_write(env, a_spec, "pre-a")), "--storage-path", env["storage"],
+         sys.executable, "-m", "raylane.run", str(write_spec(env, a_spec, "pre-a")), "--storage-path", env["storage"],
          "--tracking-uri", env["uri"]],
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -187,7 +127,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
 def test_crash_within_retry_budget_restarts_from_checkpoint(env):
     # Two workers on logical GPUs: DDP over gloo with the model kept on the CPU.
     job = submit_job(env, spec("crash1", "team-a", "pretrain", workers=2, gpu=1, cpu=1,
-                               config=dict(TRAIN, fault={"crash_at_step": 15, "times": 1})), "crash1")
+                               config=dict(TRAIN, report_every=5, fault={"crash_at_step": 15, "times": 1})), "crash1")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("SUCCEEDED")
     rec = call(env["ctl"], "status", wid)
@@ -199,7 +139,7 @@ def test_crash_within_retry_budget_restarts_from_checkpoint(env):
 
 def test_crash_over_retry_budget_fails_with_reason(env):
     job = submit_job(env, spec("crash9", "team-a", "pretrain", workers=1, gpu=1, cpu=1,
-                               config=dict(TRAIN, fault={"crash_at_step": 5, "times": 99})), "crash9")
+                               config=dict(TRAIN, report_every=5, fault={"crash_at_step": 5, "times": 99})), "crash9")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("FAILED")
     rec = call(env["ctl"], "explain", wid)
@@ -207,14 +147,6 @@ def test_crash_over_retry_budget_fails_with_reason(env):
     assert "retry budget 1" in rec["journal"][-1]["note"] and "injected crash" in rec["journal"][-1]["note"]
     run, _ = loss_history(env, wid)
     assert run.info.status == "FAILED"
-
-
-def _write(env, s, name):
-    import yaml
-
-    path = env["tmp"] / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(s))
-    return path
 
 
 def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(env):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raylane.errors import ValidationError
+from workloads.errors import ConfigError
 from workloads import checkpoint as ckpt
 from workloads.data import batch_at, build_corpus
 from workloads.eval_lm import evaluate
@@ -123,7 +123,7 @@ def test_finetune_from_pretrain_checkpoint_lowers_val_loss_on_its_corpus(pretrai
 
 
 def test_finetune_refuses_a_model_shape_other_than_its_checkpoints(pretrained, tmp_path):
-    with pytest.raises(ValidationError, match="model"):
+    with pytest.raises(ConfigError, match="model"):
         train(finetune_config(pretrained.latest_checkpoint(), model={"d_model": 32}), hooks=LocalHooks(tmp_path))
 
 
@@ -171,7 +171,7 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("config,path,value,allowed", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
 def test_bad_config_names_key_value_and_what_is_allowed(config, path, value, allowed):
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ConfigError) as info:
         train(config, hooks=LocalHooks("/nonexistent-never-written"))
     [(got_path, got_value, got_allowed)] = info.value.errors
     assert (got_path, got_value) == (path, value)
@@ -179,7 +179,7 @@ def test_bad_config_names_key_value_and_what_is_allowed(config, path, value, all
 
 
 def test_every_config_error_is_reported_at_once():
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ConfigError) as info:
         parse_config({"lr": 0.0, "batch_size": "8", "bogus": 1, "corpus": {"val_fraction": 0.9}})
     assert sorted(p for p, _, _ in info.value.errors) == ["batch_size", "bogus", "corpus.val_fraction", "lr"]
 

@@ -15,7 +15,7 @@ import ray  # noqa: E402
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
 
-from raylane.errors import ValidationError  # noqa: E402
+from workloads.errors import ConfigError  # noqa: E402
 from workloads import checkpoint as ckpt  # noqa: E402
 from workloads.ray_train import check_config, train_loop_per_worker  # noqa: E402
 
@@ -33,9 +33,24 @@ def ray_session():
 
 
 def test_check_config_reports_adapter_and_training_errors_together():
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ConfigError) as info:
         check_config({**TINY, "stop_poll": "not callable", "report_every": -1, "lr": -1.0})
     assert sorted(p for p, _, _ in info.value.errors) == ["lr", "report_every", "stop_poll"]
+
+
+def test_the_declared_schema_refuses_what_check_config_refuses():
+    import pydantic
+
+    from workloads.ray_train import RayTrainConfig
+
+    assert train_loop_per_worker.config_schema is RayTrainConfig
+    RayTrainConfig.model_validate({**TINY, "report_every": 5, "yield_on_preemption": False})
+    for bad in ({"max_steps": "日本語"}, {"model": {"n_layers": -1}}, {"lr": 1e18}, {"checkpoint_every": float("nan")},
+                {"report_every": -1}, {"unknown": 1}):
+        with pytest.raises(pydantic.ValidationError):
+            RayTrainConfig.model_validate({**TINY, **bad})
+        with pytest.raises(ConfigError):
+            check_config({**TINY, **bad})
 
 
 @pytest.mark.slow
@@ -59,7 +74,7 @@ def test_torch_trainer_checkpoints_yields_and_resumes(ray_session, tmp_path):
             run_config=run_config,
         ).fit()
 
-    first = fit({**TINY, "stop_poll": StopAfterPolls(3)})
+    first = fit({**TINY, "stop_poll": StopAfterPolls(3), "yield_on_preemption": False})
     assert first.error is None
     assert first.return_value["status"] == "yielded" and first.return_value["step"] == 3
     assert first.checkpoint is not None

@@ -15,14 +15,18 @@ This module is the only one in ``workloads`` that imports Ray. It turns Ray Trai
 - DDP: ``ray.train.torch.prepare_model`` when the group has more than one worker.
 
 Config: the keys of ``workloads.train_lm.TrainConfig`` plus the adapter's own, all optional:
-- ``stop_poll``: zero-argument callable -> bool, picklable, run on rank 0; a ``RetryableError`` it raises counts
-  as "keep going".
-- ``stop_poll_every``: int >= 1, default 1.
-- ``wrap_hooks``: callable taking and returning ``TrainHooks`` (an MLflow ``ForwardingHooks``, say); it wraps the
-  hooks of every rank, so a logger checks ``hooks.world_rank == 0``.
+- ``stop_poll``: zero-argument callable -> bool, picklable, run on rank 0 (Python API only); an exception it raises
+  is logged and counts as "keep going".
+- ``stop_poll_every``: int >= 1, default 1: ask every that many steps (``stop_poll`` and the preemption notice).
+- ``wrap_hooks``: callable taking and returning ``TrainHooks`` (Python API only); it wraps the hooks of every rank.
 - ``report_every``: int >= 0, default 0 (metrics reach Ray only with checkpoints).
-- ``yield_on_preemption``: bool, default False; one more collective per poll.
-``check_config`` validates the lot on the driver before anything is launched.
+- ``yield_on_preemption``: bool, default True: yield at the current step when ``ray.train.get_preemption_info()``
+  says so (a node drain, or a platform that preempts the job through it, as Raylane does); one collective per poll.
+- ``mlflow``: bool, default True: when the environment names an MLflow run (``MLFLOW_RUN_ID``, as Raylane sets it),
+  rank 0 logs every step's metrics there (``workloads.mlflow_log``).
+``check_config`` validates the lot on the driver before anything is launched; ``RayTrainConfig`` is the same
+schema as a pydantic model, declared as ``train_loop_per_worker.config_schema`` so a platform can check a spec's
+config before it queues. Bad config raises ``workloads.errors.ConfigError`` (``fatal``: no retry fixes it).
 
 The function returns ``TrainResult.to_dict()``, which ``Result.return_value`` carries: ``status`` is ``"yielded"``
 when the run stopped on request.
@@ -37,18 +41,21 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch import nn
 
-from raylane.errors import RetryableError, ValidationError
+from pydantic import ConfigDict, Field, SkipValidation
+
+from workloads.errors import ConfigError
+from workloads.mlflow_log import StepLogger, from_environment
 from workloads.train_lm import TrainConfig, TrainHooks, parse_config, train
 
 import ray.train
 import ray.train.torch
 from ray.train.collective import broadcast_from_rank_zero
 
-__all__ = ["AdapterOptions", "RayTrainHooks", "check_config", "train_loop_per_worker"]
+__all__ = ["AdapterOptions", "RayTrainConfig", "RayTrainHooks", "check_config", "train_loop_per_worker"]
 
 logger = logging.getLogger(__name__)
 
-_ADAPTER_KEYS = ("stop_poll", "stop_poll_every", "wrap_hooks", "report_every", "yield_on_preemption")
+_ADAPTER_KEYS = ("stop_poll", "stop_poll_every", "wrap_hooks", "report_every", "yield_on_preemption", "mlflow")
 
 
 @dataclass(frozen=True)
@@ -59,14 +66,29 @@ class AdapterOptions:
     stop_poll_every: int = 1
     wrap_hooks: Optional[Callable[[TrainHooks], TrainHooks]] = None
     report_every: int = 0
-    yield_on_preemption: bool = False
+    yield_on_preemption: bool = True
+    mlflow: bool = True
+
+
+class RayTrainConfig(TrainConfig):
+    """The whole config of ``train_loop_per_worker`` as one pydantic model (``TrainConfig`` plus the adapter's
+    keys): ``train_loop_per_worker.config_schema``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, arbitrary_types_allowed=True)
+
+    stop_poll: SkipValidation[Optional[Callable[[], bool]]] = None
+    stop_poll_every: int = Field(default=1, ge=1)
+    wrap_hooks: SkipValidation[Optional[Callable[[TrainHooks], TrainHooks]]] = None
+    report_every: int = Field(default=0, ge=0)
+    yield_on_preemption: bool = True
+    mlflow: bool = True
 
 
 def check_config(config: Mapping[str, Any]) -> tuple[AdapterOptions, TrainConfig]:
-    """Split ``config`` into the adapter's options and a ``TrainConfig``; one ``ValidationError`` lists all problems."""
+    """Split ``config`` into the adapter's options and a ``TrainConfig``; one ``ConfigError`` lists all problems."""
     errors: list[tuple[str, object, str]] = []
     if not isinstance(config, Mapping):
-        raise ValidationError("ray train config", [("<config>", config, "a mapping of config keys to values")])
+        raise ConfigError("ray train config", [("<config>", config, "a mapping of config keys to values")])
     opts = {k: config[k] for k in _ADAPTER_KEYS if k in config}
     for key in ("stop_poll", "wrap_hooks"):
         if opts.get(key) is not None and not callable(opts[key]):
@@ -75,15 +97,16 @@ def check_config(config: Mapping[str, Any]) -> tuple[AdapterOptions, TrainConfig
         every = opts.get(key, least)
         if not isinstance(every, int) or isinstance(every, bool) or every < least:
             errors.append((key, every, f"an integer >= {least}"))
-    if not isinstance(opts.get("yield_on_preemption", False), bool):
-        errors.append(("yield_on_preemption", opts["yield_on_preemption"], "true or false"))
+    for key in ("yield_on_preemption", "mlflow"):
+        if not isinstance(opts.get(key, True), bool):
+            errors.append((key, opts[key], "true or false"))
     train_cfg = None
     try:
         train_cfg = parse_config({k: v for k, v in config.items() if k not in _ADAPTER_KEYS})
-    except ValidationError as exc:
+    except ConfigError as exc:
         errors += exc.errors
     if errors or train_cfg is None:
-        raise ValidationError("ray train config", errors)
+        raise ConfigError("ray train config", errors)
     return AdapterOptions(**opts), train_cfg
 
 
@@ -130,7 +153,7 @@ class RayTrainHooks(TrainHooks):
     def _poll(self) -> bool:
         try:
             return bool(self.options.stop_poll())
-        except RetryableError as exc:  # the control plane is restarting: keep training, ask again next step
+        except Exception as exc:  # noqa: BLE001 - e.g. a control plane restarting: keep training, ask again
             logger.warning("stop_poll failed, will ask again next step: %s", exc)
             return False
 
@@ -152,8 +175,22 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     """The per-worker function for ``ray.train.torch.TorchTrainer``; returns ``TrainResult.to_dict()``."""
     options, train_cfg = check_config(config)
     hooks = RayTrainHooks(options)
+    logged = None
     try:
-        wrapped = options.wrap_hooks(hooks) if options.wrap_hooks is not None else hooks
+        wrapped: TrainHooks = hooks
+        run = from_environment() if options.mlflow else None
+        if run is not None and hooks.world_rank == 0:
+            every = options.report_every
+            # Flushed before every step whose metrics go to Ray too, so a report logger sees them logged already.
+            wrapped = logged = StepLogger(hooks, run_id=run[0], tracking_uri=run[1],
+                                          flush_at=(lambda step: step % every == 0) if every else None)
+        if options.wrap_hooks is not None:
+            wrapped = options.wrap_hooks(wrapped)
         return train(train_cfg, hooks=wrapped).to_dict()
     finally:
+        if logged is not None:
+            logged.close()
         hooks.close()
+
+
+train_loop_per_worker.config_schema = RayTrainConfig

@@ -28,7 +28,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from raylane.sweeps.trainables import merge_config
 from workloads import checkpoint as ckpt
 from workloads.train_lm import TrainConfig, TrainHooks, parse_config, train
 
@@ -128,9 +127,10 @@ def _read_origin(path: str) -> dict[str, Any]:
         return {}
 
 
-def lm_trainable(config: Mapping[str, Any], *, base: Optional[Mapping[str, Any]] = None) -> None:
-    """One trial: ``base`` merged with the trial's ``config``, trained with ``TuneHooks``."""
-    cfg = parse_config(merge_config(base, config))
+def lm_trainable(config: Mapping[str, Any]) -> None:
+    """One trial: the trial's whole config (a runner merges the sweep's base config and the sampled parameters),
+    trained with ``TuneHooks``."""
+    cfg = parse_config(config)
     hooks = TuneHooks(cfg)
     try:
         result = train(cfg, hooks=hooks)
@@ -138,3 +138,30 @@ def lm_trainable(config: Mapping[str, Any], *, base: Optional[Mapping[str, Any]]
         hooks.close()
     if not math.isfinite(result.metrics.get("loss", 0.0)):
         logger.warning("trial %s ended with a non-finite loss", hooks.trial_id)
+
+
+def sweep_config(config: Mapping[str, Any], budget: Mapping[str, int], metric: str) -> tuple[dict[str, Any], list]:
+    """The base TrainConfig of a sweep's trials: the budget fixes ``max_steps`` (``budget.max``) and
+    ``checkpoint_every`` (``budget.report_every``: every result carries a checkpoint), and ``eval_every`` defaults to
+    one report so a ``val_*`` metric is in every result. Conflicts come back as (path, value, allowed)."""
+    errors = []
+    base = dict(config)
+    for key, value, why in (("max_steps", budget["max"], "budget.max"),
+                            ("checkpoint_every", budget["report_every"], "budget.report_every")):
+        if key in base and base[key] != value:
+            errors.append((f"config.{key}", base[key], f"left out, or equal to sweep.{why} ({value}): a sweep "
+                                                        f"sets it from its budget"))
+        base[key] = value
+    if metric.startswith("val_"):
+        every = base.setdefault("eval_every", budget["report_every"])
+        if not every or budget["report_every"] % every:
+            errors.append(("config.eval_every", every, f"left out, or a divisor of sweep.budget.report_every "
+                                                       f"({budget['report_every']}): the metric {metric} must be "
+                                                       f"in every result"))
+    return base, errors
+
+
+# What a sweep platform may read off the trainable (Raylane does: raylane.sweeps.trainables).
+lm_trainable.config_schema = TrainConfig
+lm_trainable.reports = LM_METRICS
+lm_trainable.sweep_config = sweep_config

@@ -37,7 +37,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from raylane.errors import ValidationError
+from workloads.errors import ConfigError
 from workloads import checkpoint as ckpt
 from workloads.data import CorpusConfig, batch_at, load_corpus
 from workloads.eval_lm import mean_loss
@@ -108,15 +108,15 @@ def finetune_config(init_from: str, **overrides: Any) -> dict[str, Any]:
 
 
 def parse_config(config: Union[Mapping[str, Any], TrainConfig]) -> TrainConfig:
-    """Validate a plain dict into a ``TrainConfig``; raises ``ValidationError`` listing every bad key at once."""
+    """Validate a plain dict into a ``TrainConfig``; raises ``ConfigError`` listing every bad key at once."""
     if isinstance(config, TrainConfig):
         return config
     if not isinstance(config, Mapping):
-        raise ValidationError(_CONFIG_SOURCE, [("<config>", config, "a mapping of config keys to values")])
+        raise ConfigError(_CONFIG_SOURCE, [("<config>", config, "a mapping of config keys to values")])
     try:
         return TrainConfig.model_validate(dict(config))
     except pydantic.ValidationError as exc:
-        raise ValidationError(_CONFIG_SOURCE, [_describe(e) for e in exc.errors(include_url=False)]) from None
+        raise ConfigError(_CONFIG_SOURCE, [_describe(e) for e in exc.errors(include_url=False)]) from None
 
 
 def _describe(error: Mapping[str, Any]) -> tuple[str, object, str]:
@@ -404,7 +404,7 @@ class _Run:
         fixed = ModelConfig.model_validate(ckpt.read_meta(source)["model"])
         if "model" in cfg.model_fields_set and cfg.model != fixed:
             allowed = f"left out, or the shape of the checkpoint it starts from ({source}): {fixed.to_dict()}"
-            raise ValidationError(_CONFIG_SOURCE, [("model", cfg.model.to_dict(), allowed)])
+            raise ConfigError(_CONFIG_SOURCE, [("model", cfg.model.to_dict(), allowed)])
         return fixed
 
     def _warn_if_changed(self, resume_dir: str) -> None:

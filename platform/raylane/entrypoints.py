@@ -191,22 +191,25 @@ def schema_errors(schema: type, config: Mapping[str, Any], *, ref_keys: Sequence
     """Every problem of ``config`` against the pydantic ``schema``, as (``config.<path>``, value, allowed).
 
     ``ref_keys`` are config keys that hold checkpoint references (``{workload, step}``), which become a directory
-    only when the workload starts: they are checked by the platform, so the schema sees a placeholder path."""
+    only when the workload starts: they are checked by the platform, so the schema does not see them."""
     import pydantic
 
     data = user_config(config)
-    for key in ref_keys:
+    for key in ref_keys:  # the platform checks the reference itself; the directory exists only at start
         if isinstance(data.get(key), Mapping):
-            data[key] = "/checkpoint/resolved/at/start"
+            del data[key]
     try:
         schema.model_validate(data)
     except pydantic.ValidationError as exc:
-        out = []
-        for err in exc.errors(include_url=False):
-            loc = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
-            out.append((f"config.{loc}" if loc != "<config>" else "config", _short(err.get("input")),
-                        err.get("msg", "invalid")))
-        return out
+        from raylane.config.loader import pydantic_errors
+
+        try:
+            described = pydantic_errors(exc, schema)
+        except Exception:  # noqa: BLE001 - a schema the describer cannot read: pydantic's own words
+            described = [(".".join(str(p) for p in e.get("loc", ())), e.get("input"), e.get("msg", "invalid"))
+                         for e in exc.errors(include_url=False)]
+        return [(f"config.{path}" if path else "config", _short(value), allowed)
+                for path, value, allowed in described]
     return []
 
 

@@ -1,19 +1,22 @@
 """``python -m raylane.run SPEC.yaml``: the driver of one workload, run as a plain Ray job.
 
-    ray job submit --working-dir . -- python -m raylane.run examples/specs/pretrain-team-a.yaml
+    ray job submit --working-dir ./my-project -- python -m raylane.run spec.yaml
 
-The driver registers the workload with the control actor (with its Ray job id, so stopping the job cancels the
-workload and cancelling the workload stops the job), prints its queue position and reason while it waits, and
-starts only once admitted. Then, for a training workload, it runs a Ray Train gang on the lease:
-- the gang yields when the control actor preempts it (graceful: a checkpoint at the current step), the driver
-  releases the lease and waits again; admitted again, it resumes from the latest checkpoint;
-- a gang stopped by force after the grace period is treated the same way (it resumes from its last periodic
-  checkpoint);
+The driver checks the spec's code before anything queues (``raylane.entrypoints``: the entrypoint or command is
+there, fits the kind, and the config fits the entrypoint's declared schema), then hands the workload to the launcher
+of its kind (``raylane.launchers``). Every launcher registers the workload with the control actor (with its Ray job
+id, so stopping the job cancels the workload and cancelling the workload stops the job), prints its queue position
+and reason while it waits, and starts only once admitted. For training (``raylane.launchers.train``):
+- the gang yields when the control actor preempts it (graceful: at its next report with a checkpoint, or at once
+  for a loop that asks ``raylane.train.should_yield()``), the driver releases the lease and waits again; admitted
+  again, it resumes from the latest checkpoint;
+- a gang stopped by force after the grace period is treated the same way (it resumes from its last checkpoint);
 - a crash is retried on the same lease from the latest checkpoint with exponential backoff, up to the class's
-  retry budget; then the workload fails with the reason.
+  retry budget; then the workload fails with the reason. An error no retry fixes (a ``FatalError``, a pydantic
+  ``ValidationError``, any exception whose class says ``fatal = True``) fails it at once.
 One MLflow run follows the logical workload across all of that (``raylane.tracking``).
 
-``run_workload`` is the same driver for a user's own training function (``train_fn``).
+``run_workload`` is the same driver from Python; ``train_fn`` runs a function object instead of the entrypoint.
 """
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Any, Callable, Dict, Optional
 
 
@@ -48,29 +50,42 @@ def _say(msg: str) -> None:
 
 
 def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, storage_path: Optional[str] = None,
-                 tracking_uri: Optional[str] = None, poll_s: float = 2.0) -> Dict[str, Any]:
-    """Register ``spec``, wait for admission, run it to the end through preemptions and retries; returns the record."""
+                 tracking_uri: Optional[str] = None, poll_s: float = 2.0,
+                 working_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Check ``spec``'s code, then run it to the end with its kind's launcher; returns the final record.
+
+    ``working_dir``: where the user's code is (default: the job's working directory, which Ray puts on the path)."""
     import ray
 
-    from raylane.control.client import call, get_control
-    from raylane.errors import FatalError
+    from raylane import entrypoints
+    from raylane.control.client import get_control
+    from raylane.launchers import launcher_for
 
+    kind = spec.get("kind", "train") if isinstance(spec, dict) else None
+    from raylane.config.loader import load_spec_from_dict
+
+    load_spec_from_dict(spec, "spec")  # its shape first: every problem named, before any code is imported
+    if train_fn is None:
+        with entrypoints.on_path(working_dir):
+            entrypoints.check_spec(spec)
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace="raylane", log_to_driver=True)
+    launcher = launcher_for(kind)
     ctl = get_control()
-    job_id = _job_id()
-    kind = spec.get("kind", "train")
-    # Sweeps and serving drive their own leases (one per trial slot, one per replica shortfall).
-    if kind == "tune":
-        from raylane.launchers.tune import run_sweep
+    kwargs: Dict[str, Any] = {"ctl": ctl, "job_id": _job_id()}
+    if kind != "serve":
+        kwargs.update(storage_path=storage_path, tracking_uri=tracking_uri, poll_s=poll_s)
+    if train_fn is not None:
+        kwargs["train_fn"] = train_fn
+    return launcher(spec, **kwargs)
 
-        return run_sweep(spec, ctl=ctl, job_id=job_id, storage_path=storage_path, tracking_uri=tracking_uri)
-    if kind == "serve":
-        from raylane.launchers.serve import run_serving
 
-        return run_serving(spec, ctl=ctl, job_id=job_id)
-    if kind == "train" and train_fn is None:
-        _check_train_config(spec)
+def registered(ctl, spec: Dict[str, Any], job_id: Optional[str],
+               drive: Callable[[str], Dict[str, Any]]) -> Dict[str, Any]:
+    """Submit ``spec`` to the control actor, then ``drive(workload_id)``; ``ray job stop`` (SIGTERM or SIGINT)
+    cancels the workload. What one-lease launchers (train, eval, batch) share."""
+    from raylane.control.client import call
+
     rec = call(ctl, "submit", spec, job_id=job_id)
     wid = rec["id"]
     _say(f"workload {wid} submitted (job {job_id or '-'})")
@@ -82,28 +97,11 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
     try:
-        return _drive(ctl, wid, spec, train_fn=train_fn, storage_path=storage_path, tracking_uri=tracking_uri,
-                      poll_s=poll_s)
+        return drive(wid)
     except _Stopped as exc:
         _say(f"job stopped ({exc}); cancelling {wid}")
         call(ctl, "cancel", wid)
         raise SystemExit(130)
-    except FatalError:
-        raise
-
-
-def _check_train_config(spec: Dict[str, Any]) -> None:
-    """Refuse a bad training config before the workload queues, with every problem named.
-
-    ``init_from: {workload, step}`` names another workload's checkpoint: its shape is checked here, whether it can
-    resolve by the control actor at submit, and it becomes a directory when the gang starts."""
-    from raylane.control.checkpoints import parse_ref
-    from workloads.ray_train import check_config
-
-    cfg = {k: v for k, v in (spec.get("config") or {}).items() if k not in ("storage_path", "fault")}
-    if parse_ref(cfg.get("init_from")) is not None:
-        cfg.pop("init_from")
-    check_config(cfg)
 
 
 def threading_main() -> bool:
@@ -128,98 +126,12 @@ def _wait_admitted(ctl, wid: str, poll_s: float) -> Dict[str, Any]:
             last = shown
 
 
-def _drive(ctl, wid, spec, *, train_fn, storage_path, tracking_uri, poll_s) -> Dict[str, Any]:
-    from raylane.control.client import call
-    from raylane.errors import FatalError
-    from raylane.launchers.train import DEFAULT_STORAGE, StopPoll, build_trainer
-    from raylane.tracking import RunTracker, wrap_hooks_factory
-
-    storage_path = storage_path or spec.get("config", {}).get("storage_path") or DEFAULT_STORAGE
-    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri)
-    run_id = tracker.start()
-    call(ctl, "report", wid, "event", mlflow_run_id=run_id, note=f"MLflow run {run_id}")
-    retry_budget = int(call(ctl, "class_info", spec["class"])["retry_budget"])
-    failures = 0
-    while True:
-        rec = _wait_admitted(ctl, wid, poll_s)
-        if rec["state"] in ("CANCELLED", "FAILED", "SUCCEEDED", "REJECTED"):
-            tracker.finish("KILLED" if rec["state"] == "CANCELLED" else rec["state"])
-            return rec
-        attempt_t0 = time.time()
-        _say(f"{wid} admitted on {len(set(rec['placement']))} node(s); starting the gang")
-        if call(ctl, "report", wid, "running", job_id=_job_id(), note="gang starting")["state"] != "RUNNING":
-            continue  # preempted or cancelled between admission and start: wait again
-        loop_cfg = dict(spec.get("config", {}))
-        loop_cfg.pop("storage_path", None)
-        try:
-            loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
-        except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
-            return _fail_now(ctl, tracker, wid, f"{exc}")
-        fault = loop_cfg.pop("fault", None)
-        loop_cfg["stop_poll"] = StopPoll(wid)
-        loop_cfg["wrap_hooks"] = _compose(wrap_hooks_factory(run_id, tracker.tracking_uri),
-                                          _fault_hooks(fault, storage_path, wid))
-        trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
-                                train_loop_config=loop_cfg, train_fn=train_fn)
-        error: Optional[BaseException] = None
-        result = None
-        try:
-            result = trainer.fit()
-        except Exception as exc:  # noqa: BLE001 - classified below: forced stop, cancel, or a crash to retry
-            error = exc
-        state = call(ctl, "status", wid)["state"]
-        out = (result.return_value or {}) if result is not None else {}
-        step = out.get("step")
-        if state == "CANCELLED":
-            tracker.event("cancelled", f"cancelled at step {step}")
-            tracker.finish("KILLED")
-            return call(ctl, "status", wid)
-        # A gang that reached its last step finished, even if a preemption arrived meanwhile.
-        done = error is None and out.get("status") == "finished"
-        if not done and (state in ("PREEMPTING", "PENDING") or out.get("status") == "yielded"):
-            how = "yielded" if error is None else "stopped by force"
-            tracker.event("preempted", f"{how} at step {step}", step=step)
-            _say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
-            call(ctl, "release", wid, "yielded", step=step)
-            continue
-        if error is None:
-            tracker.event("finished", f"finished at step {step}", step=step)
-            _log_model(tracker, storage_path, wid)
-            tracker.finish("FINISHED")
-            rec = call(ctl, "release", wid, "finished", state="SUCCEEDED", step=step,
-                       detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
-            _say(f"{wid} finished at step {step}")
-            return rec
-        fatal = _fatal_cause(error)
-        if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
-            return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
-        failures += 1
-        if failures > retry_budget:
-            return _fail_now(ctl, tracker, wid,
-                             f"gang failed {failures} times (retry budget {retry_budget}): {_short(error)}")
-        backoff = min(2.0 ** (failures - 1), 30.0)
-        tracker.event("restarted", f"attempt {failures} failed ({_short(error)}); retry in {backoff:g}s")
-        call(ctl, "report", wid, "event", restart=True, note=f"restart {failures}/{retry_budget} after "
-                                                              f"{_short(error)}; backoff {backoff:g}s")
-        _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
-        time.sleep(backoff)
-
-
-def _resolved_init(ctl, wid: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
-    """``init_from: {workload, step}`` as the directory the control actor pinned for this workload."""
-    from raylane.control.checkpoints import parse_ref
-    from raylane.control.client import call
-
-    if parse_ref(cfg.get("init_from")) is None:
-        return {}
-    got = call(ctl, "resolve_checkpoint", wid)
-    _say(f"{wid} starts from {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
-    return {"init_from": got["path"]}
-
-
 def _fatal_cause(error: Optional[BaseException]) -> Optional[BaseException]:
-    """The error behind a failed attempt that no retry can fix (a ``FatalError`` such as a config
-    ``ValidationError``, on any worker), or None."""
+    """The error behind a failed attempt that no retry can fix, on any worker, or None: a ``FatalError`` (such as
+    a config ``ValidationError``), a pydantic ``ValidationError`` (a config schema refused the config), or any
+    exception whose class sets ``fatal = True`` (the reference workloads' ``ConfigError``; a user's own may too)."""
+    import pydantic
+
     from raylane.errors import FatalError
 
     seen = set()
@@ -229,7 +141,7 @@ def _fatal_cause(error: Optional[BaseException]) -> Optional[BaseException]:
         if exc is None or id(exc) in seen:
             continue
         seen.add(id(exc))
-        if isinstance(exc, FatalError):
+        if isinstance(exc, (FatalError, pydantic.ValidationError)) or getattr(type(exc), "fatal", False) is True:
             return exc
         todo += [getattr(exc, "cause", None), exc.__cause__, exc.__context__]
         todo += list((getattr(exc, "worker_failures", None) or {}).values())
@@ -248,37 +160,6 @@ def _fail_now(ctl, tracker, wid: str, why: str) -> Dict[str, Any]:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
-
-
-def _log_model(tracker, storage_path: str, wid: str) -> None:
-    from raylane.launchers.train import latest_checkpoint
-
-    path = latest_checkpoint(storage_path, wid)
-    if path:
-        tracker.log_model_dir(path, "model")
-
-
-def _compose(*wrappers):
-    wrappers = [w for w in wrappers if w is not None]
-    return _Compose(wrappers)
-
-
-class _Compose:
-    def __init__(self, wrappers):
-        self.wrappers = wrappers
-
-    def __call__(self, hooks):
-        for w in self.wrappers:
-            hooks = w(hooks)
-        return hooks
-
-
-def _fault_hooks(fault: Optional[Dict[str, Any]], storage_path: str, wid: str):
-    if not fault:
-        return None
-    from raylane.launchers.faults import Faults
-
-    return Faults(marker_dir=os.path.join(storage_path, wid, "_faults"), **fault)
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,8 @@
 This module owns the MLflow side of a workload: which experiment and run hold it, what the run records about the
 spec and the environment it ran in, the run's event log, and the training metrics rank 0 of a gang reports.
 It is the only module that writes the ``raylane.*`` tags and params of a run; the driver writes through
-``RunTracker``, rank 0 of a training gang through ``MlflowHooks``. It never imports Ray.
+``RunTracker``, rank 0 of a training gang through ``MetricLogger`` (the metrics of its ``ray.train.report`` calls).
+It never imports Ray.
 
 Words:
 - *workload id*: the control plane's id of one submission (``pretrain-tiny-lm-1a2b3c``). It is the key of the run:
@@ -32,12 +33,12 @@ must reach the store: on a cluster of several machines, use an MLflow server (``
 shared file system.
 
 Errors: ``RunTracker`` lets MLflow's errors through (the caller decides whether tracking may fail a workload).
-``MlflowHooks`` never raises into the training loop: a failed flush is logged and retried at the next one, because
+``MetricLogger`` never raises into the training loop: a failed flush is logged and retried at the next one, because
 losing metrics is cheaper than losing a training run.
 """
 from __future__ import annotations
 
-import dataclasses
+
 import importlib.metadata
 import json
 import logging
@@ -59,20 +60,16 @@ from mlflow.entities import Metric, Param, Run, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 
 from raylane.errors import FatalError, NotFoundError, ValidationError
-from workloads import checkpoint as ckpt
-from workloads.train_lm import ForwardingHooks, TrainHooks
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
     "STATE_TO_STATUS",
     "TERMINAL_STATUSES",
-    "MlflowHooks",
-    "MlflowHooksFactory",
+    "MetricLogger",
     "RunTracker",
     "code_version",
     "spec_params",
     "tracking_uri",
-    "wrap_hooks_factory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -539,54 +536,35 @@ _resolve_uri = tracking_uri  # RunTracker's argument of the same name hides the 
 # The training gang's side.
 
 
-class MlflowHooks(ForwardingHooks):
-    """Training hooks that log rank 0's metrics to the run ``run_id``, then pass every call on to ``inner``.
+class MetricLogger:
+    """Logs the metrics of a training loop's reports (``ray.train.report``) to the run ``run_id``, from rank 0.
 
-    Only rank 0 writes; other ranks only forward. Metrics are logged against the global step the loop reports,
-    every ``log_every`` steps (steps with evaluation metrics always), buffered and written with one ``log_batch``
-    every ``flush_every`` logged steps, after ``flush_interval_s`` seconds, in ``save_checkpoint`` (which the loop
-    also calls when it yields and at its last step, so the tail is written before the checkpoint is handed on) and
-    in ``close()``. Steps at or below the run's high-water mark are dropped (see the module docstring).
-
-    The data snapshot is logged as the param ``raylane.data_snapshot`` at the first flush: ``data_snapshot`` if
-    given, else the snapshot recorded in the first checkpoint. The MLflow client is made on first use, in the
-    process that trains; pickling drops it.
+    Each report is logged against its step (``raylane.train`` reads it from the metrics), buffered and written with
+    one ``log_batch`` every ``flush_every`` reports, after ``flush_interval_s`` seconds, and whenever the caller
+    flushes (before a report that carries a checkpoint is handed to Ray, at a yield and at the end). Only numbers
+    are logged (bools as 0/1); other values are skipped. Steps at or below the run's high-water mark
+    (``raylane.metrics_step``), read again at every flush, are dropped: a resumed attempt that re-runs steps after
+    a crash does not log them twice, nor does a loop that logs its own metrics to the run first (the reference LM
+    does, through ``MLFLOW_RUN_ID``). ``log`` and ``flush`` never raise into the loop: a failed flush is logged
+    and retried at the next one.
     """
 
-    def __init__(
-        self,
-        inner: TrainHooks,
-        *,
-        run_id: str,
-        tracking_uri: str,
-        log_every: int = 1,
-        flush_every: int = 20,
-        flush_interval_s: float = 30.0,
-        data_snapshot: Optional[str] = None,
-    ):
-        errors = [(name, value, "an integer >= 1")
-                  for name, value in (("log_every", log_every), ("flush_every", flush_every))
-                  if not isinstance(value, int) or isinstance(value, bool) or value < 1]
-        if not isinstance(flush_interval_s, (int, float)) or flush_interval_s <= 0:
-            errors.append(("flush_interval_s", flush_interval_s, "a number of seconds > 0"))
+    def __init__(self, run_id: str, tracking_uri: str, *, flush_every: int = 20, flush_interval_s: float = 10.0):
+        errors = []
         if not run_id:
             errors.append(("run_id", run_id, "the id of an MLflow run (RunTracker.start())"))
+        if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
+            errors.append(("flush_every", flush_every, "an integer >= 1"))
+        if not isinstance(flush_interval_s, (int, float)) or flush_interval_s <= 0:
+            errors.append(("flush_interval_s", flush_interval_s, "a number of seconds > 0"))
         if errors:
-            raise ValidationError("mlflow hooks", errors)
-        super().__init__(inner)
-        self.run_id = run_id
-        self.tracking_uri = tracking_uri
-        self.log_every = log_every
-        self.flush_every = flush_every
-        self.flush_interval_s = float(flush_interval_s)
-        self.data_snapshot = data_snapshot
+            raise ValidationError("metric logger", errors)
+        self.run_id, self.tracking_uri = run_id, tracking_uri
+        self.flush_every, self.flush_interval_s = flush_every, float(flush_interval_s)
         self._client: Optional[MlflowClient] = None
         self._buffer: list[Metric] = []
-        self._buffered_steps = 0
-        self._buffered_since: Optional[float] = None
-        self._unlogged: Optional[tuple[int, dict[str, float]]] = None  # last report, skipped by log_every
-        self._high_water: Optional[int] = None  # read from the run at the first flush
-        self._snapshot_pending = data_snapshot is not None
+        self._reports = 0
+        self._since: Optional[float] = None
         self.failed_flushes = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -594,75 +572,37 @@ class MlflowHooks(ForwardingHooks):
         state["_client"] = None
         return state
 
-    # -- hooks
-
-    def report(self, step: int, metrics: Mapping[str, float]) -> None:
-        if self.world_rank == 0:
-            extra = any(k not in _STEP_METRICS for k in metrics)  # evaluation metrics: always kept
-            if step % self.log_every == 0 or extra:
-                self._add(step, metrics)
-            else:
-                self._unlogged = (step, dict(metrics))
-            if self._buffered_steps >= self.flush_every or (
-                self._buffered_since is not None and time.monotonic() - self._buffered_since >= self.flush_interval_s
-            ):
-                self.flush()
-        super().report(step, metrics)
-
-    def save_checkpoint(self, dir_path: Optional[str], step: int, metrics: Mapping[str, float]) -> None:
-        if self.world_rank == 0:
-            if self._unlogged is not None and self._unlogged[0] == step:  # the checkpoint's step is always logged
-                self._add(*self._unlogged)
-            if self.data_snapshot is None and dir_path is not None:
-                self.data_snapshot = _checkpoint_snapshot(dir_path)
-                self._snapshot_pending = self.data_snapshot is not None
-            self.flush()
-        super().save_checkpoint(dir_path, step, metrics)
-
-    # -- writing
-
-    def _add(self, step: int, metrics: Mapping[str, float]) -> None:
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         ts = int(time.time() * 1000)
-        self._buffer.extend(Metric(key, float(value), ts, int(step)) for key, value in metrics.items())
-        self._buffered_steps += 1
-        self._unlogged = None
-        if self._buffered_since is None:
-            self._buffered_since = time.monotonic()
+        for key, value in metrics.items():
+            number = _number(value)
+            if number is not None and isinstance(key, str) and not _BAD_KEY_CHARS.search(key):
+                self._buffer.append(Metric(key, number, ts, int(step)))
+        self._reports += 1
+        if self._since is None:
+            self._since = time.monotonic()
+        if self._reports >= self.flush_every or time.monotonic() - self._since >= self.flush_interval_s:
+            self.flush()
 
     def flush(self) -> None:
-        """Write what is buffered (and the data snapshot, once). Never raises: on failure the buffer is kept for
-        the next flush, tried after another ``flush_every`` steps or ``flush_interval_s`` (bounded to
-        ``_MAX_BUFFERED`` metrics, oldest dropped first)."""
-        if self.world_rank != 0 or (not self._buffer and not self._snapshot_pending):
+        if not self._buffer:
             return
         try:
             client = self._get_client()
-            if self._high_water is None:
-                self._high_water = int(client.get_run(self.run_id).data.tags.get(TAG_METRICS_STEP, 0))
-            fresh = [m for m in self._buffer if m.step > self._high_water]
+            mark = int(client.get_run(self.run_id).data.tags.get(TAG_METRICS_STEP, 0))
+            fresh = [m for m in self._buffer if m.step > mark]
             for chunk in _chunks(fresh, _MAX_METRICS_PER_BATCH - 1):
                 top = max(m.step for m in chunk)
                 # The mark travels with the metrics: both land or neither does.
-                client.log_batch(self.run_id, metrics=chunk, tags=[RunTag(TAG_METRICS_STEP, str(top))])
-                self._high_water = max(self._high_water, top)
-            self._buffer, self._buffered_steps, self._buffered_since = [], 0, None
-            if self._snapshot_pending and self.data_snapshot is not None:
-                _log_snapshot(client, self.run_id, self.data_snapshot)
-                self._snapshot_pending = False
+                client.log_batch(self.run_id, metrics=chunk, tags=[RunTag(TAG_METRICS_STEP, str(max(top, mark)))])
+            self._buffer, self._reports, self._since = [], 0, None
         except Exception as exc:  # noqa: BLE001 - tracking must not kill training
             self.failed_flushes += 1
-            # Try again after another flush_every steps or flush_interval_s, not at every step.
-            self._buffered_steps, self._buffered_since = 0, time.monotonic()
+            self._reports, self._since = 0, time.monotonic()
             if len(self._buffer) > _MAX_BUFFERED:
                 del self._buffer[: len(self._buffer) - _MAX_BUFFERED]
             logger.warning("run %s: could not write metrics to %s (%d failed flushes, %d metrics kept): %s",
                            self.run_id, self.tracking_uri, self.failed_flushes, len(self._buffer), exc)
-
-    def close(self) -> None:
-        """Flush what is left; the loop does not call it (its last ``save_checkpoint`` flushes), runners may."""
-        if self._unlogged is not None:
-            self._add(*self._unlogged)
-        self.flush()
 
     def _get_client(self) -> MlflowClient:
         if self._client is None:
@@ -670,33 +610,19 @@ class MlflowHooks(ForwardingHooks):
         return self._client
 
 
-_STEP_METRICS = frozenset({"loss", "lr", "step_time_s", "samples_per_s"})
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item) and getattr(value, "shape", None) == ():
+        try:
+            out = item()
+        except Exception:  # noqa: BLE001
+            return None
+        return float(out) if isinstance(out, (int, float)) else None
+    return None
+
+
 _MAX_BUFFERED = 100_000
-
-
-def _checkpoint_snapshot(dir_path: str) -> Optional[str]:
-    try:
-        return ckpt.read_meta(dir_path).get("data_snapshot")
-    except Exception:  # noqa: BLE001 - a checkpoint we cannot read is the runner's problem, not ours
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class MlflowHooksFactory:
-    """``wrap_hooks`` for ``workloads.ray_train``: picklable, makes an ``MlflowHooks`` in the worker."""
-
-    run_id: str
-    tracking_uri: str
-    log_every: int = 1
-    data_snapshot: Optional[str] = None
-
-    def __call__(self, hooks: TrainHooks) -> MlflowHooks:
-        return MlflowHooks(hooks, run_id=self.run_id, tracking_uri=self.tracking_uri, log_every=self.log_every,
-                           data_snapshot=self.data_snapshot)
-
-
-def wrap_hooks_factory(run_id: str, tracking_uri: str, *, log_every: int = 1,
-                       data_snapshot: Optional[str] = None) -> MlflowHooksFactory:
-    """The ``wrap_hooks`` entry of a Ray Train config: ``f(hooks) -> MlflowHooks(hooks, run_id=..., ...)``."""
-    return MlflowHooksFactory(run_id=run_id, tracking_uri=tracking_uri, log_every=log_every,
-                              data_snapshot=data_snapshot)

@@ -30,7 +30,8 @@ LM = {"batch_size": 16, "warmup_steps": 5, "eval_windows": 8, "corpus": {"max_by
 def sweep(name: str, scheduler: dict, trials: int, steps: int) -> dict:
     return {"name": name, "team": "team-a", "class": "sweep", "kind": "tune", "config": dict(LM),
             "run": {"intent": "benchmark: ASHA against FIFO", "owner": "bench"},
-            "sweep": {"space": {"lr": {"type": "loguniform", "low": 1e-5, "high": 3e-2}},
+            "sweep": {"trainable": "workloads.ray_tune:lm_trainable",
+                      "space": {"lr": {"type": "loguniform", "low": 1e-5, "high": 3e-2}},
                       "search": {"algorithm": "random", "seed": 0},
                       "budget": {"max": steps, "report_every": 20}, "scheduler": scheduler,
                       "metric": "val_loss", "mode": "min", "trials": trials, "max_concurrent": 2,

@@ -400,7 +400,7 @@ class WorkloadSpec(_Model):
     runtime_estimate: Optional[Duration] = None
     # The user's code (raylane.entrypoints): ``package.module:function`` for kinds train, eval and batch, or a
     # ``command`` (program and arguments) for the one-shot kinds eval and batch. Resolved and checked at submit.
-    entrypoint: Optional[str] = Field(default=None, min_length=1, max_length=500)
+    entrypoint: Optional[str] = Field(default=None, min_length=1)
     command: Optional[List[str]] = Field(default=None, min_length=1, max_length=1000)
     # Passed to the workload unread.
     config: Dict[str, Any] = Field(default_factory=dict)

@@ -7,8 +7,8 @@ decides nothing (the sweep driver, ``raylane.launchers.tune``, acts on it). It b
 
 Words
 - *trial*: one training run with one point of the search space, a Ray Tune trial.
-- *budget*: how far a trial may train, in the steps the trainable reports as ``step`` (the optimizer steps of
-  ``workloads.train_lm``). ``budget.max`` is every trial's last step (ASHA's maximum budget); a trial reports its
+- *budget*: how far a trial may train, in the steps the trainable reports as ``step`` (the optimizer steps of the
+  reference LM). ``budget.max`` is every trial's last step (ASHA's maximum budget); a trial reports its
   metric and a checkpoint every ``budget.report_every`` steps, so rungs, perturbations and pauses fall on those.
 - *rung*: a budget at which ASHA compares the trials that reached it and stops the weaker ones:
   ``grace_period * eta**k`` below ``budget.max``.
@@ -35,7 +35,6 @@ __all__ = [
     "SEARCH_ALGORITHMS",
     "TRIAL_SCHEDULERS",
     "PARAM_TYPES",
-    "BUILTIN_TRAINABLES",
     "ParamSpec",
     "SearchSpec",
     "BudgetSpec",
@@ -50,8 +49,6 @@ SEARCH_ALGORITHMS = ("random", "grid", "tpe", "evolutionary")
 TRIAL_SCHEDULERS = ("fifo", "median", "asha", "pbt")
 PARAM_TYPES = ("uniform", "loguniform", "choice", "grid")
 MODES = ("min", "max")
-# Trainables Raylane ships, by name; anything else is a user's function ``package.module:function``.
-BUILTIN_TRAINABLES = ("workloads.train_lm",)
 
 DEFAULT_SEARCH = "random"
 DEFAULT_SCHEDULER = "fifo"
@@ -68,13 +65,13 @@ DEFAULT_TRIAL_RESOURCES = ResourcesSpec(gpu=1, cpu=1)
 
 # --------------------------------------------------------------------------------------------- scalar types
 
-TRAINABLE_ALLOWED = ("one of " + ", ".join(BUILTIN_TRAINABLES) +
-                     ", or a user's function as 'package.module:function' (a Ray Tune function trainable)")
+TRAINABLE_ALLOWED = ("a Ray Tune function trainable as 'package.module:function' (the reference LM's is "
+                     "workloads.ray_tune:lm_trainable)")
 _TRAINABLE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
 def _check_trainable(value: str) -> str:
-    if value not in BUILTIN_TRAINABLES and not _TRAINABLE_RE.fullmatch(value):
+    if not _TRAINABLE_RE.fullmatch(value):
         raise _err("trainable", TRAINABLE_ALLOWED)
     return value
 
@@ -258,8 +255,9 @@ class TrialSchedulerSpec(StrictModel):
 class SweepSpec(StrictModel):
     """The ``sweep:`` section of a ``kind: tune`` spec."""
 
-    # ``workloads.train_lm`` (the spec's ``config`` is its base TrainConfig) or a user's Tune function trainable.
-    trainable: Trainable = BUILTIN_TRAINABLES[0]
+    # A Ray Tune function trainable (raylane.sweeps.trainables), e.g. the reference LM's
+    # ``workloads.ray_tune:lm_trainable`` (the spec's ``config`` is then its base TrainConfig).
+    trainable: Trainable
     space: Dict[ParamPath, ParamSpec] = Field(min_length=1)
     search: SearchSpec = Field(default_factory=SearchSpec)
     budget: BudgetSpec

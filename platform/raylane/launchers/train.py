@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import ray
 import torch
@@ -22,31 +23,13 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2._internal.execution.callback import ReportCallback, WorkerGroupCallback
 
 from raylane.control.actor import CONTROL_NAME, GiB, NAMESPACE
-from raylane.errors import RetryableError
+from raylane.errors import ValidationError
+from raylane.launchers.faults import FAULT_KEYS
 from raylane.scheduling.placement import RAY_STRATEGY
+from raylane.train import LoopOptions, StopPoll, UserLoop  # noqa: F401 - StopPoll re-exported
 
 log = logging.getLogger("raylane.launchers.train")
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".raylane", "runs")
-
-
-class StopPoll:
-    """Asked by rank 0 before every step: has the control actor asked this workload to stop? Picklable."""
-
-    def __init__(self, workload_id: str):
-        self.workload_id = workload_id
-        self._handle = None
-
-    def __call__(self) -> bool:
-        try:
-            if self._handle is None:
-                self._handle = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
-            return bool(ray.get(self._handle.should_stop.remote(self.workload_id), timeout=10))
-        except Exception as exc:  # noqa: BLE001 - the control actor restarting must not kill training
-            self._handle = None
-            raise RetryableError(f"control actor unreachable: {exc}") from exc
-
-    def __getstate__(self):
-        return {"workload_id": self.workload_id, "_handle": None}
 
 
 class RegisterWorkers(WorkerGroupCallback):
@@ -86,9 +69,8 @@ class RecordCheckpoints(ReportCallback):
 
 
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
-                  train_loop_config: Dict[str, Any], train_fn=None) -> TorchTrainer:
-    from workloads.ray_train import train_loop_per_worker
-
+                  train_loop_config: Dict[str, Any], loop: UserLoop) -> TorchTrainer:
+    """A ``TorchTrainer`` running ``loop`` (the user's entrypoint under ``raylane.train``) on the nodes of the lease."""
     gang = spec["gang"]
     res = gang.get("resources", {})
     per_worker: Dict[str, float] = {"CPU": float(res.get("cpu", 1) or 0)}
@@ -113,7 +95,7 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
         callbacks=[RegisterWorkers(workload_id), RecordCheckpoints(workload_id)],
     )
     return TorchTrainer(
-        train_fn or train_loop_per_worker,
+        loop,
         train_loop_config=train_loop_config,
         scaling_config=scaling,
         run_config=run_config,
@@ -134,3 +116,123 @@ def latest_checkpoint(storage_path: str, workload_id: str) -> Optional[str]:
     cps = sorted(d for d in os.listdir(run_dir)
                  if d.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, d)))
     return os.path.join(run_dir, cps[-1]) if cps else None
+
+
+def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
+                 tracking_uri: Optional[str] = None, poll_s: float = 2.0,
+                 train_fn: Optional[Callable] = None) -> Dict[str, Any]:
+    """The training launcher (``raylane.launchers``): register, wait, run the gang through preemptions, forced
+    stops and retries, and return the final record. ``train_fn`` runs a function object instead of the spec's
+    entrypoint (Python API)."""
+    from raylane.run import registered
+
+    fault = (spec.get("config") or {}).get("fault")
+    if fault is not None:  # a bad drill is refused before the workload queues, like any config
+        from raylane.launchers.faults import Faults
+
+        if not isinstance(fault, dict):
+            raise ValidationError("spec", [("config.fault", fault, "a mapping of fault drills (raylane.launchers.faults)")])
+        try:
+            Faults(marker_dir="", **fault)
+        except TypeError as exc:
+            raise ValidationError("spec", [("config.fault", fault, f"known drills: {', '.join(FAULT_KEYS)} ({exc})")])
+    target = train_fn or spec.get("entrypoint")
+    return registered(ctl, spec, job_id, lambda wid: _drive(ctl, wid, spec, target=target, storage_path=storage_path,
+                                                             tracking_uri=tracking_uri, poll_s=poll_s))
+
+
+def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dict[str, Any]:
+    from raylane.control.client import call
+    from raylane.errors import FatalError
+    from raylane.run import _fail_now, _fatal_cause, _job_id, _say, _short, _wait_admitted
+    from raylane.tracking import RunTracker
+
+    storage_path = storage_path or spec.get("config", {}).get("storage_path") or DEFAULT_STORAGE
+    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri)
+    run_id = tracker.start()
+    call(ctl, "report", wid, "event", mlflow_run_id=run_id, note=f"MLflow run {run_id}")
+    retry_budget = int(call(ctl, "class_info", spec["class"])["retry_budget"])
+    failures = 0
+    while True:
+        rec = _wait_admitted(ctl, wid, poll_s)
+        if rec["state"] in ("CANCELLED", "FAILED", "SUCCEEDED", "REJECTED"):
+            tracker.finish("KILLED" if rec["state"] == "CANCELLED" else rec["state"])
+            return rec
+        attempt_t0 = time.time()
+        _say(f"{wid} admitted on {len(set(rec['placement']))} node(s); starting the gang")
+        if call(ctl, "report", wid, "running", job_id=_job_id(), note="gang starting")["state"] != "RUNNING":
+            continue  # preempted or cancelled between admission and start: wait again
+        loop_cfg = dict(spec.get("config", {}))
+        loop_cfg.pop("storage_path", None)
+        fault = loop_cfg.pop("fault", None)
+        try:
+            loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
+        except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
+            return _fail_now(ctl, tracker, wid, f"{exc}")
+        loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=tracker.tracking_uri,
+                                            fault=fault, marker_dir=os.path.join(storage_path, wid, "_faults")))
+        trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
+                                train_loop_config=loop_cfg, loop=loop)
+        error: Optional[BaseException] = None
+        result = None
+        try:
+            result = trainer.fit()
+        except Exception as exc:  # noqa: BLE001 - classified below: forced stop, cancel, or a crash to retry
+            error = exc
+        state = call(ctl, "status", wid)["state"]
+        out = (result.return_value or {}) if result is not None else {}
+        step = out.get("step")
+        if state == "CANCELLED":
+            tracker.event("cancelled", f"cancelled at step {step}")
+            tracker.finish("KILLED")
+            return call(ctl, "status", wid)
+        # A gang that reached its last step finished, even if a preemption arrived meanwhile.
+        done = error is None and out.get("status") == "finished"
+        if not done and (state in ("PREEMPTING", "PENDING") or out.get("status") == "yielded"):
+            how = "yielded" if error is None else "stopped by force"
+            tracker.event("preempted", f"{how} at step {step}", step=step)
+            _say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
+            call(ctl, "release", wid, "yielded", step=step)
+            continue
+        if error is None:
+            tracker.event("finished", f"finished at step {step}", step=step)
+            _log_model(tracker, storage_path, wid)
+            tracker.finish("FINISHED")
+            rec = call(ctl, "release", wid, "finished", state="SUCCEEDED", step=step,
+                       detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
+            _say(f"{wid} finished at step {step}")
+            return rec
+        fatal = _fatal_cause(error)
+        if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
+            return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
+        failures += 1
+        if failures > retry_budget:
+            return _fail_now(ctl, tracker, wid,
+                             f"gang failed {failures} times (retry budget {retry_budget}): {_short(error)}")
+        backoff = min(2.0 ** (failures - 1), 30.0)
+        tracker.event("restarted", f"attempt {failures} failed ({_short(error)}); retry in {backoff:g}s")
+        call(ctl, "report", wid, "event", restart=True, note=f"restart {failures}/{retry_budget} after "
+                                                              f"{_short(error)}; backoff {backoff:g}s")
+        _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
+        time.sleep(backoff)
+
+
+def _resolved_init(ctl, wid: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """``init_from: {workload, step}`` as the directory the control actor pinned for this workload."""
+    from raylane.control.checkpoints import parse_ref
+    from raylane.control.client import call
+    from raylane.run import _say
+
+    if parse_ref(cfg.get("init_from")) is None:
+        return {}
+    got = call(ctl, "resolve_checkpoint", wid)
+    _say(f"{wid} starts from {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
+    return {"init_from": got["path"]}
+
+
+def _log_model(tracker, storage_path: str, wid: str) -> None:
+    path = latest_checkpoint(storage_path, wid)
+    if path:
+        tracker.log_model_dir(path, "model")
+
+

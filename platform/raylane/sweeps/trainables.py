@@ -1,16 +1,20 @@
 """What a sweep trains: the trainable a spec names, as the Tune function trainable each trial runs.
 
-This module owns the resolution of ``sweep.trainable`` and the config a trial sees; it imports neither torch nor the
-reference workloads at import time (the trial actors of a user's function do not pay for them).
+This module owns the resolution of ``sweep.trainable`` and the config a trial sees; it imports neither torch nor any
+trainable at import time (the trial actors of a user's function do not pay for them), and knows no trainable by name.
 
-- ``workloads.train_lm``: ``workloads.ray_tune.lm_trainable`` with the spec's ``config`` as its base TrainConfig.
-  The budget fixes ``max_steps`` (``budget.max``) and ``checkpoint_every`` (``budget.report_every``: a result with a
-  checkpoint at every report), and ``eval_every`` defaults to one report so ``val_loss`` is in every result.
-- ``package.module:function``: a user's Tune function trainable, called with the spec's ``config`` merged with the
-  trial's sampled parameters. It must report ``step`` (the budget's unit) and the sweep's metric in every result,
-  and checkpoint with ``ray.tune.report(..., checkpoint=...)`` / resume with ``ray.tune.get_checkpoint()`` if its
-  trials are to survive a pause (a reclaimed slot) or be cloned by PBT; a trial without a checkpoint restarts from
-  its first step.
+``sweep.trainable: package.module:function`` is a Ray Tune function trainable, called with the spec's ``config``
+merged with the trial's sampled parameters. It must report ``step`` (the budget's unit) and the sweep's metric in
+every result, and checkpoint with ``ray.tune.report(..., checkpoint=...)`` / resume with ``ray.tune.get_checkpoint()``
+if its trials are to survive a pause (a reclaimed slot) or be cloned by PBT; a trial without a checkpoint restarts
+from its first step. A trainable may declare, as attributes of the function:
+
+- ``config_schema``: a pydantic model of its whole config; the base config and every corner of the space (each
+  parameter at each end or value) are checked against it before anything queues (``config.*`` / ``sweep.space.*``).
+- ``reports``: the metric names its results carry; the sweep's ``metric`` must be one of them.
+- ``sweep_config(config, budget, metric) -> (config, errors)``: the base config the trials start from, given the
+  budget (``{"max": N, "report_every": K}``) and the metric, with conflicts as (path, value, allowed) errors
+  (the reference LM sets ``max_steps`` and ``checkpoint_every`` from the budget this way).
 """
 from __future__ import annotations
 
@@ -22,9 +26,7 @@ from raylane.errors import ValidationError
 if TYPE_CHECKING:  # pragma: no cover
     from raylane.config.sweep import SweepSpec
 
-__all__ = ["LM_TRAINABLE", "merge_config", "lm_base_config", "check_trainable", "tune_trainable", "user_trainable"]
-
-LM_TRAINABLE = "workloads.train_lm"
+__all__ = ["merge_config", "base_config", "check_trainable", "tune_trainable", "user_trainable"]
 
 
 def merge_config(base: Optional[Mapping[str, Any]], params: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -46,24 +48,14 @@ def _nest(path: str, value: Any) -> Dict[str, Any]:
     return node
 
 
-def lm_base_config(config: Mapping[str, Any], sweep: "SweepSpec") -> Tuple[Dict[str, Any], List[tuple]]:
-    """The base TrainConfig of the LM trials, and the conflicts between ``config`` and the budget as errors."""
-    errors = []
-    budget = sweep.budget
-    base = dict(config)
-    for key, value, why in (("max_steps", budget.max, "budget.max"),
-                            ("checkpoint_every", budget.report_every, "budget.report_every")):
-        if key in base and base[key] != value:
-            errors.append((f"config.{key}", base[key], f"left out, or equal to sweep.{why} ({value}): a sweep "
-                                                        f"sets it from its budget"))
-        base[key] = value
-    if sweep.metric.startswith("val_"):
-        every = base.setdefault("eval_every", budget.report_every)
-        if not every or budget.report_every % every:
-            errors.append(("config.eval_every", every, f"left out, or a divisor of sweep.budget.report_every "
-                                                       f"({budget.report_every}): the metric {sweep.metric} must be "
-                                                       f"in every result"))
-    return base, errors
+def base_config(fn: Callable, config: Mapping[str, Any], sweep: "SweepSpec") -> Tuple[Dict[str, Any], List[tuple]]:
+    """The base config of the trials (the trainable's ``sweep_config`` if it declares one) and its errors."""
+    hook = getattr(fn, "sweep_config", None)
+    if hook is None:
+        return dict(config), []
+    budget = {"max": sweep.budget.max, "report_every": sweep.budget.report_every}
+    base, errors = hook(dict(config), budget, sweep.metric)
+    return dict(base), [tuple(e) for e in errors]
 
 
 def _points(sweep: "SweepSpec") -> List[Tuple[str, Dict[str, Any]]]:
@@ -81,37 +73,28 @@ def _points(sweep: "SweepSpec") -> List[Tuple[str, Dict[str, Any]]]:
 def check_trainable(config: Mapping[str, Any], sweep: "SweepSpec") -> None:
     """Refuse, before anything queues, a sweep whose trials could not start; every problem in one
     ``ValidationError`` (paths as the user wrote them: ``config.*``, ``sweep.*``)."""
-    errors: List[tuple] = []
-    if sweep.trainable == LM_TRAINABLE:
-        from workloads.ray_tune import LM_METRICS
-        from workloads.train_lm import parse_config
+    from raylane.entrypoints import schema_errors
 
-        base, errors = lm_base_config(config, sweep)
-        if sweep.metric not in LM_METRICS:
-            errors.append(("sweep.metric", sweep.metric, f"a metric {LM_TRAINABLE} reports: one of "
-                                                         f"{', '.join(LM_METRICS)}"))
-        try:
-            parse_config(base)
-        except ValidationError as exc:
-            errors += [(f"config.{p}", v, a) for p, v, a in exc.errors]
+    fn = _resolve(sweep.trainable)
+    base, errors = base_config(fn, config, sweep)
+    reports = getattr(fn, "reports", None)
+    if reports is not None and sweep.metric not in reports:
+        errors.append(("sweep.metric", sweep.metric, f"a metric {sweep.trainable} reports: one of "
+                                                     f"{', '.join(reports)}"))
+    schema = getattr(fn, "config_schema", None)
+    if schema is not None:
+        errors += schema_errors(schema, base)
         seen = set()
         for path, point in _points(sweep):
             params: Dict[str, Any] = {}
             for k, v in point.items():
                 params = merge_config(params, _nest(k, v))
-            try:
-                parse_config(merge_config(base, params))
-            except ValidationError as exc:
-                for p, v, a in exc.errors:
-                    where = f"sweep.space.{p}" if p in sweep.space else f"config.{p}"
-                    if (where, repr(v)) not in seen:
-                        seen.add((where, repr(v)))
-                        errors.append((where, v, a))
-    else:
-        try:
-            _resolve(sweep.trainable)
-        except ValidationError as exc:
-            errors += exc.errors
+            for p, v, a in schema_errors(schema, merge_config(base, params)):
+                bare = p[len("config."):] if p.startswith("config.") else p
+                where = f"sweep.space.{bare}" if bare in sweep.space else p
+                if (where, repr(v)) not in seen and (p, v, a) not in errors:
+                    seen.add((where, repr(v)))
+                    errors.append((where, v, a))
     if errors:
         raise ValidationError("sweep", errors)
 
@@ -120,8 +103,9 @@ def _resolve(path: str) -> Callable:
     module, _, name = path.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValidationError("sweep", [("sweep.trainable", path, f"an importable function ({exc})")]) from None
+    except Exception as exc:  # noqa: BLE001 - any failure to load the user's code is named, not a traceback
+        raise ValidationError("sweep", [("sweep.trainable", path, f"an importable function "
+                                                                  f"({type(exc).__name__}: {exc})")]) from None
     if not callable(fn):
         raise ValidationError("sweep", [("sweep.trainable", path, "a callable taking the trial's config")])
     return fn
@@ -138,13 +122,8 @@ def tune_trainable(config: Mapping[str, Any], sweep: "SweepSpec"):
 
     from raylane.control.actor import GiB
 
-    if sweep.trainable == LM_TRAINABLE:
-        from workloads.ray_tune import lm_trainable
-
-        base, _ = lm_base_config(config, sweep)
-        fn = tune.with_parameters(lm_trainable, base=base)
-    else:
-        fn = tune.with_parameters(user_trainable, path=sweep.trainable, base=dict(config))
+    base, _ = base_config(_resolve(sweep.trainable), config, sweep)
+    fn = tune.with_parameters(user_trainable, path=sweep.trainable, base=base)
     r = sweep.resources
     resources = {"cpu": r.cpu, "gpu": r.gpu}
     if r.memory:

@@ -1,0 +1,273 @@
+"""``raylane.train``: what a Ray Train loop sees of Raylane, and the worker side of the training launcher.
+
+A user's loop needs nothing from this module. Raylane runs the spec's entrypoint as Ray Train's
+``train_loop_per_worker(config)`` inside ``UserLoop``, which, in each worker process, wraps two Ray Train calls:
+
+- ``ray.train.report(metrics, checkpoint=...)``: the metrics go to the workload's MLflow run (rank 0, against
+  ``metrics["step"]``, else ``global_step``, else ``training_iteration``, else the report's index in the attempt),
+  then the report goes to Ray as usual. After a report in which rank 0 passed a checkpoint, if the control actor has
+  asked the workload to stop (a preemption), the report does not return: it raises ``Yielded`` (a BaseException, so
+  a loop's ``except Exception`` does not swallow it), the attempt ends as *yielded* at that step, the lease goes
+  back, and the workload resumes later from exactly that checkpoint (``ray.train.get_checkpoint()``). Nothing
+  reported after the checkpoint is lost, because nothing is reported after it.
+- ``ray.train.get_preemption_info()``: also answers (a ``PreemptionInfo`` with no nodes) while the platform asks the
+  workload to stop, so a loop that already yields on Ray's node-drain notices yields at once for Raylane too.
+
+A loop that wants to yield at its current step rather than at its next checkpoint calls ``should_yield()`` (every
+rank, the same number of times: it is a broadcast from rank 0), and when it answers True reports a checkpoint and
+returns (or just reports it: the report then ends the loop). Outside Raylane ``should_yield()`` is always False.
+
+The MLflow run is also named in each worker's environment (``MLFLOW_RUN_ID``, ``MLFLOW_TRACKING_URI``), so the
+loop's own ``mlflow`` calls land in the workload's run; ``workload_id()`` gives the control plane's id.
+
+Fault drills for tests (``config.fault``, read by the platform, never passed to the loop) live in
+``raylane.launchers.faults`` and act on reports, so they work for any loop.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+log = logging.getLogger("raylane.train")
+
+__all__ = ["should_yield", "workload_id", "Yielded", "UserLoop", "StopPoll"]
+
+_session: Optional["_Session"] = None
+
+
+class Yielded(BaseException):
+    """Raised by ``ray.train.report`` inside Raylane when the workload was asked to stop and the report carried a
+    checkpoint: the attempt ends at ``step``; the workload resumes from that checkpoint."""
+
+    def __init__(self, step: Optional[int]):
+        super().__init__(f"yielded at step {step}")
+        self.step = step
+
+
+def should_yield() -> bool:
+    """True when Raylane asks this workload to stop (a preemption). A collective: call it on every rank."""
+    return _session.stop_asked(poll=True) if _session is not None else False
+
+
+def workload_id() -> Optional[str]:
+    """The control plane's id of the workload this process trains, or None outside Raylane."""
+    return _session.opts.workload_id if _session is not None else None
+
+
+class StopPoll:
+    """Asked by rank 0: has the control actor asked this workload to stop? Picklable."""
+
+    def __init__(self, workload_id: str):
+        self.workload_id = workload_id
+        self._handle = None
+
+    def __call__(self) -> bool:
+        import ray
+
+        from raylane.control.actor import CONTROL_NAME, NAMESPACE
+        from raylane.errors import RetryableError
+
+        try:
+            if self._handle is None:
+                self._handle = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+            return bool(ray.get(self._handle.should_stop.remote(self.workload_id), timeout=10))
+        except Exception as exc:  # noqa: BLE001 - the control actor restarting must not kill training
+            self._handle = None
+            raise RetryableError(f"control actor unreachable: {exc}") from exc
+
+    def __getstate__(self):
+        return {"workload_id": self.workload_id, "_handle": None}
+
+
+@dataclass
+class LoopOptions:
+    """What the platform tells the worker side (picklable)."""
+
+    workload_id: str
+    run_id: Optional[str] = None
+    tracking_uri: Optional[str] = None
+    fault: Optional[Dict[str, Any]] = None
+    marker_dir: Optional[str] = None
+    extra_env: Dict[str, str] = field(default_factory=dict)
+
+
+class UserLoop:
+    """Ray Train's ``train_loop_per_worker`` for a workload: imports the user's entrypoint in the worker (from the
+    job's working directory or an installed package), runs it with the user's config under the report wrapper, and
+    returns ``{"status": "finished" | "yielded", "step": last reported step, "value": what the loop returned}``."""
+
+    def __init__(self, target: Union[str, Callable], opts: LoopOptions):
+        self.target = target
+        self.opts = opts
+
+    def __call__(self, config: Dict[str, Any]) -> Dict[str, Any]:
+        global _session
+        fn = self._function()
+        session = _Session(self.opts)
+        _session = session
+        session.install()
+        try:
+            takes_config = _takes_argument(fn)
+            value = fn(config) if takes_config else fn()
+            status = "yielded" if session.asked else "finished"
+            return {"status": status, "step": session.last_step, "value": _plain(value)}
+        except Yielded as y:
+            return {"status": "yielded", "step": y.step if y.step is not None else session.last_step}
+        finally:
+            session.close()
+            _session = None
+
+    def _function(self) -> Callable:
+        if callable(self.target):
+            return self.target
+        from raylane import entrypoints
+
+        return entrypoints.load(self.target, "train")
+
+
+def _takes_argument(fn: Callable) -> bool:
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return True
+    return bool(params)
+
+
+def _plain(value: Any) -> Any:
+    """The loop's return value if it is small plain data, else its repr (it travels back through Ray)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, dict)) and len(repr(value)) <= 10_000:
+        return value
+    return repr(value)[:1000]
+
+
+class _Session:
+    """The worker side of one attempt: the wrapped Ray Train calls, the metric logger and the fault drills."""
+
+    def __init__(self, opts: LoopOptions):
+        import ray.train
+
+        from raylane.launchers.faults import Faults
+
+        self.opts = opts
+        ctx = ray.train.get_context()
+        self.rank = ctx.get_world_rank()
+        self.poll = StopPoll(opts.workload_id)
+        self.logger = None
+        if self.rank == 0 and opts.run_id:
+            from raylane.tracking import MetricLogger
+
+            self.logger = MetricLogger(opts.run_id, opts.tracking_uri or "")
+        self.faults = Faults(marker_dir=opts.marker_dir or "", **opts.fault) if opts.fault else None
+        self.resumed = ray.train.get_checkpoint() is not None
+        self.asked = False
+        self.last_step: Optional[int] = None
+        self.reports = 0
+        self._saved: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- wrapping
+
+    def install(self) -> None:
+        import ray.train
+
+        if self.opts.run_id:
+            os.environ["MLFLOW_RUN_ID"] = self.opts.run_id
+            if self.opts.tracking_uri:
+                os.environ["MLFLOW_TRACKING_URI"] = self.opts.tracking_uri
+        os.environ["RAYLANE_WORKLOAD_ID"] = self.opts.workload_id
+        for k, v in self.opts.extra_env.items():
+            os.environ[k] = v
+        self._saved = {"report": ray.train.report, "get_preemption_info": ray.train.get_preemption_info}
+        original_report, original_info = self._saved["report"], self._saved["get_preemption_info"]
+        session = self
+
+        def report(metrics, checkpoint=None, *args, **kwargs):
+            return session.report(original_report, metrics, checkpoint, *args, **kwargs)
+
+        def get_preemption_info():
+            info = original_info()
+            if session.stop_asked(poll=True) and info is None:
+                return _preemption_info()
+            return info
+
+        report.__doc__ = original_report.__doc__
+        get_preemption_info.__doc__ = original_info.__doc__
+        ray.train.report = report
+        ray.train.get_preemption_info = get_preemption_info
+
+    def close(self) -> None:
+        import ray.train
+
+        for name, fn in self._saved.items():
+            setattr(ray.train, name, fn)
+        if self.logger is not None:
+            self.logger.flush()
+
+    # -- the wrapped calls
+
+    def report(self, original, metrics, checkpoint, *args, **kwargs):
+        step = self._step_of(metrics)
+        if self.faults is not None:
+            self.faults.before_report(step, self.rank)
+        if self.logger is not None:
+            self.logger.log(step, metrics or {})
+            if checkpoint is not None:
+                self.logger.flush()  # what the checkpoint covers is in MLflow before the checkpoint is
+        original(metrics, checkpoint=checkpoint, *args, **kwargs)
+        self.last_step = step
+        holding = self.faults is not None and self.faults.holds_at(step, self.resumed)
+        asked = self.stop_asked(poll=checkpoint is not None or holding)
+        while holding and not asked:  # every rank loops on the broadcast answer, so all join the same polls
+            time.sleep(0.5)
+            asked = self.stop_asked(poll=True)
+        if asked:
+            if self.logger is not None:
+                self.logger.flush()
+            raise Yielded(step)
+
+    def stop_asked(self, *, poll: bool) -> bool:
+        """Rank 0 asks the control actor (when ``poll``), every rank gets its answer (a broadcast)."""
+        from ray.train.collective import broadcast_from_rank_zero
+
+        answer = None
+        if self.rank == 0:
+            answer = self._ask() if poll else False
+        asked = bool(broadcast_from_rank_zero(answer))
+        if self.faults is not None:
+            asked = self.faults.on_stop_answer(asked)
+        self.asked = self.asked or asked
+        return asked
+
+    def _ask(self) -> bool:
+        from raylane.errors import RetryableError
+
+        try:
+            return self.poll()
+        except RetryableError as exc:  # the control plane is restarting: keep training, ask again later
+            log.warning("could not ask the control actor whether to stop; will ask again: %s", exc)
+            return False
+
+    def _step_of(self, metrics: Optional[Mapping[str, Any]]) -> int:
+        self.reports += 1
+        for key in ("step", "global_step", "training_iteration"):
+            value = (metrics or {}).get(key)
+            if isinstance(value, bool):
+                continue
+            if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+                return int(value)
+        return self.reports
+
+
+def _preemption_info():
+    from ray.train.v2.api.preemption import PreemptionInfo
+
+    return PreemptionInfo(deadline_ms=int(time.time() * 1000), preempted_node_to_ranks={})
