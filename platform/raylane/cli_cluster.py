@@ -104,14 +104,26 @@ def submit(
     reserve_only: bool = typer.Option(False, "--reserve-only",
                                       help="Only reserve the gang's resources (no Ray job, no driver)."),
     python: str = typer.Option(sys.executable, help="Python on the cluster that has raylane installed."),
+    no_code: bool = typer.Option(False, "--no-code", help="Do not import the spec's user code before submitting "
+                                 "(check only the form of entrypoint and command; the driver still checks it)."),
 ):
     """Submit a workload: a Ray job running `python -m raylane.run` (as `ray job submit` would), or a bare
-    reservation with --reserve-only. Prints the workload id, its state and queue position."""
-    from raylane.config.loader import read_yaml
+    reservation with --reserve-only. Prints the workload id, its state and queue position.
+
+    Before anything is submitted the spec gets every check `raylane spec check` runs (its user code imported from
+    the current directory, unless --no-code or --reserve-only); a spec that fails them is not submitted."""
+    from raylane.cli_config import print_error
+    from raylane.config.loader import load_spec_from_dict, read_yaml
     from raylane.control.client import call
 
+    try:  # the cluster's policy is checked by the control plane; everything else here, before connecting
+        data, dups = read_yaml(spec, "spec file")
+        load_spec_from_dict(data, str(spec), code=True, working_dir=".", load_code=not (no_code or reserve_only),
+                            _extra=dups)
+    except FatalError as exc:
+        print_error(exc)
+        raise typer.Exit(1)
     with _errors():
-        data, _ = read_yaml(spec, "spec file")
         h = connect()
         if reserve_only:
             rec = call(h, "submit", data)

@@ -24,13 +24,24 @@ _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_error(exc: FatalError) -> None:
-    """Show a ``ValidationError`` as one line per problem, anything else as its message; both on stderr."""
+    """Show a ``ValidationError`` as one line per problem, anything else as its message; both on stderr. Values
+    are shortened and control characters escaped, so a broken file cannot flood or drive the terminal."""
     if isinstance(exc, ValidationError):
-        _err.print(f"{exc.source}: {len(exc.errors)} error(s)", style="bold red", markup=False)
+        _err.print(f"{_plain(exc.source)}: {len(exc.errors)} error(s)", style="bold red", markup=False)
         for path, value, allowed in exc.errors:
-            _err.print(f"  {path}: got {value!r}; {allowed}", markup=False)
+            _err.print(f"  {_plain(path)}: got {_short(repr(value))}; {_plain(allowed)}", markup=False)
     else:
-        _err.print(str(exc), style="bold red", markup=False)
+        _err.print(_plain(str(exc), limit=4000), style="bold red", markup=False)
+
+
+def _plain(text: object, limit: int = 300) -> str:
+    """``text`` on one line of printable characters, at most ``limit`` of them."""
+    s = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text)[:limit + 1])
+    return _short(s, limit)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
 
 
 def _n(items, one: str, many: str = "") -> str:
@@ -46,14 +57,17 @@ def policy_summary(path: Path, p: ClusterPolicy) -> str:
     )
 
 
-def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path]) -> str:
+def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path], *, code: bool = True) -> str:
     g = s.gang
     res = g.resources.to_core()
     placement = g.placement or "class default"
     checked = f"against {policy_path}" if policy_path else "alone (pass --policy to check team, class and features)"
+    runs = f"; runs {s.entrypoint}" if s.entrypoint else (f"; runs command {s.command[0]}" if s.command else "")
+    if runs and not code:
+        runs += " (code not imported: --no-code)"
     return (
         f"OK {path}: {s.name} ({s.kind}, class {s.class_}, team {s.team}): {g.workers} x ({res}),"
-        f" placement {placement}; checked {checked}"
+        f" placement {placement}{runs}; checked {checked}"
     )
 
 
@@ -80,8 +94,16 @@ def spec_check(
     policy: Optional[Path] = typer.Option(
         None, "--policy", "-p", help="Also check teams, classes and node features against this policy file."
     ),
+    working_dir: Path = typer.Option(
+        Path("."), "--working-dir", "-w", help="Where the specs' user code is imported from: the folder you would "
+        "pass to `ray job submit --working-dir`.", file_okay=False, dir_okay=True),
+    no_code: bool = typer.Option(
+        False, "--no-code", help="Do not import the user's code (for a machine without their project): check only "
+        "the form of entrypoint and command."),
 ) -> None:
-    """Validate workload specs (against a policy when given); print every error, exit 1 if any file is invalid."""
+    """Validate workload specs with every check submission runs: the spec's fields, its team, class and features
+    against a policy when given, and its user code (the entrypoint exists and fits the kind, the config fits the
+    entrypoint's declared schema). Prints every error; exits 1 if any file is invalid."""
     pol = None
     if policy is not None:
         try:
@@ -89,15 +111,18 @@ def spec_check(
         except FatalError as exc:
             print_error(exc)
             raise typer.Exit(1)
+    if not working_dir.is_dir():
+        print_error(NotFoundError(f"working directory {working_dir} not found"))
+        raise typer.Exit(1)
     failed = False
     for f in files:
         try:
-            spec = load_spec(f, pol)
+            spec = load_spec(f, pol, code=True, working_dir=working_dir, load_code=not no_code)
         except FatalError as exc:
             print_error(exc)
             failed = True
         else:
-            _out.print(spec_summary(f, spec, policy), markup=False)
+            _out.print(spec_summary(f, spec, policy, code=not no_code), markup=False)
     raise typer.Exit(1 if failed else 0)
 
 

@@ -3,7 +3,10 @@
 This module owns the translation from files to ``raylane.config.models`` and from pydantic's errors to Raylane's:
 each error is (dotted field path, the bad value, what is allowed), and all errors of a file are raised together.
 YAML syntax errors carry the line and column; a key given twice in one mapping is an error too (PyYAML would keep
-the last one silently).
+the last one silently). No file, however broken, ends in a traceback: bytes that are not UTF-8 or not printable,
+files over ``MAX_FILE_BYTES``, nesting deeper than ``MAX_DEPTH`` (refused before anything recurses), aliases that
+contain themselves or expand beyond ``MAX_NODES`` values, keys that are not strings and values that are not
+JSON-like (dates, binary, sets) are each an error with the line and column or the path.
 
 Words
 - *source*: what the errors are about, usually the file path; the first word of the error message.
@@ -18,6 +21,7 @@ an edit to ``policies/default.yaml`` takes effect at once in development.
 from __future__ import annotations
 
 import difflib
+import sys
 import types
 import typing
 from importlib import resources
@@ -29,7 +33,8 @@ import pydantic
 import yaml
 from pydantic.fields import FieldInfo
 
-from raylane.config.models import Allowed, ClusterPolicy, WorkloadSpec, policy_name_errors, validate_spec_against_policy
+from raylane.config.models import (DEFAULT_KIND, Allowed, ClusterPolicy, WorkloadSpec, policy_name_errors,
+                                   validate_spec_against_policy)
 from raylane.errors import NotFoundError, ValidationError
 
 __all__ = [
@@ -71,64 +76,232 @@ def default_policy_path() -> Path:
 
 # ------------------------------------------------------------------------------------------------ YAML
 
+# Limits on what a policy, spec or cluster file may be; the largest shipped file is under 10 KiB and 6 levels deep.
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 64  # nested mappings and lists, aliases expanded
+MAX_NODES = 100_000  # values in the document once aliases are expanded (a "billion laughs" file is refused)
+
+_FLOAT_MAX = sys.float_info.max
+_TAG = "tag:yaml.org,2002:"
+_REFUSED_TAGS = {
+    _TAG + "timestamp": "a date or time is not a value here: quote it to make it a string",
+    _TAG + "binary": "binary data is not a value here",
+    _TAG + "set": "a set is not a value here: write a list",
+    _TAG + "omap": "an ordered map is not a value here: write a mapping",
+    _TAG + "pairs": "pairs are not a value here: write a mapping",
+}
+
+
+_TAG_WORDS = {_TAG + t: w for t, w in (("int", "an integer"), ("float", "a number"), ("bool", "true or false"),
+                                        ("null", "null"), ("seq", "a list"), ("map", "a mapping"),
+                                        ("timestamp", "a date"), ("binary", "binary data"), ("set", "a set"))}
+
+
+class _DocumentError(yaml.MarkedYAMLError):
+    """A problem of the document's shape (too deep, too large, an alias inside itself) found before it is
+    constructed, with where it is."""
+
+    def __init__(self, path: str, problem: str, mark):
+        super().__init__(problem=problem, problem_mark=mark)
+        self.path = path
+
+
+def _clip(value: str, limit: int = 40) -> str:
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
+
+
+def _where(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _step(index: Any) -> str:
+    """The path step of ``Composer.compose_node``'s ``index``: a list position, a mapping's key node, or None for
+    a key itself."""
+    if isinstance(index, int):
+        return f"[{index}]"
+    if isinstance(index, yaml.ScalarNode):
+        return str(index.value)
+    return "?" if index is not None else "(a key)"
+
+
+def _join(steps: Sequence[str]) -> str:
+    s = ""
+    for step in steps:
+        s += step if step.startswith("[") or not s else "." + step
+    return s or "(top level)"
+
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that records keys given twice in one mapping instead of keeping the last silently."""
+    """SafeLoader for files people write: keys given twice in one mapping are recorded (PyYAML keeps the last one
+    silently); nesting, alias expansion and cycles are bounded before anything recurses over the document; every
+    error of a value (an int of 5,000 digits, an impossible date) carries the mark of the node it came from.
+
+    PyYAML's composer recurses once per nesting level, so a 5,000-deep file would end in ``RecursionError``:
+    ``compose_node`` refuses to open a mapping or list deeper than ``MAX_DEPTH`` (the scanner and parser below it
+    are iterative). Aliases are not expanded while composing; ``_check_graph`` bounds what they expand to."""
 
     def __init__(self, stream):
-        super().__init__(stream)
+        super().__init__(stream)  # the Reader checks every character here (ReaderError)
         self.duplicates: ErrorList = []
+        self._steps: List[str] = []
+
+    def compose_node(self, parent, index):
+        self._steps.append(_step(index))
+        try:
+            if len(self._steps) > MAX_DEPTH and self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+                raise _DocumentError(_join(self._steps[1:]), f"at most {MAX_DEPTH} levels of nested mappings and "
+                                     f"lists", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._steps.pop()
+
+    def construct_object(self, node, deep=False):
+        try:
+            value = super().construct_object(node, deep=deep)
+            # Every number Raylane reads may become a float; beyond a float's range it has no meaning anywhere.
+            if type(value) is int and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+                raise ValueError(f"a number from -{_FLOAT_MAX:.4g} to {_FLOAT_MAX:.4g}")
+            return value
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError, ArithmeticError) as e:  # int('9' * 5000), 2024-13-45, ...
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {_clip(node.value)}: {e}" if isinstance(node, yaml.ScalarNode) else str(e),
+                node.start_mark) from None
 
     def construct_mapping(self, node, deep=False):
         seen = {}
-        for key_node, _ in node.value:
-            try:
-                key = self.construct_object(key_node, deep=True)
-                hash(key)
-            except Exception:  # an unhashable key; the base class raises the proper error below
+        for key_node, _ in node.value:  # every key is a plain string here (_check_graph)
+            key = key_node.value
+            if key_node.tag != _TAG + "str":
                 continue
             if key in seen:
-                m = key_node.start_mark
                 self.duplicates.append(
-                    (f"line {m.line + 1}, column {m.column + 1}", key, f"each key once per mapping (first at line {seen[key]})")
-                )
+                    (_where(key_node.start_mark), key, f"each key once per mapping (first at line {seen[key]})"))
             else:
                 seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
 
+def _check_graph(root: yaml.Node) -> ErrorList:
+    """Bound the document before it is constructed: no alias cycle, at most ``MAX_DEPTH`` levels and ``MAX_NODES``
+    values with aliases expanded (raising ``_DocumentError``); and the problems of its values (keys that are not
+    strings, tags that are not JSON-like values), returned as errors. Iterative: nothing here recurses."""
+    errors: ErrorList = []
+    size: dict = {}  # id(node) -> (values, depth) of the node with aliases expanded
+    active: set = set()  # ids of the nodes on the current path, to find an alias that contains itself
+    stack: List[Tuple[yaml.Node, Tuple[str, ...], bool]] = [(root, (), False)]
+    while stack:
+        node, path, done = stack.pop()
+        key = id(node)
+        children = _children(node, path)
+        if done:
+            active.discard(key)
+            kids = [size[id(c)] for c, _ in children]
+            size[key] = (1 + sum(n for n, _ in kids), 1 + max((d for _, d in kids), default=0))
+            if size[key][0] > MAX_NODES:
+                raise _DocumentError(_join(path), f"at most {MAX_NODES:,} values with aliases expanded "
+                                                  f"(this one expands to more)", node.start_mark)
+            if size[key][1] > MAX_DEPTH + 1:
+                raise _DocumentError(_join(path), f"at most {MAX_DEPTH} levels of nested mappings and lists, "
+                                                  f"aliases expanded", node.start_mark)
+            continue
+        if key in size:
+            continue
+        if key in active:
+            raise _DocumentError(_join(path), "an alias that does not contain itself", node.start_mark)
+        active.add(key)
+        errors.extend(_node_errors(node, path))
+        stack.append((node, path, True))
+        # Reversed, so that nodes are visited in document order and a shared node is named where it is defined.
+        stack.extend((c, p, False) for c, p in reversed(children) if id(c) not in size)
+    return errors
+
+
+def _children(node: yaml.Node, path: Tuple[str, ...]) -> List[Tuple[yaml.Node, Tuple[str, ...]]]:
+    if isinstance(node, yaml.SequenceNode):
+        return [(c, path + (f"[{i}]",)) for i, c in enumerate(node.value)]
+    if isinstance(node, yaml.MappingNode):
+        return [(v, path + (_step(k),)) for k, v in node.value]
+    return []
+
+
+def _node_errors(node: yaml.Node, path: Tuple[str, ...]) -> ErrorList:
+    out: ErrorList = []
+    if node.tag in _REFUSED_TAGS:
+        out.append((_join(path), node.value if isinstance(node, yaml.ScalarNode) else f"!!{node.tag[len(_TAG):]}",
+                    f"{_REFUSED_TAGS[node.tag]} ({_where(node.start_mark)})"))
+    if isinstance(node, yaml.MappingNode):
+        for k, _ in node.value:
+            if not isinstance(k, yaml.ScalarNode) or k.tag not in (_TAG + "str", _TAG + "merge"):
+                shown = k.value if isinstance(k, yaml.ScalarNode) else _TAG_WORDS.get(k.tag, k.tag)
+                out.append((_join(path), shown, f"a string as each key; this one reads as "
+                                                f"{_TAG_WORDS.get(k.tag, k.tag)} ({_where(k.start_mark)})"
+                                                + (": quote it" if isinstance(k, yaml.ScalarNode) else "")))
+    return out
+
+
 def read_yaml(path: Union[str, Path], what: str = "file") -> Tuple[Any, ErrorList]:
     """The document in ``path`` and the duplicate-key errors found while reading it.
 
-    Raises ``NotFoundError`` for a missing file and ``ValidationError`` for a YAML syntax error."""
+    Raises ``NotFoundError`` for a missing file and ``ValidationError`` for anything else that keeps it from being
+    read as intended, each error with its line and column or path: not UTF-8, larger than ``MAX_FILE_BYTES``, a
+    YAML error, more than one document, nesting deeper than ``MAX_DEPTH`` or aliases expanding beyond
+    ``MAX_NODES``, a key that is not a string, a value that is no JSON-like value (a date, binary, a set)."""
     p = Path(path)
     if not p.is_file():
         hint = "" if not p.exists() else " (it is a directory)"
         raise NotFoundError(f"{what} {p} not found{hint}")
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise NotFoundError(f"{what} {p} cannot be read: {e.strerror or e}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValidationError(str(p), [("(file)", f"{p.stat().st_size:,} bytes",
+                                        f"at most {MAX_FILE_BYTES:,} bytes for a {what}")])
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValidationError(str(p), [(f"byte {e.start}", e.object[e.start:e.start + 8], "UTF-8 text")]) from None
+        line = raw.count(b"\n", 0, e.start)
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1)
+        raise ValidationError(str(p), [(f"byte {e.start}", raw[e.start:e.start + 8],
+                                        f"UTF-8 text (line {line + 1}, column {column + 1})")]) from None
     return _parse_yaml(text, str(p))
 
 
 def _parse_yaml(text: str, source: str) -> Tuple[Any, ErrorList]:
-    loader = _StrictLoader(text)
+    def at(line: int, column: int) -> Tuple[str, str]:
+        lines = text.splitlines()
+        return f"line {line + 1}, column {column + 1}", lines[line].strip()[:200] if line < len(lines) else ""
+
+    loader = None
     try:
-        data = loader.get_single_data()
+        loader = _StrictLoader(text)
+        node = loader.get_single_node()
+        errors = _check_graph(node) if node is not None else []
+        if errors:
+            raise ValidationError(source, errors)
+        data = loader.construct_document(node) if node is not None else None
+    except _DocumentError as e:
+        raise ValidationError(source, [(_where(e.problem_mark), e.path, e.problem)]) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        lines = text.splitlines()
-        where, line_text = "(yaml)", ""
-        if mark is not None:
-            where = f"line {mark.line + 1}, column {mark.column + 1}"
-            line_text = lines[mark.line].strip() if mark.line < len(lines) else ""
+        where, line_text = at(mark.line, mark.column) if mark is not None else ("(yaml)", "")
         problem = " ".join(x for x in (e.context, e.problem) if x)
         raise ValidationError(source, [(where, line_text, f"valid YAML ({problem})")]) from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, other control characters)
+        before = text[:e.position]
+        where, _ = at(before.count("\n"), e.position - (before.rfind("\n") + 1))
+        char = chr(e.character) if isinstance(e.character, int) else e.character
+        raise ValidationError(source, [(where, char, f"printable text ({e.reason})")]) from None
     except yaml.YAMLError as e:
         raise ValidationError(source, [("(yaml)", "", f"valid YAML ({e})")]) from None
+    except RecursionError:  # not expected: every recursion above is bounded by MAX_DEPTH
+        raise ValidationError(source, [("(yaml)", "", f"at most {MAX_DEPTH} levels of nesting")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, loader.duplicates
 
 
@@ -317,9 +490,14 @@ def load_policy(path: Union[str, Path, None] = None) -> ClusterPolicy:
 
 
 def load_spec_from_dict(
-    data: Any, source: str = "spec", *, policy: Optional[ClusterPolicy] = None, _extra: ErrorList = ()
+    data: Any, source: str = "spec", *, policy: Optional[ClusterPolicy] = None, code: bool = False,
+    working_dir: Union[str, Path, None] = None, load_code: bool = True, _extra: ErrorList = ()
 ) -> WorkloadSpec:
-    """A ``WorkloadSpec`` from parsed YAML, checked against ``policy`` when one is given (all errors at once)."""
+    """A ``WorkloadSpec`` from parsed YAML, checked against ``policy`` when one is given (all errors at once).
+
+    With ``code``, also every check of the user's code that submission runs (``raylane.entrypoints.check_spec``:
+    the entrypoint or command fits the kind, the config fits the entrypoint's declared schema), importing the code
+    from ``working_dir`` unless ``load_code`` is false."""
     errors = list(_extra)
     spec = None
     try:
@@ -338,14 +516,45 @@ def load_spec_from_dict(
             features = []
         features = [f for f in features if isinstance(f, str)]
         errors.extend(policy_name_errors(policy, team=names["team"], class_=names["class"], features=features))
+    if code and isinstance(data, Mapping):
+        errors.extend(_code_errors(spec, data, errors, working_dir=working_dir, load_code=load_code))
     if errors:
         raise ValidationError(source, errors)
     return spec
 
 
-def load_spec(path: Union[str, Path], policy: Optional[ClusterPolicy] = None) -> WorkloadSpec:
-    """The workload spec in ``path``, checked against ``policy`` when given. Raises ``NotFoundError`` or
-    ``ValidationError``."""
+_CODE_FIELDS = ("kind", "entrypoint", "command", "config")
+
+
+def _code_errors(spec: Optional[WorkloadSpec], data: Mapping, errors: ErrorList, *,
+                 working_dir: Union[str, Path, None], load_code: bool) -> ErrorList:
+    """The errors of ``entrypoints.check_spec`` for the spec's code fields; none checked while one of them has an
+    error of its own already (the code check would only repeat it)."""
+    from raylane import entrypoints
+
+    if any(str(p).split(".")[0].split("[")[0] in _CODE_FIELDS for p, _, _ in errors):
+        return []
+    if spec is not None:
+        fields = {"kind": spec.kind, "entrypoint": spec.entrypoint, "command": spec.command, "config": spec.config}
+    else:
+        fields = {f: data.get(f) for f in _CODE_FIELDS}
+        fields["kind"] = fields["kind"] or DEFAULT_KIND
+    fields = {k: v for k, v in fields.items() if v is not None}
+    try:
+        entrypoints.check_spec(fields, working_dir=str(working_dir) if working_dir else None, load_code=load_code)
+    except ValidationError as exc:
+        return exc.errors
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failing while it is checked
+        field = "entrypoint" if "entrypoint" in fields else "command"
+        return [(field, fields.get(field), f"checking it failed: {type(exc).__name__}: {exc}")]
+    return []
+
+
+def load_spec(path: Union[str, Path], policy: Optional[ClusterPolicy] = None, *, code: bool = False,
+              working_dir: Union[str, Path, None] = None, load_code: bool = True) -> WorkloadSpec:
+    """The workload spec in ``path``, checked against ``policy`` when given, and its user code with ``code`` (see
+    ``load_spec_from_dict``). Raises ``NotFoundError`` or ``ValidationError``."""
     p = Path(path)
     data, dups = read_yaml(p, "spec file")
-    return load_spec_from_dict(data, str(p), policy=policy, _extra=dups)
+    return load_spec_from_dict(data, str(p), policy=policy, code=code, working_dir=working_dir, load_code=load_code,
+                               _extra=dups)
