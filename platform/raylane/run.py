@@ -69,7 +69,7 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
         with entrypoints.on_path(working_dir):
             entrypoints.check_spec(spec)
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace="raylane", log_to_driver=True)
+        _init_ray()
     launcher = launcher_for(kind)
     ctl = get_control()
     kwargs: Dict[str, Any] = {"ctl": ctl, "job_id": _job_id()}
@@ -78,6 +78,19 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     if train_fn is not None:
         kwargs["train_fn"] = train_fn
     return launcher(spec, **kwargs)
+
+
+def _init_ray() -> None:
+    """Connect the job's driver to its cluster, staying in the job's working directory (``tracking.ensure_cwd``: on
+    several nodes of one machine, connecting has other nodes unpack the working directory again over this one)."""
+    import ray
+
+    from raylane.tracking import ensure_cwd
+
+    ensure_cwd()
+    os.environ["PWD"] = os.getcwd()
+    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace="raylane", log_to_driver=True)
+    ensure_cwd()
 
 
 def registered(ctl, spec: Dict[str, Any], job_id: Optional[str],

@@ -156,10 +156,33 @@ def _sqlite_path(uri: str) -> Optional[Path]:
     return Path(rest).expanduser().resolve()
 
 
+def ensure_cwd(wait_s: float = 30.0) -> str:
+    """The current directory, made usable again if it was deleted under this process.
+
+    Measured with Ray 2.60: on a cluster of several nodes on one machine (``ray.cluster_utils`` in tests, ``raylane up``
+    here), all nodes share one session directory, and each node's runtime-env agent unpacks a job's ``--working-dir``
+    package with ``overwrite=True`` into the same path, deleting the copy that processes already run in; a new copy
+    appears there moments later. MLflow's sqlite store resolves its artifact root against the current directory, so
+    the driver and rank 0 move into the new copy (or, if none appears within ``wait_s``, into the temp directory)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        pass
+    path = os.environ.get("PWD") or ""
+    deadline = time.monotonic() + wait_s
+    while path and not os.path.isdir(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    target = path if path and os.path.isdir(path) else tempfile.gettempdir()
+    logger.warning("the current directory was removed under this process; moving to %s", target)
+    os.chdir(target)
+    return target
+
+
 def client_for(uri: str) -> MlflowClient:
     """An ``MlflowClient`` whose store is initialised. For sqlite, creating the tables is a migration that two
     processes opening a new database at once would race on (the driver, rank 0, a reader), so it runs under an
     exclusive file lock beside the database."""
+    ensure_cwd()
     db = _sqlite_path(uri)
     if db is None:
         return MlflowClient(tracking_uri=uri)

@@ -1,6 +1,7 @@
 """A user's own Ray Train loop, written against Ray Train only (no Raylane import): a linear model fitted by SGD on
 data drawn per step from a seeded generator, so a run resumed from a checkpoint computes exactly what an
-uninterrupted one does. Reports every step; a checkpoint every ``checkpoint_every`` steps and at the last."""
+uninterrupted one does. Reports every ``report_every`` steps (default 1), with a checkpoint every
+``checkpoint_every`` steps and at the last."""
 import os
 import tempfile
 import time
@@ -30,7 +31,8 @@ def train_loop_per_worker(config):
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = state["step"]
-    steps, every = config["steps"], config["checkpoint_every"]
+    steps, every, report_every = config["steps"], config["checkpoint_every"], config.get("report_every", 1)
+    loss = None
     for step in range(start + 1, steps + 1):
         x, y = batch(step)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -39,6 +41,8 @@ def train_loop_per_worker(config):
         opt.step()
         time.sleep(config.get("sleep_s", 0.0))
         metrics = {"step": step, "loss": loss.item()}
+        if step % report_every and step % every and step != steps:
+            continue
         if step % every == 0 or step == steps:
             with tempfile.TemporaryDirectory() as d:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
@@ -46,7 +50,7 @@ def train_loop_per_worker(config):
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
         else:
             ray.train.report(metrics)
-    return {"final_loss": loss.item()}
+    return {"final_loss": loss.item() if loss is not None else None}
 
 
 def reference_losses(steps: int, lr: float = 0.05) -> dict:
