@@ -62,6 +62,17 @@ def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
     return out
 
 
+# The config key that names another workload's checkpoint ({workload, step}; raylane.control.checkpoints): a
+# training gang starts from it, a one-shot workload (raylane.launchers.oneshot) evaluates or infers with it.
+REF_KEYS = {"eval": "checkpoint", "batch": "checkpoint"}
+DEFAULT_REF_KEY = "init_from"
+
+
+def ref_key(spec: Dict[str, Any]) -> str:
+    """``checkpoint`` for kinds eval and batch, ``init_from`` for the others."""
+    return REF_KEYS.get(spec.get("kind", "train"), DEFAULT_REF_KEY)
+
+
 def bundle_for(per_worker: Resources) -> Dict[str, float]:
     b = {"CPU": per_worker.cpu, "GPU": per_worker.gpu, "memory": int(per_worker.memory * GiB)}
     b = {k: v for k, v in b.items() if v}
@@ -333,16 +344,17 @@ class ControlActor:
         self._refresh_nodes()
         why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
         data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
-        ref = ckrefs.parse_ref(parsed.config.get("init_from"))
+        key = ref_key(data)
+        ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")
         source, verdict = None, None
         if why is None and ref is not None:
             source = ckrefs.find_source(ref, self.records.values())
             if source is None:
-                why = f"config.init_from names workload {ref.workload!r}, which is not known to the control plane"
+                why = f"config.{key} names workload {ref.workload!r}, which is not known to the control plane"
             else:
                 verdict = self._judge(ref, source)
                 if verdict.never:
-                    why = f"config.init_from {ref}: {verdict.reason}"
+                    why = f"config.{key} {ref}: {verdict.reason}"
         if why is not None:
             rec = Record(wid, data, now)
             self.records[wid] = rec
@@ -366,7 +378,8 @@ class ControlActor:
 
     # ------------------------------------------------------------------------------ checkpoint references
     def _init_ref(self, rec: Record):
-        return ckrefs.parse_ref((rec.spec.get("config") or {}).get("init_from"))
+        key = ref_key(rec.spec)
+        return ckrefs.parse_ref((rec.spec.get("config") or {}).get(key), f"config.{key}")
 
     def _judge(self, ref, source: Record, rec: Optional[Record] = None):
         max_step, every = ckrefs.source_limits(source.spec)
@@ -398,7 +411,7 @@ class ControlActor:
             verdict = self._judge(ref, source, rec)
         if verdict.never:
             self._append("finished", rec, state="FAILED", outcome="checkpoint reference",
-                         note=f"failed: config.init_from {ref}: {verdict.reason}")
+                         note=f"failed: config.{ref_key(rec.spec)} {ref}: {verdict.reason}")
             ev = self._admitted.get(rec.id)
             if ev is not None:
                 ev.set()
@@ -452,7 +465,7 @@ class ControlActor:
         verdict = self._judge(ref, source, rec) if source is not None else ckrefs.Verdict(
             never=True, reason=f"workload {ref.workload} is gone")
         if not verdict.ready:
-            raise NotFoundError(f"config.init_from {ref}: {verdict.reason}")
+            raise NotFoundError(f"config.{ref_key(rec.spec)} {ref}: {verdict.reason}")
         path = self._pin_now(rec, source, verdict.step, verdict.path)
         return {"path": path, "step": verdict.step, "source": source.id}
 
