@@ -1,0 +1,114 @@
+"""The framework examples end to end, as a user runs them: examples/user-code/lightning-digits (Ray Train's
+Lightning utilities) and examples/user-code/transformers-gpt2 (a Transformers ``Trainer`` with Ray's callback), each
+submitted with its project folder as the Ray job's working dir, preempted once by a higher-class workload (the
+digits CNN example as team-b's fine-tune), resumed from the checkpoint it yielded at, and finished: no step
+reported twice, one MLflow run. One cluster for the module (tests/jobtest.py).
+
+Each first attempt holds at a checkpointed report (``config.fault.hold_at_step``, a platform drill the loop never
+sees) until it is asked to stop, so the preemption lands at a known step however fast or slow the machine is."""
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from raylane.control.client import call  # noqa: E402
+from tests.jobtest import (finished, metric_history, print_job_logs_on_failure, record_of_job, start_env,  # noqa: E402
+                           stop_env, submit_job)
+from tests.raytest import local_policy, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+USER_CODE = Path(__file__).resolve().parents[1] / "examples" / "user-code"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    policy = local_policy(pretrain={"min_runtime": "1s", "grace_period": "60s", "retry_budget": 1})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Cluster, "add_node", _runtime_env_dir_per_node(Cluster.add_node))
+        env = start_env(tmp_path_factory.mktemp("frameworks"), policy=policy)
+    yield env
+    stop_env(env)
+
+
+def _runtime_env_dir_per_node(add_node):
+    """Each node of the test cluster unpacks jobs' working dirs into a folder of its own.
+
+    The nodes of a test cluster share one session folder on one machine, and with it Ray's runtime_resources
+    folder. When a job with a working dir starts its driver, every other node's runtime-env agent installs the job's
+    environment too, finds the unpacked folder it did not make, deletes it and unpacks it again: the driver's
+    current directory is gone, and importing torch after that dies in oneMKL ("Cannot load libtorch_cpu.so"). On a
+    real cluster each node has its own disk."""
+    count = itertools.count()
+
+    def wrapped(self, **kwargs):
+        kwargs.setdefault("runtime_env_dir_name", f"runtime_resources_{next(count)}")
+        return add_node(self, **kwargs)
+    return wrapped
+
+
+@pytest.fixture(autouse=True)
+def job_logs_on_failure(request, env):
+    yield
+    print_job_logs_on_failure(request, env)
+
+
+def example_spec(example: str, name: str, *, team: str, cls: str, gpu: int, config: dict) -> dict:
+    """The example's own spec.yaml, renamed, with a one-worker gang and a short config."""
+    s = yaml.safe_load((USER_CODE / example / "spec.yaml").read_text())
+    s.update(name=name, team=team, **{"class": cls})
+    s["gang"] = {"workers": 1, "resources": {"gpu": gpu, "cpu": 1}}
+    s["config"] = {**s["config"], **config}
+    s.pop("runtime_estimate", None)
+    return s
+
+
+def preempted_once_and_finished(env, example: str, name: str, config: dict, hold_at: int, expected_steps):
+    """Run ``example`` as team-a's pretraining on all 4 GPUs (2 borrowed from team-b), holding at step ``hold_at``
+    until team-b's fine-tune reclaims its quota; check it yields there once, resumes and finishes."""
+    a_spec = example_spec(example, name, team="team-a", cls="pretrain", gpu=4,
+                          config={**config, "fault": {"hold_at_step": hold_at}})
+    a_job = submit_job(env, a_spec, name, working_dir=USER_CODE / example)
+    a = record_of_job(env, a_job, timeout=120)["id"]
+    wait_for(lambda: hold_at in [s for s, _ in metric_history(env, a, "loss", must=False)[1]], timeout=300,
+             every=1.0, what=f"{name} holding at step {hold_at}")
+    b_spec = example_spec("digits-cnn", f"{name}-b", team="team-b", cls="finetune", gpu=2,
+                          config={"max_steps": 10, "checkpoint_every": 10, "log_every": 5})
+    b_job = submit_job(env, b_spec, f"{name}-b", working_dir=USER_CODE / "digits-cnn")
+    assert str(finished(env, b_job, timeout=300)).endswith("SUCCEEDED")
+    assert str(finished(env, a_job, timeout=300)).endswith("SUCCEEDED")
+
+    ra = call(env["ctl"], "explain", a)
+    assert ra["state"] == "SUCCEEDED" and ra["preemptions"] == 1 and ra["restarts"] == 0, ra["journal"]
+    requeued = [e for e in ra["journal"] if e["kind"] == "requeued"]
+    assert len(requeued) == 1 and "yielded" in requeued[0]["note"] and requeued[0].get("step") == hold_at, requeued
+    run, hist = metric_history(env, a, "loss")
+    steps = [s for s, _ in hist]
+    # Every report once: the steps after the resume continue from the checkpoint, none repeated.
+    assert steps == list(expected_steps), hist
+    assert run.data.tags["raylane.preemptions"] == "1"
+    assert run.info.status == "FINISHED"
+    rb = call(env["ctl"], "explain", record_of_job(env, b_job)["id"])
+    assert rb["state"] == "SUCCEEDED" and rb["preemptions"] == 0
+    return hist
+
+
+def test_lightning_example_is_preempted_once_resumes_and_finishes(env):
+    # One worker, 64 per batch: 1437 training images make 22 steps an epoch; each epoch ends with a checkpoint.
+    hist = preempted_once_and_finished(env, "lightning-digits", "lit-a", {"max_epochs": 3, "batch_size": 64},
+                                       hold_at=22, expected_steps=[22, 44, 66])
+    assert hist[-1][1] < hist[0][1]  # the epoch's training loss went down across the resume
+
+
+def test_transformers_example_is_preempted_once_resumes_and_finishes(env):
+    config = {"max_steps": 40, "save_steps": 10, "log_every": 10, "batch_size": 8, "corpus_bytes": 30_000}
+    hist = preempted_once_and_finished(env, "transformers-gpt2", "hf-a", config, hold_at=10,
+                                       expected_steps=[10, 20, 30, 40])
+    assert hist[-1][1] < hist[0][1]
