@@ -3,6 +3,7 @@ control actor, a jobs client, a sqlite MLflow store) and the calls tests make on
 that submits workloads as a user would (``python -m raylane.run SPEC`` as a Ray job)."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Dict, Optional
 
@@ -113,7 +114,7 @@ def print_job_logs_on_failure(request, env) -> None:
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         for job in env["jobs"]:
-            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-4000:])
+            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-int(os.environ.get("RAYLANE_TEST_LOG_CHARS", "4000")):])
     env["jobs"].clear()
 
 

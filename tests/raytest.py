@@ -77,11 +77,17 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
             "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
     c = Cluster(initialize_head=False, connect=False)
     c.raylane_temp_dir = temp_dir
+    # Each node unpacks jobs' working dirs into a folder of its own. The nodes share one session folder on one
+    # machine, and with it Ray's runtime_resources folder: when a job with a working dir starts, every other node's
+    # runtime-env agent unpacks it again there with overwrite=True, deleting the copy the driver runs in (its
+    # current directory is gone; importing torch after that dies in oneMKL). On a real cluster each node has its
+    # own disk. (`raylane up` on one machine: raylane.tracking.ensure_cwd.)
     try:
-        c.add_node(**head)
+        c.add_node(**head, runtime_env_dir_name="runtime_resources_head")
         for name, feats in gpu_nodes:
             c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)),
-                       temp_dir=temp_dir, dashboard_agent_listen_port=free_port())
+                       temp_dir=temp_dir, dashboard_agent_listen_port=free_port(),
+                       runtime_env_dir_name=f"runtime_resources_{name}")
         c.wait_for_nodes()
     except BaseException:
         stop_cluster(c)

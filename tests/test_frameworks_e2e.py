@@ -6,7 +6,6 @@ reported twice, one MLflow run. One cluster for the module (tests/jobtest.py).
 
 Each first attempt holds at a checkpointed report (``config.fault.hold_at_step``, a platform drill the loop never
 sees) until it is asked to stop, so the preemption lands at a known step however fast or slow the machine is."""
-import itertools
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,6 @@ import yaml
 ray = pytest.importorskip("ray")
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
-
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from raylane.control.client import call  # noqa: E402
 from tests.jobtest import (finished, metric_history, print_job_logs_on_failure, record_of_job, start_env,  # noqa: E402
@@ -27,38 +24,17 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 USER_CODE = Path(__file__).resolve().parents[1] / "examples" / "user-code"
 
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     policy = local_policy(pretrain={"min_runtime": "1s", "grace_period": "60s", "retry_budget": 1})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Cluster, "add_node", _runtime_env_dir_per_node(Cluster.add_node))
-        env = start_env(tmp_path_factory.mktemp("frameworks"), policy=policy)
+    env = start_env(tmp_path_factory.mktemp("frameworks"), policy=policy)
     yield env
     stop_env(env)
-
-
-def _runtime_env_dir_per_node(add_node):
-    """Each node of the test cluster unpacks jobs' working dirs into a folder of its own.
-
-    The nodes of a test cluster share one session folder on one machine, and with it Ray's runtime_resources
-    folder. When a job with a working dir starts its driver, every other node's runtime-env agent installs the job's
-    environment too, finds the unpacked folder it did not make, deletes it and unpacks it again: the driver's
-    current directory is gone, and importing torch after that dies in oneMKL ("Cannot load libtorch_cpu.so"). On a
-    real cluster each node has its own disk."""
-    count = itertools.count()
-
-    def wrapped(self, **kwargs):
-        kwargs.setdefault("runtime_env_dir_name", f"runtime_resources_{next(count)}")
-        return add_node(self, **kwargs)
-    return wrapped
-
 
 @pytest.fixture(autouse=True)
 def job_logs_on_failure(request, env):
     yield
     print_job_logs_on_failure(request, env)
-
 
 def example_spec(example: str, name: str, *, team: str, cls: str, gpu: int, config: dict) -> dict:
     """The example's own spec.yaml, renamed, with a one-worker gang and a short config."""
@@ -68,7 +44,6 @@ def example_spec(example: str, name: str, *, team: str, cls: str, gpu: int, conf
     s["config"] = {**s["config"], **config}
     s.pop("runtime_estimate", None)
     return s
-
 
 def preempted_once_and_finished(env, example: str, name: str, config: dict, hold_at: int, expected_steps):
     """Run ``example`` as team-a's pretraining on all 4 GPUs (2 borrowed from team-b), holding at step ``hold_at``
@@ -99,13 +74,11 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     assert rb["state"] == "SUCCEEDED" and rb["preemptions"] == 0
     return hist
 
-
 def test_lightning_example_is_preempted_once_resumes_and_finishes(env):
     # One worker, 64 per batch: 1437 training images make 22 steps an epoch; each epoch ends with a checkpoint.
     hist = preempted_once_and_finished(env, "lightning-digits", "lit-a", {"max_epochs": 3, "batch_size": 64},
                                        hold_at=22, expected_steps=[22, 44, 66])
     assert hist[-1][1] < hist[0][1]  # the epoch's training loss went down across the resume
-
 
 def test_transformers_example_is_preempted_once_resumes_and_finishes(env):
     config = {"max_steps": 40, "save_steps": 10, "log_every": 10, "batch_size": 8, "corpus_bytes": 30_000}

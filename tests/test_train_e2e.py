@@ -191,4 +191,4 @@ def test_an_error_no_retry_fixes_fails_in_one_attempt(env):
     rec = call(env["ctl"], "explain", wid)
     assert rec["state"] == "FAILED" and rec["attempts"] == 1 and rec["restarts"] == 0
     note = rec["journal"][-2]["note"] if rec["journal"][-1]["kind"] == "unpinned" else rec["journal"][-1]["note"]
-    assert "ValidationError" in note and "model" in note and "not retried" in note, note
+    assert "ConfigError" in note and "model" in note and "not retried" in note, note

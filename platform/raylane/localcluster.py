@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -29,6 +30,7 @@ HEAD_PORT = 6390
 DASHBOARD_PORT = 8265
 GiB = 1024 ** 3
 MARKER = "RAYLANE_LOCAL_CLUSTER"
+QUIET_S = 3.0  # down: seconds with no process of the cluster seen before it is done
 
 
 def ray_env() -> Dict[str, str]:
@@ -66,13 +68,20 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
         head.append(f"--memory={int(cluster.head.memory * GiB)}")
     _run(head, env)
     address = f"127.0.0.1:{port}"
+    # Each worker node gets a temp dir of its own. Nodes of one machine would otherwise share the head's session
+    # folder and its runtime_resources, where every node's runtime-env agent unpacks a job's --working-dir with
+    # overwrite=True, deleting the copy that the job's driver already runs in (measured with Ray 2.60; on a real
+    # cluster each node has its own disk). Short paths: Ray's unix sockets live under them.
+    temp_dirs = []
     for g in cluster.nodes:
         for _ in range(g.count):
+            node_tmp = os.path.join(tempfile.gettempdir(), f"rl{len(temp_dirs)}-{env[MARKER][:6]}")
+            temp_dirs.append(node_tmp)
             _run([ray, "start", f"--address={address}", f"--num-cpus={g.cpus}", f"--num-gpus={g.gpus}",
                   f"--memory={int(g.memory * GiB)}", f"--labels={json.dumps(node_labels(g))}",
-                  "--disable-usage-stats"], env)
+                  f"--temp-dir={node_tmp}", "--disable-usage-stats"], env)
     state = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "cluster": cluster.name,
-             "started": time.time(), "marker": env[MARKER]}
+             "started": time.time(), "marker": env[MARKER], "temp_dirs": temp_dirs}
     STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(state))
     return state
@@ -87,13 +96,22 @@ def down(grace_s: float = 10.0) -> None:
     if st.get("marker") and os.path.isdir("/proc"):
         # Rounds until none is left: a process can appear while the others stop (a raylet restarting an agent that
         # exited on SIGTERM before the raylet did), and one that appears after the grace period is killed at once.
+        # Done only after a quiet period with none seen: under load an agent a raylet spawned just before it was
+        # killed can take seconds to show up (a clean-clone CI run on a loaded machine found a DashboardAgent and a
+        # RuntimeEnvAgent alive after a version that stopped at the first empty scan).
         grace_end = time.time() + grace_s
         give_up = grace_end + 15.0
         asked = set()
+        quiet_since = None
         while time.time() < give_up:
             left = marked_processes(MARKER, st["marker"])
             if not left:
-                break
+                quiet_since = quiet_since or time.time()
+                if time.time() - quiet_since >= QUIET_S:
+                    break
+                time.sleep(0.25)
+                continue
+            quiet_since = None
             late = time.time() >= grace_end
             for pid, _ in left:
                 if late:
@@ -104,6 +122,8 @@ def down(grace_s: float = 10.0) -> None:
             time.sleep(0.25)
     elif st or not os.path.isdir("/proc"):
         _run([_ray_bin(), "stop", "--force"], ray_env(), check=False)
+    for node_tmp in st.get("temp_dirs") or []:  # the worker nodes' own temp dirs (logs, sockets, working dirs)
+        shutil.rmtree(node_tmp, ignore_errors=True)
     STATE_FILE.unlink(missing_ok=True)
 
 
@@ -125,9 +145,17 @@ def marked_processes(key: str, value: str) -> List[Tuple[int, str]]:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if cmd:  # a zombie has no command line: it is dead, only not yet reaped
-            found.append((int(entry), cmd))
+        if cmd or not _zombie(entry):  # a zombie is dead, only not yet reaped; an empty line may be mid-exec
+            found.append((int(entry), cmd or f"[pid {entry}]"))
     return found
+
+
+def _zombie(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True  # gone
 
 
 def _signal(pid: int, sig: int) -> None:
