@@ -104,6 +104,7 @@ def slot_records(env, prefix):
 
 def test_asha_sweep_of_the_lm_stops_weak_trials_at_the_rungs_and_records_mlflow(env):
     s = sweep_spec("asha-lm", {
+        "trainable": "workloads.ray_tune:lm_trainable",
         "space": {"lr": {"type": "loguniform", "low": 1e-5, "high": 3e-2}},
         "search": {"algorithm": "random", "seed": 0},
         "budget": {"max": 40, "report_every": 10},
@@ -164,6 +165,7 @@ def test_pbt_sweep_exploit_copies_a_checkpoint_of_a_stronger_trial(env):
         # ranks a trial against the others' last scores and leaves out trials that finished, so on an idle machine,
         # where each short trial finishes before the next has started, no exploit ever happened (seen in CI). The
         # two trials that barely learn (lr 1e-6) are the lower half at the first perturbation and exploit then.
+        "trainable": "workloads.ray_tune:lm_trainable",
         "space": {"lr": {"type": "grid", "values": [1e-6, 1e-2, 1.5e-6, 2e-2]}},
         "search": {"algorithm": "grid", "seed": 1},
         # A perturbation at every report and half the population in each quantile.

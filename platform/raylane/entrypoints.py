@@ -141,8 +141,7 @@ def signature_problem(obj: Any, kind: str) -> Optional[str]:
     if kind not in SIGNATURES:
         return f"kind {kind!r} runs no entrypoint"
     if kind == "batch" and inspect.isclass(obj):
-        call = getattr(obj, "__call__", None)
-        if call is None or call is type.__call__ or not callable(call):
+        if not any("__call__" in vars(k) for k in obj.__mro__ if k is not object):
             return f"class {obj.__name__} has no __call__(batch)"
         req, acc, var = _positional(obj.__call__, drop_self=True)
         if not (req <= 1 <= acc or var):

@@ -130,14 +130,14 @@ class UserLoop:
 
 
 def _takes_argument(fn: Callable) -> bool:
-    import inspect
+    """Whether Ray Train would pass ``config`` to ``fn``: only when it has exactly one required parameter
+    (``ray.train._internal.utils.construct_train_func``); a ``config=None`` default means it is called bare."""
+    from ray.train._internal.utils import count_required_parameters
 
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        return count_required_parameters(fn) == 1
     except (TypeError, ValueError):
         return True
-    return bool(params)
 
 
 def _plain(value: Any) -> Any:

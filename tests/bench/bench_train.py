@@ -1,7 +1,8 @@
 """Training through Raylane against bare Ray Train on the same local cluster, both submitted as Ray jobs:
 
-1. submit-to-first-step: `ray job submit` of `python -m raylane.run SPEC` (registers, is admitted, hands the lease
-   over to a TorchTrainer) against a job running the same TorchTrainer directly; ratio Raylane / bare.
+1. submit-to-first-step of a user's own Ray Train loop (tests/bench/user_loop, submitted with --working-dir):
+   `python -m raylane.run SPEC` (checks the entrypoint, registers, is admitted, hands the lease over to a
+   TorchTrainer) against a job running the same loop in a bare TorchTrainer; ratio Raylane / bare.
 2. preemption decision to GPUs free: a running gang is preempted by a higher-class gang of another team; the time
    from the control actor's decision (its journal entry) to Ray reporting the GPUs available again.
 
@@ -27,25 +28,8 @@ TRAIN = {"max_steps": 30, "checkpoint_every": 10, "batch_size": 8, "warmup_steps
          "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
 ENV = {"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
                     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}}
-
-
-def bare_main(config_json: str, storage: str, name: str) -> None:
-    """The baseline job: the same TorchTrainer, no Raylane."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from raylane.launchers.faults import Faults
-    from workloads.ray_train import train_loop_per_worker
-
-    cfg = json.loads(config_json)
-    first = cfg.pop("first_step_file")
-    cfg["wrap_hooks"] = Faults(marker_dir=os.path.join(storage, name, "_faults"), first_step_file=first)
-    ray.init(address="auto")
-    TorchTrainer(train_loop_per_worker, train_loop_config=cfg,
-                 scaling_config=ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"CPU": 1, "GPU": 1}),
-                 run_config=RunConfig(name=name, storage_path=storage),
-                 torch_config=TorchConfig(backend="gloo")).fit()
+LOOP = Path(__file__).parent / "user_loop"
+LOOP_ENV = {**ENV, "working_dir": str(LOOP)}
 
 
 def _wait_file(path: Path, timeout: float = 300) -> float:
@@ -78,7 +62,7 @@ def main(argv=None) -> None:
 
     from raylane.control.client import call, start_control, stop_control
     from raylane.jobs import submit_job
-    from tests.raytest import local_policy, spec, start_cluster
+    from tests.raytest import local_policy, spec, start_cluster, stop_cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="raylane-bench-train-"))
     storage = str(tmp / "runs")
@@ -90,31 +74,30 @@ def main(argv=None) -> None:
         bare, lane = [], []
         for i in range(args.runs):
             marker = tmp / f"bare-{i}.t"
-            cfg = dict(TRAIN, first_step_file=str(marker))
+            cfg = {"steps": 20, "checkpoint_every": 10, "first_step_file": str(marker)}
             t0 = time.time()
-            job = submit_job(client, entrypoint=f"{sys.executable} -m tests.bench.bench_train --bare "
-                                               f"'{json.dumps(cfg)}' {storage} bare-{i}", runtime_env=ENV)
+            job = submit_job(client, entrypoint=f"{sys.executable} bench_loop.py '{json.dumps(cfg)}' {storage} "
+                                               f"bare-{i}", runtime_env=LOOP_ENV)
             bare.append(_wait_file(marker) - t0)
             _wait_job(client, job)
 
             marker = tmp / f"lane-{i}.t"
-            s = spec(f"lane-{i}", "team-a", "pretrain", gpu=1, cpu=1,
-                     config=dict(TRAIN, fault={"first_step_file": str(marker)}))
+            s = spec(f"lane-{i}", "team-a", "pretrain", gpu=1, cpu=1, entrypoint="bench_loop:train_loop_per_worker",
+                     config={"steps": 20, "checkpoint_every": 10, "first_step_file": str(marker)})
             path = tmp / f"lane-{i}.yaml"
             path.write_text(yaml.safe_dump(s))
             t0 = time.time()
             job = submit_job(client, entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {storage} "
-                                               f"--tracking-uri sqlite:///{tmp / 'mlflow.db'}", runtime_env=ENV)
+                                               f"--tracking-uri sqlite:///{tmp / 'mlflow.db'}", runtime_env=LOOP_ENV)
             lane.append(_wait_file(marker) - t0)
             _wait_job(client, job)
         b, l = statistics.median(bare), statistics.median(lane)
-        print(f"submit-to-first-step, median of {args.runs}: bare TorchTrainer job {b:.2f} s, "
+        print(f"submit-to-first-step of a user's Ray Train loop, median of {args.runs}: bare TorchTrainer job {b:.2f} s, "
               f"through Raylane {l:.2f} s; ratio {l / b:.2f} (target <= 1.1)")
         print(f"  bare runs: {', '.join(f'{x:.2f}' for x in bare)}; raylane runs: {', '.join(f'{x:.2f}' for x in lane)}")
 
         # Preemption decision -> GPUs free.
-        a = spec("victim", "team-a", "pretrain", gpu=4, cpu=1, config=dict(TRAIN, max_steps=100000))
-        (tmp / "victim.yaml").write_text(yaml.safe_dump(a))
+        a = spec("victim", "team-a", "pretrain", gpu=4, cpu=1, config=dict(TRAIN, max_steps=100000, report_every=1))
         marker = tmp / "victim.t"
         a["config"]["fault"] = {"first_step_file": str(marker)}
         (tmp / "victim.yaml").write_text(yaml.safe_dump(a))
@@ -144,12 +127,8 @@ def main(argv=None) -> None:
         client.stop_job(vjob)
     finally:
         stop_control()
-        ray.shutdown()
-        cluster.shutdown()
+        stop_cluster(cluster)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--bare":
-        bare_main(*sys.argv[2:5])
-    else:
-        main()
+    main()

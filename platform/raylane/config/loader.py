@@ -322,6 +322,9 @@ def pydantic_errors(exc: pydantic.ValidationError, model: Type[pydantic.BaseMode
             allowed = allowed or e["msg"]
         elif kind.startswith("raylane_"):
             allowed = e["msg"]
+        elif kind in ("value_error", "assertion_error"):
+            # A validator of the model (a user's config schema, say) said why: its words, not the field's type.
+            allowed = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         elif kind == "extra_forbidden":
             allowed = _unknown_field(model, loc)
         elif kind == "missing":
