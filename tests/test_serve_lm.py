@@ -1,14 +1,17 @@
-"""The served LM without Ray: generation from a checkpoint or a fresh model, request parsing. Pure torch, seconds."""
+"""The served LM without Ray: generation from a checkpoint or a fresh model, request parsing, the schema of its
+constructor's arguments. Pure torch, seconds."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 
+import pydantic
 import pytest
 
 pytest.importorskip("torch")
 
-from workloads.serve_lm import BadRequest, Generator, LMServer, parse_request  # noqa: E402
+from workloads.serve_lm import BadRequest, Generator, LMServer, LMServerConfig, parse_request  # noqa: E402
 from workloads.train_lm import LocalHooks, train  # noqa: E402
 
 SHAPE = {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}
@@ -95,3 +98,29 @@ def test_server_answers_generation_info_and_bad_requests():
     bad = asyncio.run(s(_Request("POST", {"prompt": "a", "max_new_tokens": -1})))
     assert bad.status_code == 400 and "max_new_tokens" in json.loads(bad.body)["error"]
     assert asyncio.run(s(_Request("POST", b"{"))).status_code == 400
+
+
+def test_the_declared_schema_is_the_constructor_s_keyword_arguments():
+    assert LMServer.config_schema is LMServerConfig
+    params = dict(inspect.signature(LMServer).parameters)
+    assert list(params) == list(LMServerConfig.model_fields)
+    for name, p in params.items():
+        assert p.default == LMServerConfig.model_fields[name].default, name
+
+
+def test_the_schema_refuses_what_the_server_could_not_use(checkpoint, tmp_path):
+    ok = {"checkpoint": checkpoint, "shape": SHAPE, "max_new_tokens": 8, "temperature": 0, "token_delay_ms": 0}
+    assert LMServerConfig.model_validate(ok).checkpoint == checkpoint
+    for bad in ({"checkpoint": str(tmp_path)}, {"shape": {"d_model": 30, "n_heads": 4}}, {"max_new_tokens": "8"},
+                {"temperature": -1}, {"token_delay": 5}):
+        with pytest.raises(pydantic.ValidationError):
+            LMServerConfig.model_validate(bad)
+    s = LMServer(**{k: v for k, v in ok.items() if k != "checkpoint"})
+    assert s.defaults == {"max_new_tokens": 8, "temperature": 0}
+
+
+def test_the_workload_does_not_import_the_platform():
+    import workloads.serve_lm as mod
+
+    source = inspect.getsource(mod)
+    assert "import raylane" not in source and "from raylane" not in source

@@ -1,22 +1,25 @@
-"""The ``serve:`` section of a spec, the serving autoscaler's decisions, and the metric definitions. Pure: no Ray.
+"""The ``serve:`` section of a spec, the deployment it names and its args, the serving autoscaler's decisions, and
+the metric definitions. No Ray session: the deployment checks import Ray Serve (to recognise a deployment) but start
+nothing.
 
 Bad-field cases are a table: the field a case breaks, its value, the path the error must carry and a phrase of the
-allowed text the error must show. Autoscaler cases are timelines of (seconds, ongoing requests) with the target
-expected after the last sample.
+allowed text the error must show. Deployment cases are a table too, over a small user project in a temp folder.
+Autoscaler cases are timelines of (seconds, ongoing requests) with the target expected after the last sample.
 """
 from __future__ import annotations
 
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.specdoc import DELETE, with_field
 from tests.specdoc import raw as _raw
 
 from raylane import metrics
-from raylane.config.loader import load_policy, load_spec, load_spec_from_dict
-from raylane.config.serve import DEFAULT_DEPLOYMENT, ServeSpec
+from raylane.config.loader import MISSING, load_policy, load_spec, load_spec_from_dict
+from raylane.config.serve import ServeModelSpec, ServeSpec
 from raylane.errors import ValidationError
 from raylane.launchers.autoscale import Autoscaling, ReplicaScaler, desired_replicas, pick_release
 
@@ -42,7 +45,8 @@ def test_example_is_valid_against_the_local_policy():
     spec = load_spec(EXAMPLE, load_policy(LOCAL))
     assert spec.kind == "serve" and spec.class_ == "serving" and spec.team == "team-b"
     s = spec.serve
-    assert s.route_prefix == "/lm" and s.model.deployment == DEFAULT_DEPLOYMENT and s.model.checkpoint is None
+    assert s.route_prefix == "/lm" and s.model.deployment == "workloads.serve_lm:LMServer"
+    assert s.model.args["checkpoint"] is None and s.model.args["shape"]["d_model"] == 64
     assert s.replica.resources.gpu == 1 and s.replica.resources.memory == 1.0
     a = s.autoscaling
     assert (a.min_replicas, a.max_replicas, a.target_ongoing_requests) == (1, 2, 2)
@@ -51,8 +55,8 @@ def test_example_is_valid_against_the_local_policy():
 
 
 def test_defaults_live_in_the_model():
-    s = ServeSpec()
-    assert s.model.deployment == DEFAULT_DEPLOYMENT and s.route_prefix is None
+    s = ServeSpec(model={"deployment": "mypkg.mod:Model"})
+    assert s.model.args == {} and s.route_prefix is None
     assert s.replica.resources.gpu == 1 and s.replica.max_ongoing_requests > s.autoscaling.target_ongoing_requests
     assert s.autoscaling.min_replicas == 1 and s.autoscaling.downscale_delay == 60
 
@@ -79,11 +83,13 @@ def test_dump_and_reload_round_trips():
         ("serve.replica.resources.gpu", -1, "serve.replica.resources.gpu", ">= 0"),
         ("serve.replica.resources.memory", "1G", "serve.replica.resources.memory", "16Gi"),
         ("serve.replica.max_ongoing_requests", 0, "serve.replica.max_ongoing_requests", ">= 1"),
+        ("serve.model", DELETE, "serve.model", "required"),
+        ("serve.model.deployment", DELETE, "serve.model.deployment", "required: an import path"),
         ("serve.model.deployment", "not a path", "serve.model.deployment", "import path"),
-        ("serve.model.max_new_tokens", 0, "serve.model.max_new_tokens", ">= 1"),
-        ("serve.model.temperature", -0.5, "serve.model.temperature", ">= 0"),
-        ("serve.model.checkpoint", "", "serve.model.checkpoint", "at least 1 character"),
-        ("serve.model.tokens", 3, "serve.model.tokens", "unknown field"),
+        ("serve.model.args", [1], "serve.model.args", "mapping"),
+        # The reference LM's own fields are its args, not the platform's.
+        ("serve.model.checkpoint", None, "serve.model.checkpoint", "unknown field; allowed fields: deployment, args"),
+        ("serve.model.max_new_tokens", 8, "serve.model.max_new_tokens", "unknown field"),
     ],
 )
 def test_bad_serve_fields_name_path_value_and_allowed(field, value, path, allowed):
@@ -119,6 +125,149 @@ def test_all_errors_of_a_serve_spec_come_at_once():
 def test_train_specs_stay_valid_without_a_serve_section():
     spec = load_spec(ROOT / "examples" / "specs" / "pretrain-team-a.yaml")
     assert spec.serve is None
+
+
+# ---------------------------------------------------------------------------------------------- deployment
+
+# A user's project: deployment classes of every shape the driver meets, and modules that fail to load.
+PROJECT = {
+    "proj_serve.py": '''
+        import pydantic
+        from ray import serve
+
+        class Args(pydantic.BaseModel):
+            model_config = pydantic.ConfigDict(extra="forbid")
+            size: int = pydantic.Field(ge=1)
+            name: str = "m"
+
+        class Declared:
+            config_schema = Args
+
+            def __init__(self, size, name="m"):
+                self.size, self.name = size, name
+
+        class Plain:
+            def __init__(self, size, *, name="m"):
+                self.size, self.name = size, name
+
+        class Anything:
+            def __init__(self, **kwargs):
+                self.kwargs = kwargs
+
+        class PositionalOnly:
+            def __init__(self, size, /):
+                self.size = size
+
+        @serve.deployment
+        class Wrapped:
+            config_schema = Args
+
+            def __init__(self, size, name="m"):
+                self.size = size
+
+        def handler(request):
+            return "hi"
+    ''',
+    "proj_serve_broken.py": "import not_installed_anywhere_xyz\n",
+    "proj_serve_raises.py": "raise RuntimeError('boom at import')\n",
+}
+
+
+@pytest.fixture
+def project(tmp_path):
+    for name, text in PROJECT.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    yield str(tmp_path)
+    for mod in [m for m in sys.modules if m.startswith("proj_serve")]:
+        del sys.modules[mod]
+
+
+def deployment_errors(project, deployment, args=None):
+    from raylane.launchers.serve import load_deployment
+
+    with pytest.raises(ValidationError) as info:
+        load_deployment(ServeModelSpec(deployment=deployment, args=args or {}), working_dir=project)
+    return info.value.errors
+
+
+@pytest.mark.parametrize(
+    "deployment, args, path, value, allowed",
+    [
+        ("proj_nowhere:Model", {}, "serve.model.deployment", "proj_nowhere:Model", "module 'proj_nowhere' not found"),
+        ("proj_serve:Missing", {}, "serve.model.deployment", "proj_serve:Missing",
+         "has no 'Missing'; its classes: Anything, Args, Declared, Plain, PositionalOnly"),
+        ("proj_serve_broken:Model", {}, "serve.model.deployment", "proj_serve_broken:Model",
+         "it needs module 'not_installed_anywhere_xyz', which is not installed"),
+        ("proj_serve_raises:Model", {}, "serve.model.deployment", "proj_serve_raises:Model",
+         "RuntimeError: boom at import"),
+        ("proj_serve:handler", {}, "serve.model.deployment", "proj_serve:handler",
+         "a class or a Ray Serve deployment of one"),
+        ("proj_serve:PositionalOnly", {}, "serve.model.deployment", "proj_serve:PositionalOnly",
+         "positional-only argument 'size'"),
+        # A declared schema checks the args, every problem named under serve.model.args.
+        ("proj_serve:Declared", {"size": 0}, "serve.model.args.size", 0, ">= 1"),
+        ("proj_serve:Declared", {"size": 1, "nmae": "x"}, "serve.model.args.nmae", "x", "did you mean name"),
+        ("proj_serve:Declared", {}, "serve.model.args.size", MISSING, "required"),
+        ("proj_serve:Wrapped", {"size": "big"}, "serve.model.args.size", "big", "integer"),
+        # Without one, the constructor does.
+        ("proj_serve:Plain", {"size": 1, "colour": "red"}, "serve.model.args.colour", "red",
+         "unknown argument; Plain() takes size, name"),
+        ("proj_serve.Plain", {"name": "x"}, "serve.model.args.size", MISSING, "required: Plain() has no default"),
+    ],
+)
+def test_a_bad_deployment_or_args_is_refused_naming_the_field(project, deployment, args, path, value, allowed):
+    errs = deployment_errors(project, deployment, args)
+    match = [e for e in errs if e[0] == path]
+    assert match, errs
+    assert match[0][1] == value and allowed in match[0][2], match[0]
+
+
+@pytest.mark.parametrize("deployment, args", [
+    ("proj_serve:Declared", {"size": 2}),
+    ("proj_serve:Plain", {"size": 2, "name": "x"}),
+    ("proj_serve.Plain", {"size": 2}),
+    ("proj_serve:Anything", {"whatever": [1, 2]}),
+])
+def test_a_class_that_fits_its_args_is_returned(project, deployment, args):
+    from raylane.launchers.serve import load_deployment
+
+    cls = load_deployment(ServeModelSpec(deployment=deployment, args=args), working_dir=project)
+    assert cls.__name__ == deployment.replace(":", ".").rsplit(".", 1)[1]
+    assert cls(**args) is not None
+
+
+def test_a_ray_serve_deployment_is_returned_as_it_is(project):
+    from ray import serve
+
+    from raylane.launchers.serve import load_deployment
+
+    dep = load_deployment(ServeModelSpec(deployment="proj_serve:Wrapped", args={"size": 1}), working_dir=project)
+    assert isinstance(dep, serve.Deployment) and dep.func_or_class.__name__ == "Wrapped"
+
+
+def test_the_example_deployment_and_its_args_pass(tmp_path):
+    pytest.importorskip("torch")
+    from raylane.launchers.serve import load_deployment
+
+    model = load_spec(EXAMPLE).serve.model
+    assert load_deployment(model).__name__ == "LMServer"
+    bad = model.model_copy(update={"args": dict(model.args, shape={"d_model": 63}, checkpoint=str(tmp_path))})
+    errs = {p: a for p, _, a in deployment_errors(None, bad.deployment, bad.args)}
+    assert "multiple of n_heads" in errs["serve.model.args.shape"]
+    assert "checkpoint directory" in errs["serve.model.args.checkpoint"]
+
+
+def test_the_driver_checks_the_deployment_before_registering_anything(project):
+    from raylane.launchers.serve import ServingDriver
+
+    class NoControl:  # any call to the control actor would be registering something
+        def __getattr__(self, name):
+            raise AssertionError(f"control actor called ({name}) before the deployment was checked")
+
+    doc = with_field(raw(), "serve.model.deployment", "proj_nowhere:Model")
+    with pytest.raises(ValidationError) as info:
+        ServingDriver(doc, ctl=NoControl())
+    assert [e[0] for e in info.value.errors] == ["serve.model.deployment"]
 
 
 # ---------------------------------------------------------------------------------------------- autoscaler

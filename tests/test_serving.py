@@ -68,7 +68,8 @@ def serve_spec(env) -> dict:
     return {
         "name": "lm", "team": "team-b", "class": "serving", "kind": "serve",
         "serve": {
-            "model": {"checkpoint": env["checkpoint"], "max_new_tokens": 8, "token_delay_ms": 20},
+            "model": {"deployment": "workloads.serve_lm:LMServer",
+                      "args": {"checkpoint": env["checkpoint"], "max_new_tokens": 8, "token_delay_ms": 20}},
             "route_prefix": "/lm",
             "replica": {"resources": {"gpu": 1, "cpu": 0.5}, "max_ongoing_requests": 32},
             "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,

@@ -5,10 +5,12 @@ Two layers, so the model part is tested without Ray:
   or, when none is given, builds a freshly initialised ``ByteTransformer`` of the configured ``shape`` (seeded, so
   every replica serves the same weights; it generates noise, but exercises the whole serving path). ``generate``
   continues a prompt greedily (``temperature == 0``) or by sampling from a seeded generator.
-- ``LMServer``: the Ray Serve deployment class (a plain class; the serving driver wraps it with
-  ``serve.deployment``). ``POST <route>`` with a JSON body ``{"prompt": str, "max_new_tokens": int,
-  "temperature": float, "seed": int}`` (all but ``prompt`` optional) answers ``{"text", "prompt", "new_tokens",
-  "replica", "service_ms"}``; ``GET <route>`` answers what the replica serves. A bad body is a 400 naming the field.
+- ``LMServer``: the Ray Serve deployment class (a plain class; a serving platform wraps it with
+  ``serve.deployment``), constructed with the keyword arguments of ``LMServerConfig``, which it declares as its
+  ``config_schema`` so a platform can check a spec's arguments before any replica starts. ``POST <route>`` with a
+  JSON body ``{"prompt": str, "max_new_tokens": int, "temperature": float, "seed": int}`` (all but ``prompt``
+  optional) answers ``{"text", "prompt", "new_tokens", "replica", "service_ms"}``; ``GET <route>`` answers what the
+  replica serves. A bad body is a 400 naming the field.
 
 A replica runs one generation at a time (a model on one device, no batching): concurrent requests queue inside
 the replica, where Serve counts them as ongoing, which is what the autoscaler reads. Generation runs in a thread so
@@ -20,13 +22,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Annotated, Any, Dict, Mapping, Optional
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from workloads import checkpoint as ckpt
 from workloads.model import ByteTransformer, ModelConfig
 
-__all__ = ["Generator", "LMServer", "parse_request"]
+__all__ = ["Generator", "LMServer", "LMServerConfig", "parse_request"]
 
 MAX_PROMPT_BYTES = 4096
 
@@ -99,8 +103,37 @@ def parse_request(body: Any, *, max_new_tokens: int, temperature: float) -> Dict
     return {"prompt": prompt, "max_new_tokens": n, "temperature": float(t), "seed": seed}
 
 
+class LMServerConfig(BaseModel):
+    """The keyword arguments ``LMServer`` is constructed with (a serving spec's ``serve.model.args``).
+
+    ``checkpoint``: a checkpoint directory of the LM (``workloads.checkpoint``: ``state.pt`` + ``meta.json``, e.g. a
+    training run's ``checkpoint_*``); without one, each replica serves a freshly initialised model of ``shape``.
+    ``max_new_tokens`` and ``temperature`` are the defaults a request may override. ``token_delay_ms``: on logical
+    GPUs (no device), sleep this long per generated token to stand in for accelerator decode time."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    checkpoint: Optional[Annotated[str, Field(min_length=1)]] = None
+    shape: Optional[ModelConfig] = None  # None: ModelConfig's defaults
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 32
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 0.0
+    token_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 0.0
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _is_checkpoint(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not ckpt.is_checkpoint(v):
+            raise ValueError(f"a checkpoint directory holding {ckpt.STATE_FILE} and {ckpt.META_FILE}, or null "
+                             f"(a fresh model of shape)")
+        return v
+
+
 class LMServer:
-    """The Ray Serve deployment of the LM (wrapped by ``raylane.launchers.serve`` with ``serve.deployment``)."""
+    """The Ray Serve deployment of the LM: every replica is ``LMServer(**args)``, ``args`` fitting
+    ``LMServerConfig``."""
+
+    config_schema = LMServerConfig
 
     def __init__(self, checkpoint: Optional[str] = None, shape: Optional[Mapping[str, Any]] = None, *,
                  max_new_tokens: int = 32, temperature: float = 0.0, token_delay_ms: float = 0.0, seed: int = 0):

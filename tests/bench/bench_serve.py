@@ -61,7 +61,8 @@ def _serve_spec(checkpoint: str, token_delay_ms: float, downscale_s: float) -> d
     return {
         "name": "lm", "team": "team-b", "class": "serving", "kind": "serve",
         "serve": {
-            "model": {"checkpoint": checkpoint, "max_new_tokens": 8, "token_delay_ms": token_delay_ms},
+            "model": {"deployment": "workloads.serve_lm:LMServer",
+                      "args": {"checkpoint": checkpoint, "max_new_tokens": 8, "token_delay_ms": token_delay_ms}},
             "route_prefix": "/lm",
             "replica": {"resources": {"gpu": 1, "cpu": 0.5}, "max_ongoing_requests": 64},
             "autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2,

@@ -6,6 +6,7 @@ This module owns that section's schema and its defaults; it reads no files and d
 ``Duration``, ``ResourcesSpec``) and is what ``WorkloadSpec.serve`` holds.
 
 Words
+- *deployment*: the class every replica constructs (``model.deployment``, the user's code) with ``model.args``.
 - *replica*: one copy of the model behind the HTTP route, a Ray Serve replica. Each holds ``replica.resources``
   (its GPUs among them) under a lease of its own from the control actor.
 - *ongoing requests*: requests a replica has accepted and not yet answered; the autoscaler aims at
@@ -25,10 +26,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from raylane.config.models import Allowed, Duration, ResourcesSpec, StrictModel, _err
 
-__all__ = ["ServeSpec", "ServeModelSpec", "ReplicaSpec", "AutoscalingSpec", "DEFAULT_DEPLOYMENT"]
-
-# The deployment class served when the spec names none: the reference byte-level LM (``workloads.serve_lm``).
-DEFAULT_DEPLOYMENT = "workloads.serve_lm:LMServer"
+__all__ = ["ServeSpec", "ServeModelSpec", "ReplicaSpec", "AutoscalingSpec"]
 
 IMPORT_PATH_ALLOWED = "an import path 'package.module:Class' (or 'package.module.Class')"
 _IMPORT_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*([:.][A-Za-z_][\w]*)")
@@ -56,23 +54,16 @@ RoutePrefix = Annotated[str, AfterValidator(_check_route), Allowed(ROUTE_ALLOWED
 
 
 class ServeModelSpec(StrictModel):
-    """What each replica loads and how it answers by default (a request may override the generation fields).
+    """What each replica runs: the deployment class and the keyword arguments every replica constructs it with.
 
-    With ``deployment`` left at the reference LM server: ``checkpoint`` is a checkpoint directory of the byte-level
-    LM (``workloads.checkpoint``: ``state.pt`` + ``meta.json``, e.g. a training run's ``checkpoint_*``); without one,
-    each replica serves a freshly initialised model of ``shape`` (``workloads.model.ModelConfig`` fields), which
-    generates noise but exercises the whole path. A user's own deployment class gets ``args`` as keyword arguments.
+    ``deployment`` is required: an import path to a Ray Serve deployment or a plain class (the driver wraps it with
+    ``serve.deployment``), from the job's working directory or an installed package. ``args`` go to the class's
+    constructor as they are, whatever the class; a class that declares a pydantic ``config_schema`` has them checked
+    against it before anything queues (``raylane.launchers.serve.load_deployment``). This section imports nothing:
+    the class and its arguments are the driver's to check.
     """
 
-    deployment: ImportPath = DEFAULT_DEPLOYMENT
-    checkpoint: Optional[str] = Field(default=None, min_length=1)
-    # ModelConfig fields, checked by the deployment (the config layer does not import torch).
-    shape: Dict[str, Any] = Field(default_factory=dict)
-    max_new_tokens: int = Field(default=32, ge=1, le=4096)
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
-    # On logical GPUs (no device), sleep this long per generated token to stand in for accelerator decode time.
-    token_delay_ms: float = Field(default=0.0, ge=0.0, le=10_000.0)
-    # Keyword arguments for a user's deployment class (the reference server takes the fields above).
+    deployment: ImportPath
     args: Dict[str, Any] = Field(default_factory=dict)
 
 
@@ -106,7 +97,7 @@ class AutoscalingSpec(StrictModel):
 class ServeSpec(StrictModel):
     """The ``serve:`` section of a ``kind: serve`` spec."""
 
-    model: ServeModelSpec = Field(default_factory=ServeModelSpec)
+    model: ServeModelSpec
     # None: "/<spec name>".
     route_prefix: Optional[RoutePrefix] = None
     replica: ReplicaSpec = Field(default_factory=ReplicaSpec)

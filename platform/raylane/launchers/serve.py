@@ -23,6 +23,12 @@ the spec's up- and down-scale delays. A lease goes back only after it has been h
 a reclaimed GPU is not returned by the next lull; that training is not preempted again before its class's minimum
 runtime is the core's rule.
 
+What runs in each replica is the user's code: ``serve.model.deployment`` names a Ray Serve deployment or a plain
+class, and every replica constructs it with ``serve.model.args`` as keyword arguments. ``load_deployment`` imports
+it and checks the args (against the class's ``config_schema`` when it declares one, and against its constructor)
+before the app registers, so nothing queues for a deployment that cannot start. The driver knows no deployment by
+name: the reference LM server is one among others, named by its spec.
+
 Words
 - *app*: the Serve application, named after the spec; its own workload record (no resources, class of the spec)
   carries the job id and shows the replica counts as its detail in ``raylane queue``.
@@ -33,6 +39,7 @@ Words
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -44,15 +51,15 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ray
 
-from raylane import metrics
-from raylane.config.loader import load_spec_from_dict
-from raylane.config.serve import DEFAULT_DEPLOYMENT
+from raylane import entrypoints, metrics
+from raylane.config.loader import MISSING, load_spec_from_dict
+from raylane.config.serve import ServeModelSpec
 from raylane.control.actor import GiB
 from raylane.control.client import call
-from raylane.errors import RetryableError
+from raylane.errors import RetryableError, ValidationError
 from raylane.launchers.autoscale import Autoscaling, ReplicaScaler, pick_release
 
-__all__ = ["run_serving", "ServingDriver", "ReplicaLease", "slot_resource"]
+__all__ = ["run_serving", "ServingDriver", "ReplicaLease", "slot_resource", "load_deployment"]
 
 log = logging.getLogger("raylane.serve")
 
@@ -60,6 +67,8 @@ TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 GRACEFUL_SHUTDOWN_S = 10.0
 MAX_STEP_FAILURES = 20
 _TRANSIENT = (RetryableError, ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError)
+DEPLOYMENT_FIELD = "serve.model.deployment"
+ARGS_FIELD = "serve.model.args"
 
 
 def slot_resource(app: str) -> str:
@@ -140,6 +149,8 @@ class ServingDriver:
         self.app = parsed.name
         self.team = parsed.team
         self.route = self.sv.route_prefix or f"/{self.app}"
+        # Resolved and its args checked here, before start() registers anything: a bad deployment queues nothing.
+        self.served = load_deployment(self.sv.model)
         self.deployment = self.sv.model.deployment.replace(":", ".").rsplit(".", 1)[1]
         self.auto = Autoscaling.from_spec(self.sv.autoscaling)
         self.scaler = ReplicaScaler(self.auto)
@@ -425,7 +436,7 @@ class ServingDriver:
     def _deploy(self) -> None:
         from ray import serve
 
-        target = _import(self.sv.model.deployment)
+        target = self.served
         opts = dict(
             name=self.deployment,
             num_replicas=self.held_count,
@@ -436,13 +447,7 @@ class ServingDriver:
             health_check_period_s=2.0,
         )
         dep = target.options(**opts) if isinstance(target, serve.Deployment) else serve.deployment(target, **opts)
-        m = self.sv.model
-        if m.deployment == DEFAULT_DEPLOYMENT:
-            kwargs = dict(checkpoint=m.checkpoint, shape=dict(m.shape), max_new_tokens=m.max_new_tokens,
-                          temperature=m.temperature, token_delay_ms=m.token_delay_ms, **m.args)
-        else:
-            kwargs = dict(m.args)
-        serve.run(dep.bind(**kwargs), name=self.app, route_prefix=self.route, external_scaler_enabled=True)
+        serve.run(dep.bind(**self.sv.model.args), name=self.app, route_prefix=self.route, external_scaler_enabled=True)
         self.url = _http_url(self.route)
 
     def _actor_options(self) -> Dict[str, Any]:
@@ -498,7 +503,8 @@ def run_serving(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, stop
     """Serve ``spec`` (kind: serve) until the job is stopped, the app's workload is cancelled, or ``stop`` is set.
 
     Returns ``{"id", "state", "preemptions", "restarts", "url", "leases"}``: the app's record and what happened
-    to each replica lease (demand, grant, serving and release times, what it reclaimed).
+    to each replica lease (demand, grant, serving and release times, what it reclaimed). A deployment that cannot be
+    imported, or args that do not fit it, raise ``ValidationError`` before anything registers (``load_deployment``).
     """
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -560,6 +566,89 @@ def _gang_gpus(spec: Dict[str, Any]) -> float:
     return float(g.get("workers", 1)) * float(g.get("resources", {}).get("gpu", 0) or 0)
 
 
-def _import(path: str):
-    module, _, name = path.replace(":", ".").rpartition(".")
-    return getattr(importlib.import_module(module), name)
+# ------------------------------------------------------------------------------------------- the deployment
+
+def load_deployment(model: ServeModelSpec, *, working_dir: Optional[str] = None) -> Any:
+    """The Ray Serve deployment or class ``model.deployment`` names, with ``model.args`` checked for it.
+
+    The args are checked against the class's ``config_schema`` (a pydantic model, as entrypoints declare one) when it
+    has one, then against its constructor: an argument it does not take, or one it requires and the spec leaves out.
+    ``ValidationError`` naming ``serve.model.deployment`` or ``serve.model.args.<field>``, the value and what is
+    allowed. ``working_dir``: where the user's code is, when not on the path already (the job's working directory
+    is)."""
+    with entrypoints.on_path(working_dir):
+        target = _import_deployment(model.deployment)
+    cls = _deployment_class(target)
+    if cls is None:
+        raise ValidationError("spec", [(DEPLOYMENT_FIELD, model.deployment,
+                                        f"a class or a Ray Serve deployment of one, which every replica constructs "
+                                        f"with serve.model.args; it names a {type(target).__name__}")])
+    errors = []
+    schema = entrypoints.config_schema(cls)
+    if schema is not None:
+        errors = [(_args_path(path), value, allowed)
+                  for path, value, allowed in entrypoints.schema_errors(schema, model.args)]
+    errors = errors or _constructor_errors(cls, model.args, model.deployment)
+    if errors:
+        raise ValidationError(f"serve.model.args of {model.deployment}", errors)
+    return target
+
+
+def _import_deployment(path: str) -> Any:
+    module, attr = path.split(":", 1) if ":" in path else path.rsplit(".", 1)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module
+        if module == missing or module.startswith(missing + "."):
+            why = (f"module {module!r} not found: run from the project's folder, submit with --working-dir, "
+                   f"or install the package")
+        else:  # the user's module was found but it imports something that is not installed
+            why = f"importing {module!r} failed: it needs module {missing!r}, which is not installed"
+        raise ValidationError("spec", [(DEPLOYMENT_FIELD, path, why)]) from None
+    except Exception as exc:  # noqa: BLE001 - any error at import time is the user's code failing to load
+        raise ValidationError("spec", [(DEPLOYMENT_FIELD, path, f"importing {module!r} failed: "
+                                                                f"{type(exc).__name__}: {exc}")]) from None
+    if not hasattr(mod, attr):
+        known = sorted(n for n, v in vars(mod).items() if not n.startswith("_") and inspect.isclass(v)
+                       and getattr(v, "__module__", None) == mod.__name__)
+        raise ValidationError("spec", [(DEPLOYMENT_FIELD, path, f"module {module!r} has no {attr!r}; its classes: "
+                                                                f"{', '.join(known[:20]) or '(none)'}")])
+    return getattr(mod, attr)
+
+
+def _deployment_class(target: Any) -> Optional[type]:
+    """The class a replica constructs: ``target`` itself, or the class a Ray Serve deployment wraps."""
+    from ray import serve
+
+    if isinstance(target, serve.Deployment):
+        target = target.func_or_class
+    return target if inspect.isclass(target) else None
+
+
+def _args_path(path: str) -> str:
+    """``config.<field>`` (``entrypoints.schema_errors``' words) as the spec's path, ``serve.model.args.<field>``."""
+    return ARGS_FIELD + path[len("config"):] if path == "config" or path.startswith("config.") else path
+
+
+def _constructor_errors(cls: type, args: Dict[str, Any], path: str) -> List[tuple]:
+    """What keeps ``cls(**args)`` from binding: unknown keyword arguments, required ones left out."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a class without a readable signature (C-implemented): let it be constructed
+        return []
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    errors: List[tuple] = []
+    if not takes_any:
+        takes = f"{cls.__name__}() takes " + (", ".join(named) if named else "no arguments")
+        errors += [(f"{ARGS_FIELD}.{k}", v, f"unknown argument; {takes}") for k, v in args.items() if k not in named]
+    for n, p in params.items():
+        if p.default is not p.empty or n in args:
+            continue
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            errors.append((f"{ARGS_FIELD}.{n}", MISSING, f"required: {cls.__name__}() has no default for it"))
+        elif p.kind is p.POSITIONAL_ONLY:
+            errors.append((DEPLOYMENT_FIELD, path, f"{cls.__name__}() needs the positional-only argument {n!r}; "
+                                                   f"replicas are constructed with keyword arguments only"))
+    return errors
