@@ -558,3 +558,31 @@ def _has_nan(value) -> bool:
 def test_the_fuzz_cases_are_the_same_every_run():
     assert fuzz_cases(20) == fuzz_cases.__wrapped__(20)
     assert len({content for _, content, _ in fuzz_cases()}) > FUZZ_CASES * 0.9
+
+
+# ------------------------------------------------------------------------ what each kind's launcher checks
+
+
+def _example(name: str) -> dict:
+    return yaml.safe_load((ROOT / "examples" / "specs" / name).read_text())
+
+
+@pytest.mark.parametrize("name,change,path,why", [
+    ("sweep-asha-team-a.yaml", lambda d: d["sweep"].update(trainable="tests.sweep_fns:no_such_fn"),
+     "sweep.trainable", "an importable function"),
+    ("sweep-asha-team-a.yaml", lambda d: d["sweep"].update(metric="accuracy"), "sweep.metric", "one of step, loss"),
+    ("serve-team-b.yaml", lambda d: d["serve"]["model"].update(deployment="nowhere_pkg:Server"),
+     "serve.model.deployment", "not found"),
+    ("serve-team-b.yaml", lambda d: d["serve"]["model"]["args"].update(bogus=1), "serve.model.args.bogus", ""),
+    ("eval-team-a.yaml", lambda d: d["config"].update(checkpoint=42), "config.checkpoint", ""),
+    ("pretrain-team-a.yaml", lambda d: d["config"].update(fault={"crash_at_step": 0}), "config.fault.crash_at_step",
+     "an integer >= 1"),
+])
+def test_spec_check_runs_the_checks_of_the_kinds_launcher(tmp_path, name, change, path, why):
+    doc = _example(name)
+    assert_clean(check(write(tmp_path, doc), "--policy", LOCAL))
+    change(doc)
+    result = check(write(tmp_path, doc), "--policy", LOCAL, "--working-dir", ROOT)
+    assert_clean(result)
+    assert result.exit_code == 1 and path in error_lines(result), result.output
+    assert why in error_lines(result)[path], result.output

@@ -37,12 +37,23 @@ def test_the_framework_examples_are_there():
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_raylane_spec_check_accepts_the_example(name, isolated_imports):
+def test_raylane_spec_check_accepts_the_example(name, isolated_imports, tmp_path):
     from typer.testing import CliRunner
 
     from raylane.cli import app
 
     folder = USER_CODE / name
+    if (folder / "make_input.py").exists():  # the README's first step: the job's input, in a copy of the folder
+        import shutil
+        import subprocess
+
+        copy = tmp_path / name
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        refused = CliRunner().invoke(app, ["spec", "check", str(copy / "spec.yaml"), "--working-dir", str(copy),
+                                           "--policy", str(REPO / "policies" / "local.yaml")])
+        assert refused.exit_code == 1 and "config.input" in refused.output, refused.output  # no input yet
+        subprocess.run([sys.executable, str(copy / "make_input.py")], check=True, cwd=copy)
+        folder = copy
     out = CliRunner().invoke(app, ["spec", "check", str(folder / "spec.yaml"), "--working-dir", str(folder),
                                    "--policy", str(REPO / "policies" / "local.yaml")])
     assert out.exit_code == 0, out.output

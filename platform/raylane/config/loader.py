@@ -543,13 +543,24 @@ def _code_errors(spec: Optional[WorkloadSpec], data: Mapping, errors: ErrorList,
         fields = {f: data.get(f) for f in _CODE_FIELDS}
         fields["kind"] = fields["kind"] or DEFAULT_KIND
     fields = {k: v for k, v in fields.items() if v is not None}
+    wd = str(working_dir) if working_dir else None
     try:
-        entrypoints.check_spec(fields, working_dir=str(working_dir) if working_dir else None, load_code=load_code)
+        entrypoints.check_spec(fields, working_dir=wd, load_code=load_code)
     except ValidationError as exc:
         return exc.errors
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failing while it is checked
         field = "entrypoint" if "entrypoint" in fields else "command"
         return [(field, fields.get(field), f"checking it failed: {type(exc).__name__}: {exc}")]
+    if spec is None or not load_code:
+        return []
+    from raylane.launchers import precheck
+
+    try:  # what the kind's launcher checks before anything queues (the one-shot config, a sweep's trainable...)
+        precheck(spec, data, working_dir=wd)
+    except ValidationError as exc:
+        return exc.errors
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failing while it is checked
+        return [("kind", spec.kind, f"checking the {spec.kind} section failed: {type(exc).__name__}: {exc}")]
     return []
 
 

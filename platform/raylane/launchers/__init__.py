@@ -17,7 +17,8 @@ user's code comes from the spec (``raylane.entrypoints``).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from raylane.errors import UnknownNameError
 
@@ -47,3 +48,54 @@ def register(kind: str, target: str) -> None:
     if kind in LAUNCHERS:
         raise ValueError(f"workload kind {kind!r} registered twice")
     LAUNCHERS[kind] = target
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What each launcher checks before anything queues, beyond the entrypoint (raylane.entrypoints.check_spec): run by
+# ``raylane spec check`` and ``raylane submit`` too, so they refuse what the driver would.
+
+
+def _check_oneshot(spec, data: Mapping[str, Any], working_dir: Optional[str]) -> None:
+    from raylane.launchers.oneshot import plan
+
+    plan(data, storage_path=os.path.join(os.path.expanduser("~"), ".raylane", "runs"), working_dir=working_dir)
+
+
+def _check_sweep(spec, data: Mapping[str, Any], working_dir: Optional[str]) -> None:
+    from raylane.entrypoints import on_path
+    from raylane.sweeps.trainables import check_trainable
+
+    with on_path(working_dir):
+        check_trainable(spec.config, spec.sweep)
+
+
+def _check_serve(spec, data: Mapping[str, Any], working_dir: Optional[str]) -> None:
+    from raylane.launchers.serve import load_deployment
+
+    load_deployment(spec.serve.model, working_dir=working_dir)
+
+
+def _check_train(spec, data: Mapping[str, Any], working_dir: Optional[str]) -> None:
+    fault = (spec.config or {}).get("fault")
+    if fault is None:
+        return
+    from raylane.errors import ValidationError
+    from raylane.launchers.faults import FAULT_KEYS, Faults
+
+    if not isinstance(fault, dict) or set(fault) - set(FAULT_KEYS):
+        raise ValidationError("spec", [("config.fault", fault, f"a mapping of fault drills: {', '.join(FAULT_KEYS)}")])
+    Faults(marker_dir="", **fault)
+
+
+PRECHECKS: Dict[str, Callable[[Any, Mapping[str, Any], Optional[str]], None]] = {
+    "train": _check_train, "eval": _check_oneshot, "batch": _check_oneshot, "tune": _check_sweep,
+    "serve": _check_serve,
+}
+
+
+def precheck(spec, data: Mapping[str, Any], *, working_dir: Optional[str] = None) -> None:
+    """The launcher's own checks of a valid ``WorkloadSpec`` (``data``: the spec as written); ``ValidationError``
+    naming every problem. They import the user's code (trainable, deployment) from ``working_dir``."""
+    check = PRECHECKS.get(spec.kind)
+    if check is not None:
+        check(spec, data, working_dir)
