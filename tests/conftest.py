@@ -98,3 +98,28 @@ def template_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # creates the tables
     return db
+
+
+@pytest.fixture
+def uri(template_db, tmp_path) -> str:
+    """A fresh MLflow sqlite store (a copy of ``template_db``) for one test."""
+    import shutil
+
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copy(template_db, db)
+    return f"sqlite:///{db}"
+
+
+@pytest.fixture(autouse=True)
+def _job_logs_on_failure(request):
+    """After a failed test of an e2e module whose ``env`` is a jobs environment (tests/jobtest.py), print the tail of
+    each Ray job's logs it submitted."""
+    yield
+    if "env" not in request.fixturenames:
+        return
+    env = request.getfixturevalue("env")
+    if isinstance(env, dict) and "jobs" in env and "client" in env:
+        from tests.jobtest import print_job_logs_on_failure
+
+        print_job_logs_on_failure(request, env)

@@ -38,6 +38,16 @@ def start_env(tmp, *, policy: Optional[dict] = None, gpu_nodes=(("gpu-a", ["gpu-
             "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
 
 
+def module_env(tmp_path_factory, name: str, **class_overrides):
+    """For a module-scoped ``env`` fixture: ``yield from module_env(tmp_path_factory, "x", pretrain={...})``, the
+    classes of ``local_policy`` overridden as given. Job logs of a failed test are printed by conftest."""
+    env = start_env(tmp_path_factory.mktemp(name), policy=local_policy(**class_overrides))
+    try:
+        yield env
+    finally:
+        stop_env(env)
+
+
 def stop_env(env) -> None:
     stop_control()
     stop_cluster(env["cluster"])
@@ -113,10 +123,11 @@ def print_job_logs_on_failure(request, env) -> None:
     """For an autouse fixture: after a failed test, print the tail of each job's logs."""
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
+        tail = int(os.environ.get("RAYLANE_TEST_LOG_CHARS", "4000"))  # more of each job's log, when debugging
         for job in env["jobs"]:
-            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-int(os.environ.get("RAYLANE_TEST_LOG_CHARS", "4000")):])
+            print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-tail:])
     env["jobs"].clear()
 
 
-__all__ = ["JOB_ENV", "start_env", "stop_env", "write_spec", "submit_job", "record_of_job", "finished", "mlflow_run",
-           "metric_history", "print_job_logs_on_failure", "local_policy", "call", "wait_for"]
+__all__ = ["JOB_ENV", "start_env", "module_env", "stop_env", "write_spec", "submit_job", "record_of_job", "finished",
+           "mlflow_run", "metric_history", "print_job_logs_on_failure", "local_policy", "call", "wait_for"]

@@ -16,25 +16,20 @@ pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 
 from raylane.control.client import call  # noqa: E402
-from tests.jobtest import (finished, metric_history, print_job_logs_on_failure, record_of_job, start_env,  # noqa: E402
-                           stop_env, submit_job)
-from tests.raytest import local_policy, wait_for  # noqa: E402
+from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job  # noqa: E402
+from tests.raytest import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+
 USER_CODE = Path(__file__).resolve().parents[1] / "examples" / "user-code"
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    policy = local_policy(pretrain={"min_runtime": "1s", "grace_period": "60s", "retry_budget": 1})
-    env = start_env(tmp_path_factory.mktemp("frameworks"), policy=policy)
-    yield env
-    stop_env(env)
+    yield from module_env(tmp_path_factory, "frameworks",
+                          pretrain={"min_runtime": "1s", "grace_period": "60s", "retry_budget": 1})
 
-@pytest.fixture(autouse=True)
-def job_logs_on_failure(request, env):
-    yield
-    print_job_logs_on_failure(request, env)
 
 def example_spec(example: str, name: str, *, team: str, cls: str, gpu: int, config: dict) -> dict:
     """The example's own spec.yaml, renamed, with a one-worker gang and a short config."""
@@ -44,6 +39,7 @@ def example_spec(example: str, name: str, *, team: str, cls: str, gpu: int, conf
     s["config"] = {**s["config"], **config}
     s.pop("runtime_estimate", None)
     return s
+
 
 def preempted_once_and_finished(env, example: str, name: str, config: dict, hold_at: int, expected_steps):
     """Run ``example`` as team-a's pretraining on all 4 GPUs (2 borrowed from team-b), holding at step ``hold_at``
@@ -74,11 +70,13 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     assert rb["state"] == "SUCCEEDED" and rb["preemptions"] == 0
     return hist
 
+
 def test_lightning_example_is_preempted_once_resumes_and_finishes(env):
     # One worker, 64 per batch: 1437 training images make 22 steps an epoch; each epoch ends with a checkpoint.
     hist = preempted_once_and_finished(env, "lightning-digits", "lit-a", {"max_epochs": 3, "batch_size": 64},
                                        hold_at=22, expected_steps=[22, 44, 66])
     assert hist[-1][1] < hist[0][1]  # the epoch's training loss went down across the resume
+
 
 def test_transformers_example_is_preempted_once_resumes_and_finishes(env):
     config = {"max_steps": 40, "save_steps": 10, "log_every": 10, "batch_size": 8, "corpus_bytes": 30_000}

@@ -205,21 +205,9 @@ def test_the_batch_example_fits_its_model_from_config_and_classifies_the_digits(
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from tests.jobtest import local_policy, start_env, stop_env
+    from tests.jobtest import module_env
 
-    tmp = tmp_path_factory.mktemp("oneshot")
-    e = start_env(tmp, policy=local_policy(pretrain={"min_runtime": 0}))
-    yield e
-    stop_env(e)
-
-
-@pytest.fixture(autouse=True)
-def job_logs_on_failure(request):
-    yield
-    if "env" in request.fixturenames:
-        from tests.jobtest import print_job_logs_on_failure
-
-        print_job_logs_on_failure(request, request.getfixturevalue("env"))
+    yield from module_env(tmp_path_factory, "oneshot", pretrain={"min_runtime": 0})
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,12 +28,6 @@ SPEC = {
 
 
 
-@pytest.fixture
-def uri(template_db, tmp_path) -> str:
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(template_db, db)
-    return f"sqlite:///{db}"
 
 
 def client(uri: str) -> MlflowClient:

@@ -11,9 +11,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import call  # noqa: E402
-from tests.jobtest import finished, metric_history, print_job_logs_on_failure, record_of_job, start_env, stop_env  # noqa: E402
-from tests.jobtest import submit_job, write_spec  # noqa: E402
-from tests.raytest import local_policy, spec, wait_for  # noqa: E402
+from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job, write_spec  # noqa: E402
+from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -23,16 +22,8 @@ TRAIN = {"max_steps": 40, "checkpoint_every": 50, "batch_size": 8, "warmup_steps
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    policy = local_policy(pretrain={"min_runtime": "2s", "grace_period": "6s", "retry_budget": 1})
-    env = start_env(tmp_path_factory.mktemp("e2e"), policy=policy)
-    yield env
-    stop_env(env)
-
-
-@pytest.fixture(autouse=True)
-def job_logs_on_failure(request, env):
-    yield
-    print_job_logs_on_failure(request, env)
+    yield from module_env(tmp_path_factory, "e2e",
+                          pretrain={"min_runtime": "2s", "grace_period": "6s", "retry_budget": 1})
 
 
 def loss_history(env, wid, must=True):

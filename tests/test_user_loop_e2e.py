@@ -11,9 +11,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import call  # noqa: E402
-from tests.jobtest import (finished, metric_history, print_job_logs_on_failure, record_of_job, start_env,  # noqa: E402
-                           stop_env, submit_job)
-from tests.raytest import local_policy, spec, wait_for  # noqa: E402
+from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job  # noqa: E402
+from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -22,16 +21,8 @@ PROJECT = Path(__file__).parent / "data" / "user_project"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    policy = local_policy(pretrain={"min_runtime": "1s", "grace_period": "60s", "retry_budget": 1})
-    env = start_env(tmp_path_factory.mktemp("userloop"), policy=policy)
-    yield env
-    stop_env(env)
-
-
-@pytest.fixture(autouse=True)
-def job_logs_on_failure(request, env):
-    yield
-    print_job_logs_on_failure(request, env)
+    yield from module_env(tmp_path_factory, "userloop",
+                          pretrain={"min_runtime": "1s", "grace_period": "60s", "retry_budget": 1})
 
 
 def reference(steps):

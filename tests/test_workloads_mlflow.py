@@ -3,7 +3,6 @@ real MLflow sqlite store (no Ray), and a real short training run across a yield 
 from __future__ import annotations
 
 import pickle
-import shutil
 from typing import Mapping, Optional
 
 import pytest
@@ -19,14 +18,6 @@ SPEC = {"name": "pretrain-tiny-lm", "team": "team-a", "class": "batch", "kind": 
         "run": {"intent": "step logger tests", "owner": "alice", "code_version": "abc123"}}
 # As in tests/test_workloads.py, with a small corpus: a step takes ~10 ms on two cores.
 SMALL = {"batch_size": 8, "num_threads": 2, "model": {"d_model": 32}, "corpus": {"max_bytes": 100_000}}
-
-
-@pytest.fixture
-def uri(template_db, tmp_path) -> str:
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(template_db, db)
-    return f"sqlite:///{db}"
 
 
 def client(uri: str) -> MlflowClient:
