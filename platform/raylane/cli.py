@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from raylane import cli_cluster, cli_config
+from raylane import cli_auth, cli_cluster, cli_config
 
 app = typer.Typer(
     name="raylane",
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.add_typer(cli_config.policy_app, name="policy")
 app.add_typer(cli_config.spec_app, name="spec")
 cli_cluster.register(app)
+cli_auth.register(app, cli_config.policy_app)
 from raylane.sim.cli import register as _register_sim; _register_sim(app)  # noqa: E402,E702
 
 

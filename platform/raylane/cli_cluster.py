@@ -38,11 +38,12 @@ def _errors():
 
 
 def connect():
-    """Connect this process to the cluster's Ray (quietly) and return the control actor's handle."""
+    """Connect this process to the cluster's Ray (quietly) and return the control plane's client, holding the
+    caller's credential (``RAYLANE_TOKEN`` or ``~/.raylane/credentials``)."""
     import ray
 
     from raylane import localcluster
-    from raylane.control.client import get_control
+    from raylane.control.client import ControlClient
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
@@ -51,7 +52,7 @@ def connect():
                      log_to_driver=False, configure_logging=False)
         except ConnectionError as exc:
             raise RetryableError(f"no Ray cluster to connect to ({exc}); start one with `raylane up`") from exc
-    return get_control()
+    return ControlClient.connect()
 
 
 def up(
@@ -59,8 +60,13 @@ def up(
     policy: Optional[Path] = typer.Option(None, "--policy", "-p", help="Policy file (default: policies/local.yaml)."),
     journal: Optional[str] = typer.Option(None, help="Journal path (default: ~/.raylane/journal.db)."),
     fresh: bool = typer.Option(False, help="Start with an empty journal."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Run the control plane without authentication "
+                                 "(every caller is an operator; for a single-user laptop only)."),
 ):
-    """Start a local Ray cluster with logical GPUs and feature-tagged nodes, and the control actor."""
+    """Start a local Ray cluster with logical GPUs and feature-tagged nodes, and the control actor.
+
+    With authentication on (the default) an operator token is created and written to ~/.raylane/credentials (mode
+    0600): this user is the cluster's operator and creates the other users' tokens with `raylane token create`."""
     from raylane import localcluster
     from raylane.config.cluster import load_cluster
     from raylane.config.loader import _REPO_ROOT, default_policy_path, load_policy
@@ -79,7 +85,11 @@ def up(
         import ray
 
         ray.init(address=st["address"], namespace="raylane", logging_level="ERROR", log_to_driver=False)
-        start_control(pol_path, jpath)
+        ops = start_control(pol_path, jpath, auth_enabled=not no_auth, operator=_os_user())
+        if ops.credential is not None:
+            from raylane import credentials
+
+            where = credentials.save(ops.credential.token)
         from ray.job_submission import JobSubmissionClient
 
         from raylane.jobs import wait_ready
@@ -88,6 +98,11 @@ def up(
         console.print(f"Ray cluster [bold]{spec.name}[/bold] up in {time.time() - t0:.1f}s: "
                       f"{1 + sum(g.count for g in spec.nodes)} nodes, {spec.total_gpus} GPUs; "
                       f"dashboard {st['dashboard']}; control actor ready (journal {jpath})")
+        if no_auth:
+            console.print("[yellow]authentication off:[/yellow] every caller acts as an operator")
+        elif ops.credential is not None:
+            console.print(f"operator token {ops.credential.token_id} written to {where} (mode 0600); create "
+                          f"users' tokens with `raylane token create --user NAME --team TEAM`")
 
 
 def down():
@@ -114,7 +129,6 @@ def submit(
     the current directory, unless --no-code or --reserve-only); a spec that fails them is not submitted."""
     from raylane.cli_config import print_error
     from raylane.config.loader import load_spec_from_dict, read_yaml
-    from raylane.control.client import call
 
     try:  # the cluster's policy is checked by the control plane; everything else here, before connecting
         data, dups = read_yaml(spec, "spec file")
@@ -126,30 +140,34 @@ def submit(
     with _errors():
         h = connect()
         if reserve_only:
-            rec = call(h, "submit", data)
+            rec = h.submit(data)
         else:
             from ray.job_submission import JobSubmissionClient
 
             from raylane import localcluster
-
-            from raylane.jobs import submit_job
+            from raylane.jobs import submit_job, with_credential
 
             client = JobSubmissionClient(localcluster.dashboard())
+            # The driver gets a token of its own (the caller's rights, expiring, revoked with the caller's), sent
+            # as a py_modules package: never on the command line, in the env or in the job's info.
+            job_token = h.job_token(note=f"ray job for {data.get('name', '?')}") if h.credential else None
             job_id = submit_job(
                 client,
                 entrypoint=f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}",
                 # `ray job stop` sends SIGTERM; the driver then cancels its workload, drains and releases its
                 # leases, which takes longer than Ray's default 3 s before SIGKILL.
-                runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
+                runtime_env=with_credential({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
                     k: v for k, v in os.environ.items()
-                    if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}},
+                    if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}}, job_token),
                 metadata={"raylane.spec": data.get("name", "")},
             )
             console.print(f"ray job {job_id} submitted")
             rec = _workload_of_job(h, client, job_id)
         if wait:
-            while rec["state"] == "PENDING":
-                rec = call(h, "wait_admission", rec["id"], 5.0)
+            from raylane.control.client import State
+
+            while rec.state is State.PENDING:
+                rec = h.wait_admission(rec.id, 5.0)
         pos = f" at position {rec['position']}" if rec.get("position") else ""
         reason = f": {rec['reason']}" if rec.get("reason") else ""
         console.print(f"{rec['id']}: {rec['state']}{pos}{reason}")
@@ -157,11 +175,10 @@ def submit(
 
 def _workload_of_job(h, client, job_id, timeout: float = 120.0):
     """The workload the job's driver registered; its logs are shown if the driver fails first."""
-    from raylane.control.client import call
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        rec = call(h, "find_job", job_id)
+        rec = h.find_job(job_id)
         if rec is not None:
             return rec
         status = str(client.get_job_status(job_id))
@@ -177,10 +194,9 @@ def queue(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """The queue: id, team, class, state, resources, waited, position, reason."""
-    from raylane.control.client import call
 
     with _errors():
-        rows = call(connect(), "queue", all_)
+        rows = connect().queue(all_)
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -199,14 +215,16 @@ def queue_table(rows) -> Table:
 
 def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
     """Why a workload is where it is: state, reason with numbers, team quota, and its journal."""
-    from raylane.control.client import call
 
     with _errors():
-        out = call(connect(), "explain", workload_id)
+        out = connect().explain(workload_id)
     if as_json:
         console.print_json(json.dumps(out, default=str))
         return
-    console.print(f"[bold]{out['id']}[/bold] team={out['team']} class={out['class']} state={out['state']}")
+    owner = f" owner={out['owner']}" if out.get("owner") else ""
+    console.print(f"[bold]{out['id']}[/bold] team={out['team']} class={out['class']} state={out['state']}{owner}")
+    if out.get("redacted"):
+        console.print("  (another team's workload: its spec, config, owner and journal are shown to its team only)")
     if out.get("reason"):
         console.print(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
     for r, q in (out.get("team_quota") or {}).items():
@@ -215,7 +233,7 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
     console.print(f"  preemptions={out['preemptions']} restarts={out['restarts']} step={out.get('step')}")
     if out.get("detail"):
         console.print(f"  now: {out['detail']}", highlight=False)
-    for e in _journal_lines(out["journal"]):
+    for e in _journal_lines(out.get("journal") or []):
         ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
         console.print(f"  {ts} {e['kind']:<13} {e.get('note', '')}", highlight=False)
 
@@ -244,11 +262,21 @@ def _journal_lines(journal):
 
 def cancel(workload_id: str = typer.Argument(...)):
     """Cancel a workload: dequeue it, or stop it and release its resources."""
-    from raylane.control.client import call
 
     with _errors():
-        rec = call(connect(), "cancel", workload_id)
+        rec = connect().cancel(workload_id)
     console.print(f"{rec['id']}: {rec['state']}")
+
+
+def _os_user() -> str:
+    import getpass
+    import re
+
+    try:
+        name = re.sub(r"[^a-z0-9._@-]", "-", getpass.getuser().lower()) or "operator"
+    except Exception:  # noqa: BLE001 - no user name in this environment
+        name = "operator"
+    return name if name[0].isalnum() else "operator"
 
 
 def register(app: typer.Typer) -> None:

@@ -56,3 +56,11 @@ class NotFoundError(FatalError):
 
 class ControlPlaneUnavailable(RetryableError):
     """The control actor cannot be reached (not started, or restarting)."""
+
+
+class AuthenticationError(FatalError):
+    """A call without a valid credential: missing, malformed, unknown, forged, expired or revoked."""
+
+
+class PermissionDeniedError(FatalError):
+    """An authenticated caller asked for something its role and teams do not allow."""

@@ -5,7 +5,9 @@ is up; that is retried for up to ``timeout`` seconds, anything else is raised at
 """
 from __future__ import annotations
 
+import os
 import time
+from typing import Any, Dict, Optional
 
 from raylane.errors import RetryableError
 
@@ -32,3 +34,21 @@ def wait_ready(client, *, timeout: float = 90.0) -> float:
             return time.time() - t0
         time.sleep(0.2)
     raise RetryableError(f"the readiness probe job {job} did not finish in {timeout:g}s")
+
+
+def with_credential(runtime_env: Optional[Dict[str, Any]], token: Optional[str]) -> Dict[str, Any]:
+    """``runtime_env`` plus the module that carries ``token`` to the job's driver (``raylane.credentials``): a
+    ``py_modules`` entry, so the token is in no command line, environment variable or job info. The folder is
+    removed when the process exits (Ray uploads it at submission)."""
+    import atexit
+    import shutil
+
+    from raylane.credentials import job_credential_dir
+
+    env = dict(runtime_env or {})
+    if not token:
+        return env
+    path = job_credential_dir(token)
+    atexit.register(shutil.rmtree, os.path.dirname(path), True)
+    env["py_modules"] = list(env.get("py_modules") or []) + [path]
+    return env

@@ -58,7 +58,6 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     import ray
 
     from raylane import entrypoints
-    from raylane.control.client import get_control
     from raylane.launchers import launcher_for
 
     kind = spec.get("kind", "train") if isinstance(spec, dict) else None
@@ -71,13 +70,26 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     if not ray.is_initialized():
         _init_ray()
     launcher = launcher_for(kind)
-    ctl = get_control()
+    ctl = connect_driver()
     kwargs: Dict[str, Any] = {"ctl": ctl, "job_id": _job_id()}
     if kind != "serve":
         kwargs.update(storage_path=storage_path, tracking_uri=tracking_uri, poll_s=poll_s)
     if train_fn is not None:
         kwargs["train_fn"] = train_fn
     return launcher(spec, **kwargs)
+
+
+def connect_driver():
+    """The control plane, as this driver's caller: with the credential ``raylane.credentials.find`` finds (the one
+    ``raylane submit`` sent with the job, or the job's working directory's). With authentication on, a driver
+    without a valid credential stops here, before anything queues (``AuthenticationError``)."""
+    from raylane.control.client import ControlClient
+
+    ctl = ControlClient.connect()
+    who = ctl.whoami()
+    if who.get("auth"):
+        _say(f"acting as {who['user']} ({who['role']}; teams {', '.join(who['teams']) or '-'})")
+    return ctl
 
 
 def _init_ray() -> None:
@@ -97,10 +109,10 @@ def registered(ctl, spec: Dict[str, Any], job_id: Optional[str],
                drive: Callable[[str], Dict[str, Any]]) -> Dict[str, Any]:
     """Submit ``spec`` to the control actor, then ``drive(workload_id)``; ``ray job stop`` (SIGTERM or SIGINT)
     cancels the workload. What one-lease launchers (train, eval, batch) share."""
-    from raylane.control.client import call
-
-    rec = call(ctl, "submit", spec, job_id=job_id)
-    wid = rec["id"]
+    rec = ctl.submit(spec, job_id=job_id)
+    wid = rec.id
+    if rec.owner:  # the control plane's owner (the caller), not what the spec claims
+        spec.setdefault("run", {})["owner"] = rec.owner
     _say(f"workload {wid} submitted (job {job_id or '-'})")
 
     def on_signal(signum, frame):  # `ray job stop` sends SIGTERM (or SIGINT): the workload is cancelled
@@ -113,7 +125,7 @@ def registered(ctl, spec: Dict[str, Any], job_id: Optional[str],
         return drive(wid)
     except _Stopped as exc:
         _say(f"job stopped ({exc}); cancelling {wid}")
-        call(ctl, "cancel", wid)
+        ctl.cancel(wid)
         raise SystemExit(130)
 
 
@@ -124,17 +136,15 @@ def threading_main() -> bool:
 
 
 def _wait_admitted(ctl, wid: str, poll_s: float) -> Dict[str, Any]:
-    from raylane.control.client import call
+    from raylane.control.client import State
 
     last = None
     while True:
-        rec = call(ctl, "wait_admission", wid, poll_s)
-        if rec["state"] in ("CANCELLED", "FAILED", "SUCCEEDED", "REJECTED"):
+        rec = ctl.wait_admission(wid, poll_s)
+        if rec.terminal or rec.ready:
             return rec
-        if rec.get("ready"):
-            return rec
-        shown = (rec.get("position"), rec.get("reason"))
-        if shown != last and rec["state"] == "PENDING":
+        shown = (rec.position, rec.reason)
+        if shown != last and rec.state is State.PENDING:
             _say(f"{wid} waiting: position {rec.get('position') or '-'}: {rec.get('reason') or 'queued'}")
             last = shown
 
@@ -162,12 +172,12 @@ def _fatal_cause(error: Optional[BaseException]) -> Optional[BaseException]:
 
 
 def _fail_now(ctl, tracker, wid: str, why: str) -> Dict[str, Any]:
-    from raylane.control.client import call
+    from raylane.control.client import EndState, Outcome
 
     tracker.event("failed", why)
     tracker.finish("FAILED")
     _say(f"{wid} failed: {why}")
-    return call(ctl, "release", wid, "failed", state="FAILED", detail=why)
+    return ctl.release(wid, Outcome.FAILED, state=EndState.FAILED, detail=why)
 
 
 def _short(exc: BaseException) -> str:

@@ -61,26 +61,23 @@ def workload_id() -> Optional[str]:
 class StopPoll:
     """Asked by rank 0: has the control actor asked this workload to stop? Picklable."""
 
-    def __init__(self, workload_id: str):
+    def __init__(self, workload_id: str, control=None):
         self.workload_id = workload_id
-        self._handle = None
+        self.control = control  # a raylane.control.client.ControlClient (it carries the driver's credential)
 
     def __call__(self) -> bool:
-        import ray
+        from raylane.control.client import ControlClient
+        from raylane.errors import NotFoundError, RetryableError
 
-        from raylane.control.actor import CONTROL_NAME, NAMESPACE
-        from raylane.errors import RetryableError
-
+        if self.control is None:
+            self.control = ControlClient.connect()
         try:
-            if self._handle is None:
-                self._handle = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
-            return bool(ray.get(self._handle.should_stop.remote(self.workload_id), timeout=10))
+            return self.control.should_stop(self.workload_id, timeout=10)
+        except NotFoundError:  # the control plane no longer knows it: stop
+            return True
         except Exception as exc:  # noqa: BLE001 - the control actor restarting must not kill training
-            self._handle = None
+            self.control = ControlClient(None, self.control.credential)
             raise RetryableError(f"control actor unreachable: {exc}") from exc
-
-    def __getstate__(self):
-        return {"workload_id": self.workload_id, "_handle": None}
 
 
 @dataclass
@@ -93,6 +90,7 @@ class LoopOptions:
     fault: Optional[Dict[str, Any]] = None
     marker_dir: Optional[str] = None
     extra_env: Dict[str, str] = field(default_factory=dict)
+    control: Any = None  # the driver's ControlClient, for stop polls
 
 
 class UserLoop:
@@ -160,7 +158,7 @@ class _Session:
         self.opts = opts
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
-        self.poll = StopPoll(opts.workload_id)
+        self.poll = StopPoll(opts.workload_id, opts.control)
         self.logger = None
         if self.rank == 0 and opts.run_id:
             from raylane.tracking import MetricLogger

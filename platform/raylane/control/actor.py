@@ -10,8 +10,13 @@ its class's grace period, is stopped by force.
 Restarted (it is created with ``max_restarts=-1``), it replays the journal and reconciles what it finds with the
 placement groups that exist: a lease whose group is gone goes back to the queue at its original submit time.
 
+Every call comes through ``request(credential, call, args)``: ``raylane.control.gate`` validates the arguments
+(``raylane.control.api``), authenticates the credential and authorizes the call for its target, journaling every
+refusal; then the call's ``_api_<call>`` method runs with the caller's ``Principal``. Callers use
+``raylane.control.client.ControlClient``; ``ping`` alone needs no credential.
+
 Words: *reservation* is the placement group named ``raylane-<workload id>``; *release* is a workload telling the
-actor it has stopped (done, failed, or yielded after a preemption).
+actor it has stopped (done, failed, or yielded after a preemption); *owner* the authenticated user that submitted it.
 """
 from __future__ import annotations
 
@@ -27,10 +32,13 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from raylane import metrics
 from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
+from raylane.auth import Principal
+from raylane.control import api
 from raylane.control import checkpoints as ckrefs
+from raylane.control.gate import Gate
 from raylane.control.journal import Journal
 from raylane.control.records import Record, State
-from raylane.errors import InfeasibleError, NotFoundError
+from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
 from raylane.scheduling.types import Lease, NotReached, QuotaExceeded, Reserved, Resources
 
@@ -81,11 +89,16 @@ def bundle_for(per_worker: Resources) -> Dict[str, float]:
 
 class ControlActor:
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
-                 admit_timeout_s: float = 30.0):
+                 admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None):
+        """``auth``: ``{"enabled": bool, "bootstrap": {"user", "id", "salt", "digest"}}``, the first operator token
+        (its digest only; ``raylane.control.client.start_control`` keeps the token). Default: enabled, and no
+        token but those already journaled."""
+        auth = auth or {}
         self.policy = load_policy_from_dict(policy, "control policy")
         self.tick_s = tick_s
         self.admit_timeout_s = admit_timeout_s
         self.journal = Journal(journal_path)
+        self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
         self.records: Dict[str, Record] = {}
         self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
         self._node_ids: set = set()
@@ -100,16 +113,37 @@ class ControlActor:
         self._started = time.time()
         self.cycles = 0
         self._recover()
+        boot = auth.get("bootstrap")
+        if boot:
+            self.gate.bootstrap(boot["user"], boot["id"], boot["salt"], boot["digest"])
 
     # ------------------------------------------------------------------------------------------- recovery
     def _recover(self) -> None:
         for e in self.journal.replay():
+            if e.kind == "token":
+                self.gate.apply(e)
+                continue
+            if e.kind == "policy":
+                self._set_policy(e.data["policy"])
+                continue
             if e.kind == "submitted":
                 self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
                                                      job_id=e.data.get("job_id"))
             rec = self.records.get(e.workload_id)
             if rec is not None:
                 rec.apply(e)
+        self._rebuild_state(recovering=True)
+
+    def _set_policy(self, data: Dict[str, Any]) -> None:
+        self.policy = load_policy_from_dict(data, "control policy")
+        self.gate.teams = set(self.policy.teams.keys())
+
+    def _rebuild_state(self, recovering: bool = False) -> None:
+        """The scheduler's state from the records: pending work queued, leases held (on restart, a lease whose
+        reservation is gone goes back to the queue). Used on recovery and after a policy reload."""
+        self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
+        self._node_ids = set()
+        self._waiting = set()
         self._refresh_nodes()
         existing = {v["name"]: v for v in placement_group_table().values()
                     if v.get("state") != "REMOVED" and v.get("name")}
@@ -122,7 +156,7 @@ class ControlActor:
             w = self._core(rec)
             self.state.enqueue(w)
             if rec.state.holds_lease:
-                if rec.pg_name in existing or rec.job_id:
+                if not recovering or rec.pg_name in existing or rec.job_id:
                     self.state.start(Admit(w, rec.placement), rec.admitted_at or time.time())
                     if rec.state is State.PREEMPTING:
                         self.state.mark_terminating(rec.id)
@@ -333,11 +367,41 @@ class ControlActor:
                 pass
 
     # ------------------------------------------------------------------------------------------------ API
-    async def submit(self, spec: Dict[str, Any], job_id: Optional[str] = None) -> Dict[str, Any]:
-        """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""
+    # ------------------------------------------------------------------------------------------- requests
+    async def request(self, credential: Any, call: Any, args: Any = None) -> Any:
+        """The one entry point: check the call (``Gate.check``: arguments, credential, authorization; a refusal
+        is audited and raised), run it, audit it if it is privileged."""
         self._ensure_loop()
-        parsed = load_spec_from_dict(spec, f"spec {spec.get('name', '?') if isinstance(spec, dict) else '?'}",
-                                     policy=self.policy)
+        p, req = self.gate.check(credential, call, args, team_of=self._team_of)
+        name = api.CALL_NAMES[type(req)]
+        try:
+            out = await getattr(self, f"_api_{name}")(p, req)
+        except RaylaneError as exc:
+            if req.audited:
+                self.gate.record(p, name, req.target(), "refused", f"{type(exc).__name__}: {exc}")
+            raise
+        if req.audited:
+            target = req.target() or (out.get("id") if isinstance(out, dict) else None)
+            self.gate.record(p, name, target, "ok")
+        return out
+
+    def _team_of(self, req: api.Request):
+        """(team, owner) of the call's target: the spec's team for a submit, the workload's otherwise."""
+        if isinstance(req, api.Submit):
+            team = req.spec.get("team")
+            return (team if isinstance(team, str) else None), None
+        wid = req.target()
+        if wid is None:
+            return None, None
+        rec = self._get(wid)
+        return rec.team, rec.owner
+
+    async def _api_submit(self, p: Principal, req: api.Submit) -> Dict[str, Any]:
+        """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""
+        spec, job_id = dict(req.spec), req.job_id
+        if self.gate.enabled:  # the owner is who asked, whatever the spec says
+            spec["run"] = {**(spec.get("run") if isinstance(spec.get("run"), dict) else {}), "owner": p.user}
+        parsed = load_spec_from_dict(spec, f"spec {spec.get('name', '?')}", policy=self.policy)
         wid = f"{parsed.name}-{secrets.token_hex(3)}"
         now = time.time()
         w = parsed.to_core(wid, self.policy, now)
@@ -348,9 +412,11 @@ class ControlActor:
         ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")
         source, verdict = None, None
         if why is None and ref is not None:
-            source = ckrefs.find_source(ref, self.records.values())
+            source = ckrefs.find_source(ref, (r for r in self.records.values() if self.gate.may_read(p, r.team)))
             if source is None:
                 why = f"config.{key} names workload {ref.workload!r}, which is not known to the control plane"
+                if ckrefs.find_source(ref, self.records.values()) is not None:
+                    why += " among the caller's teams' workloads"
             else:
                 verdict = self._judge(ref, source)
                 if verdict.never:
@@ -358,12 +424,13 @@ class ControlActor:
         if why is not None:
             rec = Record(wid, data, now)
             self.records[wid] = rec
-            self.journal.append("submitted", wid, spec=data, submit_time=now)
+            rec.apply(self.journal.append("submitted", wid, spec=data, submit_time=now, owner=p.user,
+                                          token_id=p.token_id))
             self._append("rejected", rec, reason=str(why), note=f"rejected at submit: {why}")
             raise InfeasibleError(f"{wid} rejected: {why}")
         rec = Record(wid, data, now, job_id=job_id)
         self.records[wid] = rec
-        self._append_submitted(rec, data, now, job_id)
+        self._append_submitted(rec, data, now, job_id, p)
         if ref is None:
             self.state.enqueue(w)
         else:
@@ -435,8 +502,9 @@ class ControlActor:
         if path and not held:
             ckrefs.drop_copy(path)
 
-    async def checkpoint_saved(self, wid: str, path: str, metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def _api_checkpoint_saved(self, p: Principal, req: api.CheckpointSaved) -> None:
         """A gang's checkpoint is written and registered (Ray Train's report callback, on the driver's node)."""
+        wid, path, metrics = req.workload_id, req.path, req.metrics
         rec = self._get(wid)
         step = ckrefs.step_of(path, metrics)
         if step is None:
@@ -452,8 +520,9 @@ class ControlActor:
             if other.id in self._waiting:
                 self._release_if_ready(other)
 
-    async def resolve_checkpoint(self, wid: str) -> Dict[str, Any]:
+    async def _api_resolve_checkpoint(self, p: Principal, req: api.ResolveCheckpoint) -> Dict[str, Any]:
         """The directory a starting consumer loads (pinned for it); raises NotFoundError if it can never resolve."""
+        wid = req.workload_id
         rec = self._get(wid)
         ref = self._init_ref(rec)
         if ref is None:
@@ -469,13 +538,14 @@ class ControlActor:
         path = self._pin_now(rec, source, verdict.step, verdict.path)
         return {"path": path, "step": verdict.step, "source": source.id}
 
-    def _append_submitted(self, rec: Record, data, now, job_id=None) -> None:
-        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now, job_id=job_id,
-                                note=f"submitted by {data.get('run', {}).get('owner', '?')}: "
-                                     f"{data.get('run', {}).get('intent', '')}")
+    def _append_submitted(self, rec: Record, data, now, job_id, p: Principal) -> None:
+        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now, job_id=job_id, owner=p.user,
+                                token_id=p.token_id,
+                                note=f"submitted by {p.user}: {data.get('run', {}).get('intent', '')}")
         rec.apply(e)
 
-    async def cancel(self, wid: str) -> Dict[str, Any]:
+    async def _api_cancel(self, p: Principal, req: api.Cancel) -> Dict[str, Any]:
+        wid = req.workload_id
         rec = self._get(wid)
         if rec.state.terminal:
             return rec.public()
@@ -485,7 +555,7 @@ class ControlActor:
         elif wid in self.state.leases:
             self.state.finish(wid, now)
             self._remove_pg(rec)
-        self._append("cancelled", rec, note="cancelled")
+        self._append("cancelled", rec, by=p.user, note=f"cancelled by {p.user}")
         await self._force_stop(rec)
         if rec.job_id:
             self._stop_job(rec.job_id)
@@ -495,9 +565,10 @@ class ControlActor:
         self._poke()
         return rec.public()
 
-    async def release(self, wid: str, outcome: str, state: str = "SUCCEEDED", step: Optional[int] = None,
-                      detail: str = "") -> Dict[str, Any]:
-        """The workload stopped. ``outcome``: 'finished', 'failed' or 'yielded' (after a preemption)."""
+    async def _api_release(self, p: Principal, req: api.Release) -> Dict[str, Any]:
+        """The workload stopped. ``outcome``: finished, failed or yielded (after a preemption)."""
+        wid, outcome, state, step, detail = (req.workload_id, req.outcome.value, req.state.value, req.step,
+                                             req.detail)
         rec = self._get(wid)
         now = time.time()
         if rec.state.terminal:
@@ -513,11 +584,11 @@ class ControlActor:
         self._poke()
         return rec.public()
 
-    async def report(self, wid: str, kind: str, **data) -> Dict[str, Any]:
-        """Progress from a running workload: kind 'running' (with job_id), 'checkpointed' (with step), 'event'."""
+    async def _api_report(self, p: Principal, req: api.Report) -> Dict[str, Any]:
+        """Progress from a running workload: kind running (with job_id) or event (a note, progress detail)."""
+        wid, kind = req.workload_id, req.kind.value
+        data = req.model_dump(exclude={"workload_id", "kind"}, exclude_none=True)
         rec = self._get(wid)
-        if kind == "checkpointed" and wid in self.state.leases:
-            self.state.checkpointed(wid, time.time())
         if kind == "running" and rec.state is not State.ADMITTED:
             return {"stop": True, "state": rec.state.value}  # preempted or cancelled before the gang started
         self._append(kind, rec, **data)
@@ -527,12 +598,12 @@ class ControlActor:
             self._remove_pg(rec)
         return {"stop": rec.state is State.PREEMPTING, "state": rec.state.value}
 
-    async def register_workers(self, wid: str, handles: list) -> None:
+    async def _api_register_workers(self, p: Principal, req: api.RegisterWorkers) -> None:
         """The actors of a running gang, so that a preemption past its grace period can stop them."""
-        self._workers[wid] = list(handles)
+        self._workers[req.workload_id] = list(req.handles)
 
-    async def class_info(self, name: str) -> Dict[str, Any]:
-        c = self.policy.workload_class(name)
+    async def _api_class_info(self, p: Principal, req: api.ClassInfo) -> Dict[str, Any]:
+        c = self.policy.workload_class(req.name)
         return {k: getattr(c, k) for k in c.__dataclass_fields__}
 
     def _jobs(self):
@@ -573,14 +644,14 @@ class ControlActor:
                 self._append(kind, rec, state="FAILED", outcome=f"ray job {status.split('.')[-1].lower()}",
                              note=f"its Ray job {rec.job_id} ended ({status.split('.')[-1]}) without releasing")
 
-    async def should_stop(self, wid: str) -> bool:
-        rec = self.records.get(wid)
+    async def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
+        rec = self.records.get(req.workload_id)
         return rec is None or rec.state in (State.PREEMPTING, State.CANCELLED)
 
-    async def wait_admission(self, wid: str, timeout_s: float = 5.0) -> Dict[str, Any]:
+    async def _api_wait_admission(self, p: Principal, req: api.WaitAdmission) -> Dict[str, Any]:
         """Wait up to ``timeout_s`` for the workload's reservation to be ready; returns its record either way."""
+        wid, timeout_s = req.workload_id, req.timeout_s
         rec = self._get(wid)
-        self._ensure_loop()
         if rec.state in (State.PENDING, State.ADMITTED):
             ev = self._admitted.setdefault(wid, asyncio.Event())
             try:
@@ -589,7 +660,7 @@ class ControlActor:
                 pass
             finally:
                 ev.clear()
-        out = rec.public()
+        out = self.gate.view(p, rec.public())
         # Ready means placed, not only decided. A lease freed by a forced stop is admitted to the preemptor at once,
         # while the stopped gang's own placement group holds the GPUs until Ray Train tears it down; a driver that
         # started then would hand over (remove) a reservation never placed, and the admission would be rolled
@@ -598,18 +669,18 @@ class ControlActor:
             rec.state is State.RUNNING or (rec.state is State.ADMITTED and _placed(rec.pg_name)))
         return out
 
-    async def find_job(self, job_id: str) -> Optional[Dict[str, Any]]:
+    async def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
         """The workload a Ray job registered, if any."""
         for rec in self.records.values():
-            if rec.job_id == job_id:
-                return rec.public()
+            if rec.job_id == req.job_id:
+                return self.gate.view(p, rec.public())
         return None
 
-    async def status(self, wid: str) -> Dict[str, Any]:
-        return self._get(wid).public()
+    async def _api_status(self, p: Principal, req: api.Status) -> Dict[str, Any]:
+        return self.gate.view(p, self._get(req.workload_id).public())
 
-    async def queue(self, include_done: bool = False) -> List[Dict[str, Any]]:
-        self._ensure_loop()
+    async def _api_queue(self, p: Principal, req: api.Queue) -> List[Dict[str, Any]]:
+        include_done = req.include_done
         now = time.time()
         rows = []
         for rec in self.records.values():
@@ -620,15 +691,18 @@ class ControlActor:
                 "state": rec.state.value, "resources": _gang_text(rec.spec),
                 "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
-                "detail": rec.detail,
+                "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
             })
         rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
         return rows
 
-    async def explain(self, wid: str) -> Dict[str, Any]:
+    async def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
+        wid = req.workload_id
         rec = self._get(wid)
-        out = rec.public()
-        out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)]
+        out = self.gate.view(p, rec.public())
+        if self.gate.may_read(p, rec.team):
+            out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)
+                              if e.kind != "audit"]
         team = self.state.teams.get(rec.team)
         if team is not None:
             used = self.state.usage.get(rec.team, Resources())
@@ -636,12 +710,65 @@ class ControlActor:
                                      "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
         return out
 
-    async def info(self) -> Dict[str, Any]:
-        self._ensure_loop()
-        return {"cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
+    async def _api_info(self, p: Principal, req: api.Info) -> Dict[str, Any]:
+        return {"auth": self.gate.enabled, "cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
                 "leases": len(self.state.leases), "journal": self.journal.path, "started": self._started,
                 "scheduler": self.state.config.__dict__ if hasattr(self.state.config, "__dict__") else
                 {k: getattr(self.state.config, k) for k in self.state.config.__dataclass_fields__}}
+
+    async def _api_whoami(self, p: Principal, req: api.WhoAmI) -> Dict[str, Any]:
+        return {"user": p.user, "teams": list(p.teams), "role": p.role.value, "token_id": p.token_id,
+                "job": p.job, "auth": self.gate.enabled}
+
+    async def _api_token_create(self, p: Principal, req: api.TokenCreate) -> Dict[str, Any]:
+        token = self.gate.add_token(user=req.user, teams=req.teams, role=req.role, created_by=p.user,
+                                    ttl_s=req.ttl_s, note=req.note)
+        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+
+    async def _api_job_token(self, p: Principal, req: api.JobToken) -> Dict[str, Any]:
+        if not self.gate.enabled:
+            return {"token": None}
+        if p.job:
+            raise PermissionDeniedError(f"job-token: refused for {p.user}: a job token cannot create tokens")
+        token = self.gate.add_token(user=p.user, teams=p.teams, role=p.role, created_by=p.user, ttl_s=req.ttl_s,
+                                    parent=p.token_id, note=req.note or "job token")
+        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+
+    async def _api_token_rotate(self, p: Principal, req: api.TokenRotate) -> Dict[str, Any]:
+        token = self.gate.rotate(req.token_id, p)
+        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+
+    async def _api_token_revoke(self, p: Principal, req: api.TokenRevoke) -> Dict[str, Any]:
+        return self.gate.revoke(req.token_id, p)
+
+    async def _api_token_list(self, p: Principal, req: api.TokenList) -> List[Dict[str, Any]]:
+        return self.gate.token_list(req.include_revoked)
+
+    async def _api_audit(self, p: Principal, req: api.Audit) -> List[Dict[str, Any]]:
+        def team_of(wid):
+            rec = self.records.get(wid) if isinstance(wid, str) else None
+            return rec.team if rec is not None else None
+
+        return self.gate.audit(since=req.since, user=req.user, team=req.team, limit=req.limit, teams_of=team_of)
+
+    async def _api_reload_policy(self, p: Principal, req: api.ReloadPolicy) -> Dict[str, Any]:
+        """Replace the policy: every workload still queued or running must fit the new one, or nothing changes."""
+        new = load_policy_from_dict(req.policy, "policy")
+        errors = []
+        for rec in self.records.values():
+            if rec.state.terminal:
+                continue
+            try:
+                load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=new)
+            except ValidationError as exc:
+                errors += [(f"workload {rec.id}: {path}", value, allowed) for path, value, allowed in exc.errors]
+        if errors:
+            raise ValidationError("policy reload refused: workloads in the queue or running would not fit it", errors)
+        self.journal.append("policy", "@policy", policy=req.policy, by=p.user)
+        self._set_policy(req.policy)
+        self._rebuild_state()
+        self._poke()
+        return {"teams": sorted(new.teams), "classes": sorted(new.classes)}
 
     async def ping(self) -> bool:
         self._ensure_loop()

@@ -1,22 +1,235 @@
-"""Talking to the control actor: start it, find it, and call it with Raylane's own exceptions.
+"""Talking to the control actor: start it, find it, and call it through one typed client.
 
-Everything outside the actor (the CLI, ``raylane.run``, launchers, tests) goes through here, so errors the actor
-raises (``ValidationError``, ``InfeasibleError``, ``NotFoundError``) reach callers as those types, not wrapped in
-Ray's task errors.
+Everything outside the actor (the CLI, ``raylane.run``, launchers, Train callbacks, tests) goes through
+``ControlClient``: one method per call (``raylane.control.api`` holds the calls' argument models), each carrying the
+caller's credential, each returning a typed result. Errors the actor raises (``ValidationError``,
+``InfeasibleError``, ``NotFoundError``, ``AuthenticationError``, ``PermissionDeniedError``) reach callers as those
+types, not wrapped in Ray's task errors.
+
+A client pickles without its actor handle (it finds the actor again where it lands), so launchers hand it to Ray
+Train's callbacks and workers; the credential travels inside it, never through an environment variable, a command
+line or a log line (``Credential``'s repr shows the token id only).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import ray
 
+from raylane import auth, credentials
 from raylane.config.loader import default_policy_path, read_yaml
 from raylane.control.actor import CONTROL_NAME, NAMESPACE, ControlActor
-from raylane.errors import ControlPlaneUnavailable, RaylaneError
+from raylane.control.api import EndState, Outcome, ReportKind
+from raylane.control.records import State
+from raylane.credentials import Credential
+from raylane.errors import AuthenticationError, ControlPlaneUnavailable, RaylaneError
 
 DEFAULT_JOURNAL = os.path.join(os.path.expanduser("~"), ".raylane", "journal.db")
+
+__all__ = ["ControlClient", "WorkloadView", "Reply", "State", "Outcome", "EndState", "ReportKind", "start_control",
+           "get_control", "stop_control", "journal_path"]
+
+
+class WorkloadView(dict):
+    """A workload as the control plane shows it to the caller: the record's fields (``id``, ``team``, ``class``,
+    ``state``, ``position``, ``reason``, ...; for another team's workload only positions and reasons, and
+    ``redacted`` is True), with typed accessors."""
+
+    @property
+    def id(self) -> str:
+        return self["id"]
+
+    @property
+    def state(self) -> State:
+        return State(self["state"])
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def ready(self) -> bool:
+        """Its reservation is placed (``wait_admission`` only)."""
+        return bool(self.get("ready"))
+
+    @property
+    def position(self) -> Optional[int]:
+        return self.get("position")
+
+    @property
+    def reason(self) -> str:
+        return self.get("reason") or ""
+
+    @property
+    def owner(self) -> Optional[str]:
+        return self.get("owner")
+
+
+class Reply(dict):
+    """The answer to a ``report``: the workload's ``state`` and whether it must ``stop`` (preempted)."""
+
+    @property
+    def state(self) -> State:
+        return State(self["state"])
+
+    @property
+    def stop(self) -> bool:
+        return bool(self["stop"])
+
+
+def _view(out) -> Optional[WorkloadView]:
+    return WorkloadView(out) if out is not None else None
+
+
+class ControlClient:
+    """The control plane, as one caller (its credential) sees it."""
+
+    def __init__(self, handle=None, credential: Union[Credential, str, None] = None, *, timeout: float = 60.0):
+        self._handle = handle
+        self.credential = Credential(credential) if isinstance(credential, str) else credential
+        self.timeout = timeout
+
+    @classmethod
+    def connect(cls, credential: Union[Credential, str, None] = None) -> "ControlClient":
+        """The running control actor, with ``credential`` or the one ``raylane.credentials.find`` finds."""
+        return cls(get_control(), credential if credential is not None else credentials.find())
+
+    def as_user(self, credential: Union[Credential, str, None]) -> "ControlClient":
+        """The same control plane, called with another credential."""
+        return ControlClient(self._handle, credential, timeout=self.timeout)
+
+    def __repr__(self) -> str:
+        return f"ControlClient({self.credential!r})"
+
+    def __getstate__(self):
+        return {"credential": self.credential, "timeout": self.timeout}
+
+    def __setstate__(self, state):
+        self._handle = None
+        self.credential = state["credential"]
+        self.timeout = state["timeout"]
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            self._handle = get_control()
+        return self._handle
+
+    def _call(self, call: str, timeout: Optional[float] = None, **args) -> Any:
+        token = self.credential.token if self.credential is not None else None
+        try:
+            return ray.get(self.handle.request.remote(token, call, args),
+                           timeout=self.timeout if timeout is None else timeout)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if hasattr(exc, "cause") else None
+            if isinstance(cause, RaylaneError):
+                raise cause from None
+            raise
+
+    # ----------------------------------------------------------------------------------------- workloads
+    def submit(self, spec: Dict[str, Any], *, job_id: Optional[str] = None) -> WorkloadView:
+        """Queue a workload (the caller becomes its owner); raises ``ValidationError``, ``InfeasibleError``,
+        ``PermissionDeniedError`` (the spec's team is not the caller's)."""
+        return _view(self._call("submit", spec=spec, job_id=job_id))
+
+    def cancel(self, workload_id: str) -> WorkloadView:
+        return _view(self._call("cancel", workload_id=workload_id))
+
+    def release(self, workload_id: str, outcome: Outcome, *, state: EndState = EndState.SUCCEEDED,
+                step: Optional[int] = None, detail: str = "") -> WorkloadView:
+        """The workload's attempt ended: finished, failed, or yielded after a preemption (back to the queue)."""
+        return _view(self._call("release", workload_id=workload_id, outcome=Outcome(outcome),
+                                state=EndState(state), step=step, detail=detail[:4000]))
+
+    def report(self, workload_id: str, kind: ReportKind, *, note: Optional[str] = None,
+               detail: Optional[str] = None, restart: Optional[bool] = None, mlflow_run_id: Optional[str] = None,
+               job_id: Optional[str] = None, step: Optional[int] = None) -> Reply:
+        args = {k: v for k, v in dict(note=note and note[:4000], detail=detail and detail[:4000], restart=restart,
+                                      mlflow_run_id=mlflow_run_id, job_id=job_id, step=step).items()
+                if v is not None}
+        return Reply(self._call("report", workload_id=workload_id, kind=ReportKind(kind), **args))
+
+    def event(self, workload_id: str, note: Optional[str] = None, **kw) -> Reply:
+        """A note for the workload's journal (or progress as ``detail``)."""
+        return self.report(workload_id, ReportKind.EVENT, note=note, **kw)
+
+    def running(self, workload_id: str, *, job_id: Optional[str], note: Optional[str] = None) -> Reply:
+        """The driver starts its work on the lease (the reservation is handed over)."""
+        return self.report(workload_id, ReportKind.RUNNING, job_id=job_id, note=note)
+
+    def checkpoint_saved(self, workload_id: str, path: str, metrics: Optional[Dict[str, Any]] = None,
+                         timeout: Optional[float] = None) -> None:
+        self._call("checkpoint_saved", timeout=timeout, workload_id=workload_id, path=path, metrics=metrics)
+
+    def register_workers(self, workload_id: str, handles: Sequence[Any], timeout: Optional[float] = None) -> None:
+        self._call("register_workers", timeout=timeout, workload_id=workload_id, handles=list(handles))
+
+    def should_stop(self, workload_id: str, timeout: Optional[float] = None) -> bool:
+        return bool(self._call("should_stop", timeout=timeout, workload_id=workload_id))
+
+    def resolve_checkpoint(self, workload_id: str) -> Dict[str, Any]:
+        """``{"path", "step", "source"}`` of the checkpoint a consumer starts from (``path`` None: no reference)."""
+        return self._call("resolve_checkpoint", workload_id=workload_id)
+
+    def status(self, workload_id: str, timeout: Optional[float] = None) -> WorkloadView:
+        return _view(self._call("status", timeout=timeout, workload_id=workload_id))
+
+    def explain(self, workload_id: str) -> WorkloadView:
+        """Status, the team's quota and (for the caller's teams) the journal."""
+        return _view(self._call("explain", workload_id=workload_id))
+
+    def wait_admission(self, workload_id: str, timeout_s: float = 5.0) -> WorkloadView:
+        """Wait up to ``timeout_s`` for the reservation to be placed; the record either way (``ready``)."""
+        return _view(self._call("wait_admission", timeout=max(60.0, timeout_s + 30), workload_id=workload_id,
+                                timeout_s=float(timeout_s)))
+
+    def find_job(self, job_id: str) -> Optional[WorkloadView]:
+        return _view(self._call("find_job", job_id=job_id))
+
+    def queue(self, include_done: bool = False) -> List[WorkloadView]:
+        return [WorkloadView(r) for r in self._call("queue", include_done=include_done)]
+
+    def class_info(self, name: str) -> Dict[str, Any]:
+        return self._call("class_info", name=name)
+
+    def info(self) -> Dict[str, Any]:
+        return self._call("info")
+
+    def whoami(self) -> Dict[str, Any]:
+        return self._call("whoami")
+
+    # -------------------------------------------------------------------------------- operators: tokens, policy
+    def token_create(self, user: str, teams: Sequence[str] = (), role: str = "member",
+                     ttl_s: Optional[float] = None, note: str = "") -> Dict[str, Any]:
+        """A new token (``result["token"]``, shown once) and its record."""
+        role = role.value if isinstance(role, auth.Role) else role
+        return self._call("token_create", user=user, teams=list(teams), role=role, ttl_s=ttl_s, note=note)
+
+    def job_token(self, ttl_s: float = 7 * 86400.0, note: str = "") -> Optional[str]:
+        """A token for one Ray job with the caller's rights, expiring after ``ttl_s`` and with the caller's token;
+        None when the control plane runs without authentication."""
+        return self._call("job_token", ttl_s=ttl_s, note=note)["token"]
+
+    def token_rotate(self, token_id: str) -> Dict[str, Any]:
+        return self._call("token_rotate", token_id=token_id)
+
+    def token_revoke(self, token_id: str) -> Dict[str, Any]:
+        return self._call("token_revoke", token_id=token_id)
+
+    def token_list(self, include_revoked: bool = False) -> List[Dict[str, Any]]:
+        return self._call("token_list", include_revoked=include_revoked)
+
+    def audit(self, *, since: Optional[float] = None, user: Optional[str] = None, team: Optional[str] = None,
+              limit: int = 1000) -> List[Dict[str, Any]]:
+        return self._call("audit", since=since, user=user, team=team, limit=limit)
+
+    def reload_policy(self, policy: Union[str, Path, Dict[str, Any]]) -> Dict[str, Any]:
+        return self._call("reload_policy", policy=policy_dict(policy))
+
+    def ping(self) -> bool:
+        return bool(ray.get(self.handle.ping.remote(), timeout=self.timeout))
 
 
 def journal_path(path: Optional[str] = None) -> str:
@@ -31,11 +244,16 @@ def policy_dict(policy: Union[str, Path, Dict[str, Any], None]) -> Dict[str, Any
 
 
 def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal: Optional[str] = None,
-                  *, tick_s: float = 1.0, admit_timeout_s: float = 30.0):
-    """Create the detached control actor (or return the running one) in the ``raylane`` namespace."""
+                  *, tick_s: float = 1.0, admit_timeout_s: float = 30.0, auth_enabled: bool = True,
+                  operator: str = "operator") -> ControlClient:
+    """Create the detached control actor (or find the running one) in the ``raylane`` namespace; returns a client
+    holding a fresh operator token (with ``auth_enabled``; its digest alone reaches the actor, which journals it)."""
     # On the head node, beside its journal: an actor that asks for no CPU could otherwise land on any node.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    token, tid, salt, digest = auth.new_token()
+    boot = {"enabled": auth_enabled,
+            "bootstrap": {"user": operator, "id": tid, "salt": salt, "digest": digest} if auth_enabled else None}
     remote = ray.remote(ControlActor).options(
         name=CONTROL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=1000,
@@ -43,9 +261,16 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
         runtime_env={"env_vars": {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "")}}
         if os.environ.get("RAY_AUTH_MODE") else None,
     )
-    handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s)
-    call(handle, "ping")
-    return handle
+    handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s, boot)
+    client = ControlClient(handle, token if auth_enabled else None)
+    client.ping()
+    try:
+        if client.info().get("auth") is False:
+            client.credential = None
+    except AuthenticationError:
+        # It was running already (get_if_exists), so this bootstrap token never reached it: use the caller's own.
+        client.credential = credentials.find()
+    return client
 
 
 def head_node_id() -> str:
@@ -61,17 +286,6 @@ def get_control():
     except ValueError as exc:
         raise ControlPlaneUnavailable(
             f"no control actor {CONTROL_NAME!r} in namespace {NAMESPACE!r}; start one with `raylane up`") from exc
-
-
-def call(handle, method: str, *args, timeout: Optional[float] = 60.0, **kwargs):
-    """Call ``method`` on the control actor and return its result, re-raising Raylane errors unwrapped."""
-    try:
-        return ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=timeout)
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if hasattr(exc, "cause") else None
-        if isinstance(cause, RaylaneError):
-            raise cause from None
-        raise
 
 
 def stop_control() -> None:

@@ -6,7 +6,8 @@ journal owns nothing else. One file per control plane; sqlite's WAL mode makes e
 
 Entry kinds: ``submitted``, ``rejected``, ``admitted``, ``running``, ``checkpointed``, ``preempting``,
 ``requeued``, ``finished``, ``cancelled``, ``pinned`` / ``unpinned`` (a consumer's claim on another workload's
-checkpoint, ``raylane.control.checkpoints``), ``event`` (free-form notes shown by ``explain``).
+checkpoint, ``raylane.control.checkpoints``), ``event`` (free-form notes shown by ``explain``); ``token`` and
+``audit`` (``raylane.control.gate``: token digests, and who asked for what with which outcome).
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ class Entry:
 class Journal:
     def __init__(self, path: str):
         self.path = os.path.abspath(os.path.expanduser(path))
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        # Readable by the user that runs the control plane only: it holds every team's specs, the token digests
+        # and the audit trail. sqlite gives its -wal and -shm files the main file's permissions.
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -58,6 +63,13 @@ class Journal:
             "SELECT seq, ts, kind, workload_id, data FROM journal WHERE workload_id = ? ORDER BY seq", (workload_id,)
         ):
             yield Entry(seq, ts, kind, wid, json.loads(data))
+
+    def entries_of_kind(self, kind: str, since: Optional[float] = None) -> Iterator[Entry]:
+        for seq, ts, k, wid, data in self._db.execute(
+            "SELECT seq, ts, kind, workload_id, data FROM journal WHERE kind = ? AND ts >= ? ORDER BY seq",
+            (kind, since or 0.0),
+        ):
+            yield Entry(seq, ts, k, wid, json.loads(data))
 
     def close(self) -> None:
         self._db.close()

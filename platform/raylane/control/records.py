@@ -54,6 +54,8 @@ class Record:
     restarts: int = 0
     attempts: int = 0
     job_id: Optional[str] = None
+    # The authenticated user that submitted it (raylane.control.gate), never what its spec claims.
+    owner: str = ""
     stop_deadline: Optional[float] = None
     outcome: str = ""
     ended_at: Optional[float] = None
@@ -79,7 +81,9 @@ class Record:
     def apply(self, e: Entry) -> None:
         """Change this record as the journal entry says. The single place where record state moves."""
         d = e.data
-        if e.kind == "rejected":
+        if e.kind == "submitted":
+            self.owner = d.get("owner") or (d.get("spec", {}).get("run") or {}).get("owner") or ""
+        elif e.kind == "rejected":
             self.state, self.reason, self.ended_at = State.REJECTED, d.get("reason", ""), e.ts
         elif e.kind == "admitted":
             self.state = State.ADMITTED
@@ -130,4 +134,5 @@ class Record:
         out["state"] = self.state.value
         out["team"] = self.team
         out["class"] = self.cls
+        out["kind"] = self.spec.get("kind", "train")
         return out

@@ -509,14 +509,13 @@ def run_oneshot(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, stor
 
 def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, tracking_uri,
            poll_s: float) -> Dict[str, Any]:
-    from raylane.control.client import call
     from raylane.run import _fail_now, _fatal_cause, _say, _short, _wait_admitted
     from raylane.tracking import RunTracker
 
     tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri)
     run_id = tracker.start()
-    call(ctl, "report", wid, "event", mlflow_run_id=run_id, note=f"MLflow run {run_id}")
-    budget = int(call(ctl, "class_info", spec["class"])["retry_budget"])
+    ctl.event(wid, mlflow_run_id=run_id, note=f"MLflow run {run_id}")
+    budget = int(ctl.class_info(spec["class"])["retry_budget"])
     failures = attempts = 0
     linked = False
     while True:
@@ -527,7 +526,7 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
                 tracker.event("failed", notes[-1][1])
             tracker.finish(rec["state"])
             return rec
-        if call(ctl, "report", wid, "running", job_id=job_id, note=f"{job.kind} starting")["state"] != "RUNNING":
+        if ctl.running(wid, job_id=job_id, note=f"{job.kind} starting")["state"] != "RUNNING":
             continue  # preempted or cancelled between admission and start: wait again
         attempts += 1
         config = dict(job.config)
@@ -545,22 +544,22 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
         crash = attempts <= job.fault.crash_times
         out = _attempt(ctl, wid, job, config, rec["placement"], crash=crash, poll_s=poll_s)
         wall = time.time() - t0
-        state = call(ctl, "status", wid)["state"]
+        state = ctl.status(wid)["state"]
         if state == "CANCELLED":
             tracker.event("cancelled", f"cancelled during attempt {attempts}")
             tracker.finish("KILLED")
-            return call(ctl, "status", wid)
+            return ctl.status(wid)
         if out.result is not None:  # done, even if a preemption arrived meanwhile
             detail = _record(tracker, job, out.result, wall, source)
             tracker.event("finished", detail)
             tracker.finish("FINISHED")
             _say(f"{wid} finished: {detail}")
-            return call(ctl, "release", wid, "finished", state="SUCCEEDED", detail=detail)
+            return ctl.release(wid, "finished", state="SUCCEEDED", detail=detail)
         if out.stopped or state in ("PREEMPTING", "PENDING"):
             how = "stopped" if out.stopped else "stopped by force"
             tracker.event("preempted", f"{how} after {wall:.0f}s; reruns from the start")
             _say(f"{wid} preempted ({how}); releasing the lease")
-            call(ctl, "release", wid, "yielded")
+            ctl.release(wid, "yielded")
             continue
         fatal = _fatal_cause(out.error)
         if fatal is not None:
@@ -571,7 +570,7 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
                                                 f"{_short(out.error)}")
         backoff = min(2.0 ** (failures - 1), 30.0)
         tracker.event("restarted", f"attempt {attempts} failed ({_short(out.error)}); retry in {backoff:g}s")
-        call(ctl, "report", wid, "event", restart=True,
+        ctl.event(wid, restart=True,
              note=f"restart {failures}/{budget} after {_short(out.error)}; backoff {backoff:g}s")
         _say(f"{wid} failed ({_short(out.error)}); retry {failures}/{budget} in {backoff:g}s")
         time.sleep(backoff)
@@ -579,26 +578,24 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
 
 def _resolve(ctl, wid: str, job: OneShot) -> Optional[Dict[str, Any]]:
     """``config.checkpoint: {workload, step}`` as the directory the control actor pinned for this workload."""
-    from raylane.control.client import call
     from raylane.run import _say
 
     if job.checkpoint_ref is None:
         return None
-    got = call(ctl, "resolve_checkpoint", wid)
+    got = ctl.resolve_checkpoint(wid)
     _say(f"{wid} uses {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
     return got
 
 
 def _link(ctl, tracker, source: Dict[str, Any]) -> None:
     """Make this workload's MLflow run a child of the run of the workload whose checkpoint it uses."""
-    from raylane.control.client import call
     from raylane.tracking import RunTracker
 
     tags = {"raylane.checkpoint.workload": source["source"], "raylane.checkpoint.step": source["step"],
             "raylane.checkpoint.path": source["path"]}
     parent = None
     try:
-        found = call(ctl, "explain", source["source"])
+        found = ctl.explain(source["source"])
         parent = next((e["mlflow_run_id"] for e in reversed(found["journal"]) if e.get("mlflow_run_id")), None)
         if parent is None:  # a source whose driver did not journal its run: find it by its workload id
             parent = RunTracker(workload_id=source["source"], spec=found["spec"],
@@ -637,8 +634,6 @@ def _attempt(ctl, wid: str, job: OneShot, config: Dict[str, Any], placement: Seq
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from raylane.control.client import call
-
     # PACK is soft: the node-id selectors carry the core's decision, bundle by bundle.
     group = placement_group([dict(job.bundle)] * job.workers, strategy="PACK", name=f"raylane-{wid}-run",
                             bundle_label_selector=[{"ray.io/node-id": nid} for nid in placement])
@@ -646,7 +641,7 @@ def _attempt(ctl, wid: str, job: OneShot, config: Dict[str, Any], placement: Seq
     try:
         deadline, ready = time.time() + GROUP_TIMEOUT_S, group.ready()
         while not ray.wait([ready], timeout=poll_s)[0]:
-            if call(ctl, "should_stop", wid):
+            if ctl.should_stop(wid):
                 return _Attempt(stopped=True)
             if time.time() > deadline:
                 return _Attempt(error=RetryableError(f"run group of {wid} not placed in {GROUP_TIMEOUT_S:g}s"))
@@ -661,7 +656,7 @@ def _attempt(ctl, wid: str, job: OneShot, config: Dict[str, Any], placement: Seq
         if holds_slot and slot.get("memory"):
             options["memory"] = slot["memory"]
         runner = ray.remote(_Runner).options(**options).remote()
-        call(ctl, "register_workers", wid, [runner])
+        ctl.register_workers(wid, [runner])
         ref = runner.run.remote(job, config, wid, group, crash)
         while True:
             done, _ = ray.wait([ref], timeout=poll_s)
@@ -670,7 +665,7 @@ def _attempt(ctl, wid: str, job: OneShot, config: Dict[str, Any], placement: Seq
                     return _Attempt(result=ray.get(ref))
                 except Exception as exc:  # noqa: BLE001 - classified by the caller
                     return _Attempt(error=exc)
-            if call(ctl, "should_stop", wid):
+            if ctl.should_stop(wid):
                 return _Attempt(stopped=True)
     finally:
         if runner is not None:

@@ -55,7 +55,6 @@ from raylane import entrypoints, metrics
 from raylane.config.loader import MISSING, load_spec_from_dict
 from raylane.config.serve import ServeModelSpec
 from raylane.control.actor import GiB
-from raylane.control.client import call
 from raylane.errors import RetryableError, ValidationError
 from raylane.launchers.autoscale import Autoscaling, ReplicaScaler, pick_release
 
@@ -174,11 +173,11 @@ class ServingDriver:
     def start(self) -> None:
         """Register the app, hold ``min_replicas`` leases (reclaiming if it must), deploy the Serve application."""
         app_spec = dict(self.spec, gang={"workers": 1})
-        rec = call(self.ctl, "submit", app_spec, job_id=self.job_id)
+        rec = self.ctl.submit(app_spec, job_id=self.job_id)
         self.app_id = rec["id"]
         self.say(f"serving app {self.app} registered as {self.app_id} (job {self.job_id or '-'})")
         rec = self._wait_ready(self.app_id)
-        call(self.ctl, "report", self.app_id, "running", job_id=self.job_id, note="serving driver started")
+        self.ctl.running(self.app_id, job_id=self.job_id, note="serving driver started")
         metrics.SERVE_LATENCY_OBJECTIVE.set(self.sv.latency_objective_ms / 1000.0, **self._labels)
         for _ in range(self.auto.min_replicas):
             self._demand(time.time())
@@ -213,7 +212,7 @@ class ServingDriver:
                         raise
                 if now >= next_status:
                     next_status = now + 2.0
-                    if call(self.ctl, "status", self.app_id)["state"] in TERMINAL:
+                    if self.ctl.status(self.app_id)["state"] in TERMINAL:
                         final = None
                         break
                 stop.wait(self.poll_s)
@@ -236,10 +235,10 @@ class ServingDriver:
         for l in self.leases:
             try:
                 if l.state == "pending":
-                    call(self.ctl, "cancel", l.wid)
+                    self.ctl.cancel(l.wid)
                     l.state = "cancelled"
                 elif l.state == "held":
-                    call(self.ctl, "release", l.wid, "finished", state="SUCCEEDED", detail="serving app shut down")
+                    self.ctl.release(l.wid, "finished", state="SUCCEEDED", detail="serving app shut down")
                     l.state, l.released_at = "released", now
             except Exception as exc:  # noqa: BLE001 - keep giving the others back
                 log.warning("giving back %s: %s", l.wid, exc)
@@ -247,12 +246,12 @@ class ServingDriver:
         self._gauges()
         if self.app_id and final:
             detail = self._summary()
-            call(self.ctl, "release", self.app_id, "finished" if final == "SUCCEEDED" else "failed", state=final,
+            self.ctl.release(self.app_id, "finished" if final == "SUCCEEDED" else "failed", state=final,
                  detail=detail)
             self.say(f"{self.app} shut down: {detail}")
 
     def result(self) -> Dict[str, Any]:
-        rec = call(self.ctl, "status", self.app_id) if self.app_id else {"id": None, "state": "FAILED"}
+        rec = self.ctl.status(self.app_id) if self.app_id else {"id": None, "state": "FAILED"}
         return {"id": rec["id"], "state": rec["state"], "preemptions": rec.get("preemptions", 0),
                 "restarts": self.restarts, "url": self.url, "leases": [l.as_dict() for l in self.leases]}
 
@@ -276,7 +275,7 @@ class ServingDriver:
         elif self.target < committed:
             excess = committed - self.target
             for l in reversed(pending[-excess:]):  # the newest demands go first: they cost nothing yet
-                call(self.ctl, "cancel", l.wid)
+                self.ctl.cancel(l.wid)
                 l.state = "cancelled"
                 excess -= 1
             while excess > 0 and self._scale_down_one(now):
@@ -292,7 +291,7 @@ class ServingDriver:
                           gang={"workers": 1, "resources": self.spec["serve"]["replica"]["resources"]},
                           run=dict(self.spec["run"], intent=f"replica {index} of {self.app}: "
                                                             f"{self.spec['run']['intent']}"))
-        rec = call(self.ctl, "submit", lease_spec, job_id=None)
+        rec = self.ctl.submit(lease_spec, job_id=None)
         lease = ReplicaLease(rec["id"], index, now)
         self.leases.append(lease)
         return lease
@@ -300,7 +299,7 @@ class ServingDriver:
     def _advance_pending(self, now: float) -> None:
         """Hand every admitted lease over to Serve: open a slot on its node and raise the Serve target."""
         for l in [l for l in self.leases if l.state == "pending"]:
-            rec = call(self.ctl, "wait_admission", l.wid, 0.01)
+            rec = self.ctl.wait_admission(l.wid, 0.01)
             if rec["state"] in TERMINAL:
                 l.state = "cancelled"
                 continue
@@ -309,7 +308,7 @@ class ServingDriver:
                 continue
             # With the job id, a lease still held when the job ends (driver killed) is freed by the control actor's
             # job watch. Pending leases carry none: cancelling one must not stop the job.
-            reply = call(self.ctl, "report", l.wid, "running", job_id=self.job_id,
+            reply = self.ctl.running(l.wid, job_id=self.job_id,
                          note=f"replica of {self.app}: GPU handed to Ray Serve")
             if reply["state"] != "RUNNING":
                 continue
@@ -324,10 +323,10 @@ class ServingDriver:
         """The workloads the core preempted for ``lease`` (their journal names it as the preemptor)."""
         mark = f"preempted: {lease.wid} ("
         victims = {}
-        for row in call(self.ctl, "queue"):
+        for row in self.ctl.queue():
             if not row.get("preemptions") or row["id"] == lease.wid:
                 continue
-            st = call(self.ctl, "status", row["id"])
+            st = self.ctl.status(row["id"])
             if any(mark in note for _, note in st.get("events", [])):
                 victims[row["id"]] = st
         for vid, st in victims.items():
@@ -409,7 +408,7 @@ class ServingDriver:
         lease = next(l for l in self.leases if l.wid == wid)
         self._releasing -= 1
         self.slots.close(node)
-        call(self.ctl, "release", wid, "finished", state="SUCCEEDED",
+        self.ctl.release(wid, "finished", state="SUCCEEDED",
              detail=f"replica scaled down after {now - lease.granted_at:.0f}s")
         lease.state, lease.released_at = "released", now
         self._event(f"replica lease {wid} given back after {now - lease.granted_at:.0f}s")
@@ -464,7 +463,7 @@ class ServingDriver:
     # ------------------------------------------------------------------------------------------ reporting
     def _wait_ready(self, wid: str) -> Dict[str, Any]:
         while True:
-            rec = call(self.ctl, "wait_admission", wid, 2.0)
+            rec = self.ctl.wait_admission(wid, 2.0)
             if rec["state"] in TERMINAL:
                 raise RuntimeError(f"{wid} ended before it started: {rec['state']} {rec.get('reason', '')}")
             if rec.get("ready"):
@@ -473,7 +472,7 @@ class ServingDriver:
     def _event(self, note: str) -> None:
         log.info("%s: %s", self.app, note)
         if self.app_id:
-            call(self.ctl, "report", self.app_id, "event", note=note)
+            self.ctl.event(self.app_id, note=note)
 
     def _gauges(self) -> None:
         metrics.SERVE_REPLICAS_WANTED.set(self.target, **self._labels)
@@ -489,7 +488,7 @@ class ServingDriver:
                   + f", {self.ongoing:g} ongoing, reclaims {reclaims}")
         if detail != self._detail:
             self._detail = detail
-            call(self.ctl, "report", self.app_id, "event", detail=detail)
+            self.ctl.event(self.app_id, detail=detail)
 
     def _summary(self) -> str:
         served = [l.serving_at - l.demand_at for l in self.leases if l.serving_at]

@@ -22,7 +22,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2._internal.execution.callback import ReportCallback, WorkerGroupCallback
 
-from raylane.control.actor import CONTROL_NAME, GiB, NAMESPACE
+from raylane.control.actor import GiB
 from raylane.errors import ValidationError
 from raylane.launchers.faults import FAULT_KEYS
 from raylane.scheduling.placement import RAY_STRATEGY
@@ -35,13 +35,13 @@ DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".raylane", "runs")
 class RegisterWorkers(WorkerGroupCallback):
     """Tells the control actor which actors form the gang, so it can stop them by force after the grace period."""
 
-    def __init__(self, workload_id: str):
+    def __init__(self, workload_id: str, control):
         self.workload_id = workload_id
+        self.control = control
 
     def after_worker_group_start(self, worker_group):
         handles = [w.actor for w in worker_group.get_workers()]
-        ctl = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
-        ray.get(ctl.register_workers.remote(self.workload_id, handles), timeout=30)
+        self.control.register_workers(self.workload_id, handles, timeout=30)
 
 
 class RecordCheckpoints(ReportCallback):
@@ -52,8 +52,9 @@ class RecordCheckpoints(ReportCallback):
     consumer that waits for that step (raylane.control.checkpoints), and counts it as the gang's last checkpoint.
     """
 
-    def __init__(self, workload_id: str):
+    def __init__(self, workload_id: str, control):
         self.workload_id = workload_id
+        self.control = control
 
     def after_report(self, training_report, metrics):
         checkpoint = getattr(training_report, "checkpoint", None)
@@ -62,14 +63,13 @@ class RecordCheckpoints(ReportCallback):
         reported = getattr(training_report, "metrics", None) or {}
         step = {"step": reported["step"]} if "step" in reported else {}
         try:
-            ctl = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
-            ray.get(ctl.checkpoint_saved.remote(self.workload_id, checkpoint.path, step), timeout=60)
+            self.control.checkpoint_saved(self.workload_id, checkpoint.path, step, timeout=60)
         except Exception as exc:  # noqa: BLE001 - the control plane restarting must not fail the training run
             log.warning("could not tell the control actor of checkpoint %s: %s", checkpoint.path, exc)
 
 
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
-                  train_loop_config: Dict[str, Any], loop: UserLoop) -> TorchTrainer:
+                  train_loop_config: Dict[str, Any], loop: UserLoop, control) -> TorchTrainer:
     """A ``TorchTrainer`` running ``loop`` (the user's entrypoint under ``raylane.train``) on the nodes of the lease."""
     gang = spec["gang"]
     res = gang.get("resources", {})
@@ -92,7 +92,7 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
         storage_path=storage_path,
         failure_config=FailureConfig(max_failures=0),
         checkpoint_config=CheckpointConfig(num_to_keep=3),
-        callbacks=[RegisterWorkers(workload_id), RecordCheckpoints(workload_id)],
+        callbacks=[RegisterWorkers(workload_id, control), RecordCheckpoints(workload_id, control)],
     )
     return TorchTrainer(
         loop,
@@ -142,25 +142,25 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
 
 
 def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dict[str, Any]:
-    from raylane.control.client import call
+    from raylane.control.client import EndState, Outcome, State
     from raylane.errors import FatalError
     from raylane.run import _fail_now, _fatal_cause, _job_id, _say, _short, _wait_admitted
     from raylane.tracking import RunTracker
 
-    storage_path = storage_path or spec.get("config", {}).get("storage_path") or DEFAULT_STORAGE
+    storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
     tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri)
     run_id = tracker.start()
-    call(ctl, "report", wid, "event", mlflow_run_id=run_id, note=f"MLflow run {run_id}")
-    retry_budget = int(call(ctl, "class_info", spec["class"])["retry_budget"])
+    ctl.event(wid, f"MLflow run {run_id}", mlflow_run_id=run_id)
+    retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
     failures = 0
     while True:
         rec = _wait_admitted(ctl, wid, poll_s)
-        if rec["state"] in ("CANCELLED", "FAILED", "SUCCEEDED", "REJECTED"):
-            tracker.finish("KILLED" if rec["state"] == "CANCELLED" else rec["state"])
+        if rec.terminal:
+            tracker.finish("KILLED" if rec.state is State.CANCELLED else rec.state.value)
             return rec
         attempt_t0 = time.time()
         _say(f"{wid} admitted on {len(set(rec['placement']))} node(s); starting the gang")
-        if call(ctl, "report", wid, "running", job_id=_job_id(), note="gang starting")["state"] != "RUNNING":
+        if ctl.running(wid, job_id=_job_id(), note="gang starting").state is not State.RUNNING:
             continue  # preempted or cancelled between admission and start: wait again
         loop_cfg = dict(spec.get("config", {}))
         loop_cfg.pop("storage_path", None)
@@ -170,36 +170,37 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
         except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
             return _fail_now(ctl, tracker, wid, f"{exc}")
         loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=tracker.tracking_uri,
-                                            fault=fault, marker_dir=os.path.join(storage_path, wid, "_faults")))
+                                            fault=fault, marker_dir=os.path.join(storage_path, wid, "_faults"),
+                                            control=ctl))
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
-                                train_loop_config=loop_cfg, loop=loop)
+                                train_loop_config=loop_cfg, loop=loop, control=ctl)
         error: Optional[BaseException] = None
         result = None
         try:
             result = trainer.fit()
         except Exception as exc:  # noqa: BLE001 - classified below: forced stop, cancel, or a crash to retry
             error = exc
-        state = call(ctl, "status", wid)["state"]
+        state = ctl.status(wid).state
         out = (result.return_value or {}) if result is not None else {}
         step = out.get("step")
-        if state == "CANCELLED":
+        if state is State.CANCELLED:
             tracker.event("cancelled", f"cancelled at step {step}")
             tracker.finish("KILLED")
-            return call(ctl, "status", wid)
+            return ctl.status(wid)
         # A gang that reached its last step finished, even if a preemption arrived meanwhile.
         done = error is None and out.get("status") == "finished"
-        if not done and (state in ("PREEMPTING", "PENDING") or out.get("status") == "yielded"):
+        if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
             how = "yielded" if error is None else "stopped by force"
             tracker.event("preempted", f"{how} at step {step}", step=step)
             _say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
-            call(ctl, "release", wid, "yielded", step=step)
+            ctl.release(wid, Outcome.YIELDED, step=step)
             continue
         if error is None:
             tracker.event("finished", f"finished at step {step}", step=step)
             _log_model(tracker, storage_path, wid)
             tracker.finish("FINISHED")
-            rec = call(ctl, "release", wid, "finished", state="SUCCEEDED", step=step,
-                       detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
+            rec = ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, step=step,
+                              detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
             _say(f"{wid} finished at step {step}")
             return rec
         fatal = _fatal_cause(error)
@@ -211,8 +212,8 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
                              f"gang failed {failures} times (retry budget {retry_budget}): {_short(error)}")
         backoff = min(2.0 ** (failures - 1), 30.0)
         tracker.event("restarted", f"attempt {failures} failed ({_short(error)}); retry in {backoff:g}s")
-        call(ctl, "report", wid, "event", restart=True, note=f"restart {failures}/{retry_budget} after "
-                                                              f"{_short(error)}; backoff {backoff:g}s")
+        ctl.event(wid, f"restart {failures}/{retry_budget} after {_short(error)}; backoff {backoff:g}s",
+                  restart=True)
         _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
         time.sleep(backoff)
 
@@ -220,14 +221,19 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
 def _resolved_init(ctl, wid: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
     """``init_from: {workload, step}`` as the directory the control actor pinned for this workload."""
     from raylane.control.checkpoints import parse_ref
-    from raylane.control.client import call
     from raylane.run import _say
 
     if parse_ref(cfg.get("init_from")) is None:
         return {}
-    got = call(ctl, "resolve_checkpoint", wid)
+    got = ctl.resolve_checkpoint(wid)
     _say(f"{wid} starts from {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
     return {"init_from": got["path"]}
+
+
+def _default_storage() -> str:
+    """``~/.raylane/runs``, created readable by its user only (it holds every team's checkpoints)."""
+    os.makedirs(DEFAULT_STORAGE, mode=0o700, exist_ok=True)
+    return DEFAULT_STORAGE
 
 
 def _log_model(tracker, storage_path: str, wid: str) -> None:

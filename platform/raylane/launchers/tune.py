@@ -47,7 +47,6 @@ from typing import Any, Dict, List, Optional
 
 from raylane.config.loader import load_spec_from_dict
 from raylane.config.models import NAME_MAX
-from raylane.control.client import call
 from raylane.errors import FatalError, RetryableError, ValidationError
 
 __all__ = ["run_sweep", "SlotManager", "STATE_FILE", "slot_specs"]
@@ -176,7 +175,7 @@ class SlotManager(threading.Thread):
 
     def _status(self, wid: str) -> Dict[str, Any]:
         try:
-            return call(self.ctl, "status", wid, timeout=10)
+            return self.ctl.status(wid, timeout=10)
         except FatalError:
             return {"state": "CANCELLED"}
         except Exception as exc:  # noqa: BLE001 - Ray errors while the actor restarts
@@ -184,7 +183,7 @@ class SlotManager(threading.Thread):
 
     def _note(self, slot: Slot, note: str, **data) -> None:
         self.events.append(f"{slot.wid}: {note}")
-        call(self.ctl, "report", slot.wid, "event", note=note, **data)
+        self.ctl.event(slot.wid, note=note, **data)
 
     def tick(self) -> None:
         """One pass: follow each slot's state, publish the grant, release what is reclaimed or idle."""
@@ -198,8 +197,8 @@ class SlotManager(threading.Thread):
                     log.info("sweep %s: slot %s is %s", self.sweep_id, slot.wid, state)
                 slot.phase, slot.trial = "done", None
             elif slot.phase == "waiting" and state == "ADMITTED":
-                if call(self.ctl, "wait_admission", slot.wid, 0.01)["ready"]:
-                    r = call(self.ctl, "report", slot.wid, "running", job_id=self.job_id,
+                if self.ctl.wait_admission(slot.wid, 0.01)["ready"]:
+                    r = self.ctl.running(slot.wid, job_id=self.job_id,
                              note=f"slot taken by sweep {self.sweep_id}")
                     if r["state"] == "RUNNING":
                         slot.phase = "active"
@@ -223,7 +222,7 @@ class SlotManager(threading.Thread):
         self._save_state()
 
     def _preempt_reason(self, wid: str) -> str:
-        journal = call(self.ctl, "explain", wid)["journal"]
+        journal = self.ctl.explain(wid)["journal"]
         return next((e.get("reason") for e in reversed(journal) if e["kind"] == "preempting"), None) or "preempted"
 
     def _publish(self) -> None:
@@ -251,7 +250,7 @@ class SlotManager(threading.Thread):
             else:
                 what = "no trial was running on it"
             self._note(slot, f"yielded: {what}")
-            call(self.ctl, "release", slot.wid, "yielded", step=paused[0].step if paused else None)
+            self.ctl.release(slot.wid, "yielded", step=paused[0].step if paused else None)
             _say(f"{self.sweep_id}: slot {slot.wid} yielded ({what})")
             slot.phase, slot.trial = "waiting", None
             leased -= 1
@@ -275,9 +274,9 @@ class SlotManager(threading.Thread):
         for slot in order[:extra]:
             self._final_detail(slot, "given back: no trial left for it")
             if slot.phase == "waiting":
-                call(self.ctl, "cancel", slot.wid)
+                self.ctl.cancel(slot.wid)
             else:
-                call(self.ctl, "release", slot.wid, "finished", state="SUCCEEDED",
+                self.ctl.release(slot.wid, "finished", state="SUCCEEDED",
                      detail="no trial of the sweep left for this slot")
             self.events.append(f"{slot.wid}: given back (no trial left for it)")
             slot.phase, slot.trial = "done", None
@@ -318,7 +317,7 @@ class SlotManager(threading.Thread):
                 continue
             detail = summary + (f"; this slot runs trial {slot.trial}" if slot.trial else "")
             if detail != slot.detail:
-                call(self.ctl, "report", slot.wid, "event", detail=detail)
+                self.ctl.event(slot.wid, detail=detail)
                 slot.detail = detail
 
     def summary(self, views=None) -> str:
@@ -337,7 +336,7 @@ class SlotManager(threading.Thread):
         return f"sweep {self.sweep_id}: {', '.join(parts)} of {self.trials_total} trials"
 
     def _final_detail(self, slot: Slot, why: str) -> None:
-        call(self.ctl, "report", slot.wid, "event", detail=f"{self.summary()}; {why}")
+        self.ctl.event(slot.wid, detail=f"{self.summary()}; {why}")
 
     def _save_state(self) -> None:
         from raylane.sweeps.quota import UNFINISHED
@@ -358,10 +357,10 @@ class SlotManager(threading.Thread):
                     continue
                 self._final_detail(slot, f"sweep {state.lower()}")
                 if rec["state"] in ("RUNNING", "PREEMPTING"):
-                    call(self.ctl, "release", slot.wid, "finished" if state == "SUCCEEDED" else "failed",
+                    self.ctl.release(slot.wid, "finished" if state == "SUCCEEDED" else "failed",
                          state=state, detail=self.summary())
                 else:
-                    call(self.ctl, "cancel", slot.wid)
+                    self.ctl.cancel(slot.wid)
             except Exception as exc:  # noqa: BLE001 - give back what we can
                 log.warning("sweep %s: could not give slot %s back: %s", self.sweep_id, slot.wid, exc)
             slot.phase = "done"
@@ -491,8 +490,8 @@ def _sweep_state(ctl, name: str, exp_dir: Path):
     state.restarts += 1
     for wid in state.slots:
         try:
-            if call(ctl, "status", wid)["state"] not in TERMINAL:
-                call(ctl, "cancel", wid)
+            if ctl.status(wid)["state"] not in TERMINAL:
+                ctl.cancel(wid)
         except FatalError:  # forgotten by the control actor: nothing to give back
             pass
     return state, resumed
@@ -515,11 +514,11 @@ def _submit_slots(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker,
     sweep = parsed.sweep
     slots = []
     for slot_spec in slot_specs(parsed):
-        slots.append(Slot(len(slots), call(ctl, "submit", slot_spec, job_id=job_id)["id"]))
+        slots.append(Slot(len(slots), ctl.submit(slot_spec, job_id=job_id)["id"]))
     state.slots = [s.wid for s in slots]
     state.save(exp_dir / STATE_FILE)
     for s in slots:
-        call(ctl, "report", s.wid, "event", mlflow_run_id=tracker.run_id,
+        ctl.event(s.wid, mlflow_run_id=tracker.run_id,
              note=f"slot {s.index} of sweep {state.sweep_id} ({sweep.trials} trials, up to {sweep.concurrency} at once)")
     _say(f"sweep {state.sweep_id}: {sweep.trials} trials, {len(slots)} slot(s) submitted: "
          f"{', '.join(s.wid for s in slots)}" + (f" (resuming, driver {state.restarts})" if resumed else ""))
@@ -546,7 +545,7 @@ def _fit(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, resumed:
             while grant.granted < need and not grant.stop_requested:
                 time.sleep(poll_s)
         return Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True).fit()
-    retry_budget = int(call(ctl, "class_info", parsed.class_)["retry_budget"])
+    retry_budget = int(ctl.class_info(parsed.class_)["retry_budget"])
     tracking = SweepTracking(
         sweep_id=sweep_id, parent_run_id=tracker.run_id, uri=tracker.tracking_uri, name=parsed.name,
         experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,

@@ -1,0 +1,258 @@
+"""The control plane's calls: one request model per call, checked the same way on both sides. Pure: no Ray.
+
+The control actor takes every call through one entry point, ``request(credential, call, args)``: the call's name
+is looked up in ``CALLS`` (an unknown name is refused naming the known ones), its arguments are validated by the
+call's model (``extra="forbid"``, strict types, bounded sizes: every problem is named by its field, the value and
+what is allowed), the caller is authenticated, then authorized for the call's ``Action`` on its target workload.
+``raylane.control.client.ControlClient`` builds these requests; nothing else names a call.
+
+Words: *call* is the request's name (``submit``, ``cancel``, ...); *target* the workload a call acts on, if any.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, ClassVar, Dict, List, Optional, Type
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import ValidationError as PydanticValidationError
+from typing_extensions import Annotated
+
+from raylane.auth import Action
+from raylane.errors import ValidationError
+
+WORKLOAD_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$"
+JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,159}$"
+WorkloadId = Annotated[StrictStr, Field(pattern=WORKLOAD_ID)]
+JobId = Annotated[StrictStr, Field(pattern=JOB_ID)]
+Text = Annotated[StrictStr, Field(max_length=4000)]
+Step = Annotated[StrictInt, Field(ge=0, le=10 ** 12)]
+Seconds = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
+MAX_SPEC_BYTES = 1 << 20
+
+
+class Outcome(str, enum.Enum):
+    """How a workload's attempt ended, as its driver releases it."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    YIELDED = "yielded"  # after a preemption: back to the queue
+
+
+class EndState(str, enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+class ReportKind(str, enum.Enum):
+    RUNNING = "running"  # the driver started its work on the lease
+    EVENT = "event"  # a note for the journal, or progress (detail)
+
+
+class Request(BaseModel):
+    """One call's arguments. ``action`` is what ``raylane.auth.authorize`` checks; ``audited`` calls are written to
+    the audit trail when they succeed (every refusal is, whatever the call)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    action: ClassVar[Optional[Action]] = None
+    audited: ClassVar[bool] = False
+
+    def target(self) -> Optional[str]:
+        return getattr(self, "workload_id", None)
+
+    @classmethod
+    def parse(cls, args: Any) -> "Request":
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise ValidationError(f"call {CALL_NAMES[cls]}", [("args", _short(args), "a mapping of argument names "
+                                                                                     "to values")])
+        try:
+            return cls(**args)
+        except PydanticValidationError as exc:
+            raise ValidationError(f"call {CALL_NAMES[cls]}", [
+                (".".join(str(p) for p in e["loc"]) or "args", _short(e.get("input")), e["msg"])
+                for e in exc.errors()]) from None
+        except TypeError as exc:  # e.g. non-string keys
+            raise ValidationError(f"call {CALL_NAMES[cls]}", [("args", _short(args), str(exc))]) from None
+
+
+def _short(v: Any) -> Any:
+    """A value as an error shows it: long ones cut, so a huge argument does not become a huge error."""
+    text = repr(v)
+    return v if len(text) <= 200 else text[:200] + f"... ({len(text)} characters)"
+
+
+class Submit(Request):
+    spec: Dict[StrictStr, Any]
+    job_id: Optional[JobId] = None
+    action: ClassVar[Optional[Action]] = Action.SUBMIT
+    audited: ClassVar[bool] = True
+
+    @field_validator("spec")
+    @classmethod
+    def _size(cls, v):
+        try:
+            n = len(json.dumps(v, default=str))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"a JSON-like mapping ({type(exc).__name__})") from None
+        if n > MAX_SPEC_BYTES:
+            raise ValueError(f"at most {MAX_SPEC_BYTES} bytes as JSON (got {n})")
+        return v
+
+
+class Cancel(Request):
+    workload_id: WorkloadId
+    action: ClassVar[Optional[Action]] = Action.CANCEL
+    audited: ClassVar[bool] = True
+
+
+class Release(Request):
+    workload_id: WorkloadId
+    outcome: Outcome
+    state: EndState = EndState.SUCCEEDED
+    step: Optional[Step] = None
+    detail: Text = ""
+    action: ClassVar[Optional[Action]] = Action.RELEASE
+    audited: ClassVar[bool] = True
+
+
+class Report(Request):
+    workload_id: WorkloadId
+    kind: ReportKind
+    note: Optional[Text] = None
+    detail: Optional[Text] = None
+    restart: Optional[StrictBool] = None
+    mlflow_run_id: Optional[Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = None
+    job_id: Optional[JobId] = None
+    step: Optional[Step] = None
+    action: ClassVar[Optional[Action]] = Action.REPORT
+
+
+class CheckpointSaved(Request):
+    workload_id: WorkloadId
+    path: Annotated[StrictStr, Field(min_length=1, max_length=4096)]
+    metrics: Optional[Dict[StrictStr, Any]] = None
+    action: ClassVar[Optional[Action]] = Action.REPORT
+
+
+class RegisterWorkers(Request):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    workload_id: WorkloadId
+    handles: Annotated[List[Any], Field(max_length=4096)]
+    action: ClassVar[Optional[Action]] = Action.REPORT
+
+
+class WorkloadCall(Request):
+    workload_id: WorkloadId
+
+
+class ShouldStop(WorkloadCall):
+    action: ClassVar[Optional[Action]] = Action.REPORT
+
+
+class ResolveCheckpoint(WorkloadCall):
+    action: ClassVar[Optional[Action]] = Action.REPORT
+
+
+class Status(WorkloadCall):
+    """A workload's record: its whole record for its team, positions and reasons for others."""
+
+
+class Explain(WorkloadCall):
+    """Status plus the team's quota and, for its team, the journal."""
+
+
+class WaitAdmission(WorkloadCall):
+    timeout_s: Seconds = 5.0
+
+
+class FindJob(Request):
+    job_id: JobId
+
+
+class Queue(Request):
+    include_done: StrictBool = False
+    action: ClassVar[Optional[Action]] = Action.QUEUE
+
+
+class ClassInfo(Request):
+    name: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+
+
+class Info(Request):
+    pass
+
+
+class WhoAmI(Request):
+    pass
+
+
+class TokenCreate(Request):
+    user: StrictStr
+    teams: List[StrictStr] = Field(default_factory=list, max_length=64)
+    role: StrictStr = "member"
+    ttl_s: Optional[Annotated[float, Field(gt=0, le=366 * 86400, allow_inf_nan=False)]] = None
+    note: Annotated[StrictStr, Field(max_length=200)] = ""
+    action: ClassVar[Optional[Action]] = Action.TOKEN_ADMIN
+    audited: ClassVar[bool] = True
+
+
+class JobToken(Request):
+    """A token for one Ray job, with the caller's own rights, that expires (``raylane submit`` makes one)."""
+
+    ttl_s: Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)] = 86400.0
+    note: Annotated[StrictStr, Field(max_length=200)] = ""
+    audited: ClassVar[bool] = True
+
+
+class TokenId(Request):
+    token_id: Annotated[StrictStr, Field(pattern=r"^[a-z0-9]{12}$")]
+    action: ClassVar[Optional[Action]] = Action.TOKEN_ADMIN
+    audited: ClassVar[bool] = True
+
+
+class TokenRotate(TokenId):
+    pass
+
+
+class TokenRevoke(TokenId):
+    pass
+
+
+class TokenList(Request):
+    include_revoked: StrictBool = False
+    action: ClassVar[Optional[Action]] = Action.TOKEN_ADMIN
+
+
+class Audit(Request):
+    since: Optional[Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]] = None
+    user: Optional[Annotated[StrictStr, Field(max_length=64)]] = None
+    team: Optional[Annotated[StrictStr, Field(max_length=64)]] = None
+    limit: Annotated[StrictInt, Field(ge=1, le=100000)] = 1000
+    action: ClassVar[Optional[Action]] = Action.AUDIT_READ
+
+
+class ReloadPolicy(Request):
+    policy: Dict[StrictStr, Any]
+    action: ClassVar[Optional[Action]] = Action.POLICY_RELOAD
+    audited: ClassVar[bool] = True
+
+
+CALLS: Dict[str, Type[Request]] = {
+    "submit": Submit, "cancel": Cancel, "release": Release, "report": Report, "checkpoint_saved": CheckpointSaved,
+    "register_workers": RegisterWorkers, "should_stop": ShouldStop, "resolve_checkpoint": ResolveCheckpoint,
+    "status": Status, "explain": Explain, "wait_admission": WaitAdmission, "find_job": FindJob, "queue": Queue,
+    "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "token_create": TokenCreate, "job_token": JobToken,
+    "token_rotate": TokenRotate, "token_revoke": TokenRevoke, "token_list": TokenList, "audit": Audit,
+    "reload_policy": ReloadPolicy,
+}
+CALL_NAMES: Dict[Type[Request], str] = {v: k for k, v in CALLS.items()}
+
+
+def parse(call: Any, args: Any) -> Request:
+    """The validated request for ``call(args)``; raises ``ValidationError`` naming the call or the field."""
+    if not isinstance(call, str) or call not in CALLS:
+        raise ValidationError("control-plane request", [("call", _short(call), f"one of {', '.join(sorted(CALLS))}")])
+    return CALLS[call].parse(args)

@@ -1,0 +1,187 @@
+"""The control plane's gate: who is asking, whether they may, and the audit trail. Ray-free; the actor calls it.
+
+It owns the token store (rebuilt from the journal's ``token`` entries: never a secret, only id, salt and digest),
+the audit trail (``audit`` entries: principal, action, target, outcome, reason, time), and the views of a workload a
+caller may see. ``check`` is the one place a call is authenticated and authorized; it journals every refusal
+before raising it, so a refused call changes nothing but the audit trail.
+
+Journal rows it writes: kind ``token`` (workload id ``@tokens``; data ``op``: created, rotated, revoked) and kind
+``audit`` (workload id: the target workload, or ``@``+the call's name when there is none).
+
+Views: every authenticated caller sees positions, reasons, states and sizes of all work (``summary``); a workload's
+team and operators also see its spec, config, owner and journal (``full``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List, Optional
+
+from raylane import auth
+from raylane.auth import ANONYMOUS, Action, Principal, Role, TokenRecord, TokenStore
+from raylane.control import api
+from raylane.control.journal import Entry, Journal
+from raylane.errors import AuthenticationError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
+
+TOKENS = "@tokens"
+# What every caller may see of any workload; the rest (spec, config, owner, journal, pins, checkpoints, job) only
+# its team and operators.
+SUMMARY_FIELDS = ("id", "team", "class", "kind", "state", "reason", "reason_data", "position", "submit_time",
+                  "admitted_at", "ended_at", "preemptions", "restarts", "attempts", "outcome", "detail", "queued_since",
+                  "step")
+
+
+class Gate:
+    def __init__(self, journal: Journal, *, enabled: bool = True, teams: Iterable[str] = ()):
+        self.journal = journal
+        self.enabled = enabled
+        self.teams = set(teams)
+        self.store = TokenStore()
+
+    # ------------------------------------------------------------------------------------------- tokens
+    def apply(self, e: Entry) -> None:
+        """Replay one ``token`` entry (the same code the live path uses)."""
+        if e.kind != "token":
+            return
+        d = e.data
+        if d["op"] == "created":
+            self.store.tokens[d["id"]] = TokenRecord(
+                id=d["id"], user=d["user"], teams=tuple(d["teams"]), role=Role(d["role"]), salt=d["salt"],
+                digest=d["digest"], created=e.ts, expires=d.get("expires"), created_by=d.get("created_by", ""),
+                parent=d.get("parent"), note=d.get("note", ""))
+        elif d["op"] in ("revoked", "rotated"):
+            rec = self.store.tokens.get(d["id"])
+            if rec is not None and rec.revoked is None:
+                rec.revoked = e.ts
+
+    def _token_entry(self, **data) -> None:
+        self.apply(self.journal.append("token", TOKENS, **data))
+
+    def add_token(self, *, user: str, teams, role, created_by: str, ttl_s: Optional[float] = None,
+                  parent: Optional[str] = None, note: str = "", token: Optional[tuple] = None,
+                  now: Optional[float] = None) -> str:
+        """Create a token and journal its digest; returns the token (its only copy). ``token``: a (token, id, salt,
+        digest) made elsewhere (``bootstrap``)."""
+        now = time.time() if now is None else now
+        user = auth.check_user(user)
+        teams = auth.check_teams(teams, self.teams or None)
+        role = auth.check_role(role)
+        tok, tid, salt, dig = token or auth.new_token()
+        self._token_entry(op="created", id=tid, user=user, teams=list(teams), role=role.value, salt=salt,
+                          digest=dig, expires=(now + ttl_s) if ttl_s else None, created_by=created_by,
+                          parent=parent, note=note)
+        return tok
+
+    def bootstrap(self, user: str, token_id: str, salt: str, digest: str) -> None:
+        """The first operator token, whose digest the starter of the control plane passed in (its secret never
+        reaches the actor). Idempotent: a restart with the same arguments adds nothing."""
+        if token_id in self.store.tokens:
+            return
+        self._token_entry(op="created", id=token_id, user=auth.check_user(user), teams=[], role=Role.OPERATOR.value,
+                          salt=salt, digest=digest, expires=None, created_by="bootstrap", parent=None,
+                          note="created when the control plane started")
+
+    def rotate(self, token_id: str, by: Principal) -> str:
+        old = self._token(token_id)
+        now = time.time()
+        if old.status(now) != "active":
+            raise ValidationError("token rotate", [("token_id", token_id, f"an active token (this one is "
+                                                                          f"{old.status(now)})")])
+        ttl = (old.expires - old.created) if old.expires else None
+        tok = self.add_token(user=old.user, teams=old.teams, role=old.role, created_by=by.user, ttl_s=ttl,
+                             parent=old.parent, note=f"rotated from {token_id}" + (f"; {old.note}" if old.note else ""))
+        self._token_entry(op="rotated", id=token_id, by=by.user)
+        return tok
+
+    def revoke(self, token_id: str, by: Principal) -> Dict[str, Any]:
+        rec = self._token(token_id)
+        if rec.revoked is None:
+            self._token_entry(op="revoked", id=token_id, by=by.user)
+        return rec.public(time.time())
+
+    def _token(self, token_id: str) -> TokenRecord:
+        rec = self.store.tokens.get(token_id)
+        if rec is None:
+            raise NotFoundError(f"no token {token_id!r}")
+        return rec
+
+    def token_list(self, include_revoked: bool) -> List[Dict[str, Any]]:
+        now = time.time()
+        out = [t.public(now) for t in self.store.tokens.values()]
+        return [t for t in out if include_revoked or t["status"] == "active"]
+
+    # --------------------------------------------------------------------------------------------- check
+    def authenticate(self, credential: Any, now: float) -> Principal:
+        if not self.enabled:
+            return ANONYMOUS
+        return self.store.authenticate(credential, now)
+
+    def check(self, credential: Any, call: Any, args: Any, *, team_of=None, now: Optional[float] = None):
+        """(principal, request) for an allowed call. A refused one (bad arguments, bad credential, not allowed) is
+        audited and raised. ``team_of(request) -> (team, owner)`` names the target's team and owner; it may raise
+        ``NotFoundError``."""
+        now = time.time() if now is None else now
+        principal: Optional[Principal] = None
+        name = call if isinstance(call, str) and call in api.CALLS else "?"
+        req = None
+        try:
+            req = api.parse(call, args)
+            principal = self.authenticate(credential, now)
+            if req.action is not None:
+                team, owner = team_of(req) if team_of is not None else (None, None)
+                auth.authorize(principal, req.action, team=team, owner=owner)
+            return principal, req
+        except (AuthenticationError, PermissionDeniedError, ValidationError, NotFoundError) as exc:
+            self.record(principal, name, _target(req, args), "refused", str(exc), now=now,
+                        credential=None if principal is not None else _token_id(credential))
+            raise
+
+    def record(self, principal: Optional[Principal], call: str, target: Optional[str], outcome: str,
+               reason: str = "", *, now: Optional[float] = None, credential: Optional[str] = None) -> None:
+        """One audit entry: who (user, role, token id, teams), what call, on what, with what outcome and why."""
+        p = principal
+        self.journal.append("audit", target or f"@{call}", ts=now,
+                            user=p.user if p else None, role=p.role.value if p else None,
+                            token_id=p.token_id if p else credential, teams=list(p.teams) if p else [],
+                            action=call, target=target, outcome=outcome, reason=reason[:1000])
+
+    def audit(self, *, since: Optional[float] = None, user: Optional[str] = None, team: Optional[str] = None,
+              limit: int = 1000, teams_of=None) -> List[Dict[str, Any]]:
+        """Audit entries, oldest first (the newest ``limit``). ``team``: entries by a member of the team, or on one
+        of its workloads (``teams_of(workload_id)``)."""
+        rows = []
+        for e in self.journal.entries_of_kind("audit", since=since):
+            d = e.data
+            if user is not None and d.get("user") != user:
+                continue
+            if team is not None and team not in (d.get("teams") or []) and (
+                    teams_of is None or teams_of(d.get("target")) != team):
+                continue
+            rows.append({"ts": e.ts, **d})
+        return rows[-limit:]
+
+    # ---------------------------------------------------------------------------------------------- views
+    def may_read(self, p: Principal, team: str) -> bool:
+        return p.operator or team in p.teams
+
+    def view(self, p: Principal, public: Dict[str, Any]) -> Dict[str, Any]:
+        """A record as ``p`` may see it."""
+        if self.may_read(p, public.get("team", "")):
+            return public
+        out = {k: public.get(k) for k in SUMMARY_FIELDS}
+        out["redacted"] = True
+        return out
+
+
+def _target(req, args) -> Optional[str]:
+    if req is not None:
+        return req.target()
+    wid = args.get("workload_id") if isinstance(args, dict) else None
+    return wid if isinstance(wid, str) and len(wid) <= 160 else None
+
+
+def _token_id(credential: Any) -> Optional[str]:
+    """The id of a presented token, for the audit trail of a refusal (never the secret)."""
+    try:
+        return auth.parse_token(credential)[0]
+    except RaylaneError:
+        return None if credential in (None, "") else "malformed"
