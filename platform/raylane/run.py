@@ -70,7 +70,9 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     if not ray.is_initialized():
         _init_ray()
     launcher = launcher_for(kind)
-    ctl = connect_driver()
+    ctl, who = connect_driver()
+    if who.get("auth"):  # MLflow records the caller as the owner, not what the spec claims
+        spec = {**spec, "run": {**(spec.get("run") or {}), "owner": who["user"]}}
     kwargs: Dict[str, Any] = {"ctl": ctl, "job_id": _job_id()}
     if kind != "serve":
         kwargs.update(storage_path=storage_path, tracking_uri=tracking_uri, poll_s=poll_s)
@@ -89,7 +91,7 @@ def connect_driver():
     who = ctl.whoami()
     if who.get("auth"):
         _say(f"acting as {who['user']} ({who['role']}; teams {', '.join(who['teams']) or '-'})")
-    return ctl
+    return ctl, who
 
 
 def _init_ray() -> None:
@@ -111,8 +113,6 @@ def registered(ctl, spec: Dict[str, Any], job_id: Optional[str],
     cancels the workload. What one-lease launchers (train, eval, batch) share."""
     rec = ctl.submit(spec, job_id=job_id)
     wid = rec.id
-    if rec.owner:  # the control plane's owner (the caller), not what the spec claims
-        spec.setdefault("run", {})["owner"] = rec.owner
     _say(f"workload {wid} submitted (job {job_id or '-'})")
 
     def on_signal(signum, frame):  # `ray job stop` sends SIGTERM (or SIGINT): the workload is cancelled
