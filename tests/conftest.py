@@ -1,6 +1,7 @@
 """Test-wide settings and the clean-up check.
 
-Ray reads the settings at import, so they are set before anything imports Ray.
+Ray reads the settings at import, so they are set before anything imports Ray. No test sees the developer's own
+Raylane credential (``RAYLANE_TOKEN`` is unset, ``RAYLANE_CREDENTIALS`` names a file of the session's own).
 
 Every process this pytest session starts inherits ``RAYLANE_PYTEST_SESSION`` (Ray's head, raylets, dashboard and
 agents, workers and job drivers included). After each test module the check below waits a little for what the
@@ -19,6 +20,9 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
+# A developer's own Raylane token never reaches a test (nor the clusters and drivers tests start): tests pass the
+# tokens they mean to use. The credentials file is the session's own (``_session_credentials``).
+os.environ.pop("RAYLANE_TOKEN", None)
 SESSION_KEY = "RAYLANE_PYTEST_SESSION"
 os.environ[SESSION_KEY] = uuid.uuid4().hex
 
@@ -88,6 +92,19 @@ def leaves_nothing_behind(request):
                 pass
     if problems:
         pytest.fail(f"{request.module.__name__} left things behind: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_credentials(tmp_path_factory):
+    """``~/.raylane/credentials`` is the developer's: the session (and every process it starts) uses a file of its
+    own instead, empty until a test writes it."""
+    before = os.environ.get("RAYLANE_CREDENTIALS")
+    os.environ["RAYLANE_CREDENTIALS"] = str(tmp_path_factory.mktemp("raylane-home") / "credentials")
+    yield
+    if before is None:
+        os.environ.pop("RAYLANE_CREDENTIALS", None)
+    else:
+        os.environ["RAYLANE_CREDENTIALS"] = before
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,10 @@
 """End-to-end helpers through Ray's jobs API: a module-scoped environment (a local cluster with logical GPUs, the
 control actor, a jobs client, a sqlite MLflow store) and the calls tests make on it. Shared by every e2e module
-that submits workloads as a user would (``python -m raylane.run SPEC`` as a Ray job)."""
+that submits workloads as a user would (``python -m raylane.run SPEC`` as a Ray job).
+
+The control plane runs with authentication on, as `raylane up` starts it: ``env["ctl"]`` is the operator's client
+(``start_control``'s bootstrap token), and every job's driver gets a credential the documented way
+(``raylane.jobs.with_credential``: a ``py_modules`` entry), the operator's unless a test passes another token."""
 from __future__ import annotations
 
 import os
@@ -9,7 +13,7 @@ from typing import Any, Dict, Optional
 
 import ray
 
-from raylane.control.client import call, start_control, stop_control
+from raylane.control.client import ControlClient, WorkloadView, start_control, stop_control
 from tests.raytest import local_policy, start_cluster, stop_cluster, wait_for
 
 # What every test job's driver gets: no auth (a test cluster), a fast Train controller, no drain watcher.
@@ -61,14 +65,18 @@ def write_spec(env, s: dict, name: str):
     return path
 
 
-def submit_job(env, s: dict, name: str, *, working_dir: Optional[str] = None, env_vars: Optional[dict] = None) -> str:
-    """Submit ``s`` as ``python -m raylane.run SPEC`` (a plain Ray job); ``working_dir`` is uploaded with it."""
+def submit_job(env, s: dict, name: str, *, working_dir: Optional[str] = None, env_vars: Optional[dict] = None,
+               token: Optional[str] = None) -> str:
+    """Submit ``s`` as ``python -m raylane.run SPEC`` (a plain Ray job); ``working_dir`` is uploaded with it. Its
+    driver acts with ``token`` (default: the operator's), sent with the job by ``raylane.jobs.with_credential``."""
     from raylane.jobs import submit_job as submit
+    from raylane.jobs import with_credential
 
     path = write_spec(env, s, name)
     runtime_env: Dict[str, Any] = {"env_vars": {**JOB_ENV, **(env_vars or {})}}
     if working_dir:
         runtime_env["working_dir"] = str(working_dir)
+    runtime_env = with_credential(runtime_env, token if token is not None else operator_token(env))
     job = submit(env["client"],
                  entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
                             f"--tracking-uri {env['uri']}",
@@ -77,13 +85,19 @@ def submit_job(env, s: dict, name: str, *, working_dir: Optional[str] = None, en
     return job
 
 
+def operator_token(env) -> Optional[str]:
+    """The operator's token (None when the control plane runs without authentication)."""
+    ctl: ControlClient = env["ctl"]
+    return ctl.credential.token if ctl.credential is not None else None
+
+
 def workload_of(env, wid: str) -> Optional[str]:
-    return call(env["ctl"], "status", wid).get("job_id")
+    return env["ctl"].status(wid).get("job_id")
 
 
-def record_of_job(env, job_id: str, timeout: float = 60) -> Dict[str, Any]:
+def record_of_job(env, job_id: str, timeout: float = 60) -> WorkloadView:
     def find():
-        return next((r for r in call(env["ctl"], "queue", True) if workload_of(env, r["id"]) == job_id), None)
+        return next((r for r in env["ctl"].queue(include_done=True) if workload_of(env, r.id) == job_id), None)
     return wait_for(find, timeout=timeout, what=f"workload of job {job_id}")
 
 
@@ -129,5 +143,6 @@ def print_job_logs_on_failure(request, env) -> None:
     env["jobs"].clear()
 
 
-__all__ = ["JOB_ENV", "start_env", "module_env", "stop_env", "write_spec", "submit_job", "record_of_job", "finished",
-           "mlflow_run", "metric_history", "print_job_logs_on_failure", "local_policy", "call", "wait_for"]
+__all__ = ["JOB_ENV", "start_env", "module_env", "stop_env", "write_spec", "submit_job", "operator_token",
+           "record_of_job", "finished", "mlflow_run", "metric_history", "print_job_logs_on_failure", "local_policy",
+           "wait_for"]

@@ -4,7 +4,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.client import call, start_control, stop_control  # noqa: E402
+from raylane.control.client import ControlClient, EndState, Outcome, State, start_control, stop_control  # noqa: E402
 from raylane.errors import InfeasibleError, NotFoundError, ValidationError  # noqa: E402
 from tests.raytest import local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
@@ -17,8 +17,8 @@ def ctl(tmp_path_factory):
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     journal = str(tmp_path_factory.mktemp("journal") / "journal.db")
     # No minimum runtime for pretrain so that preemption is immediate in these tests.
-    handle = start_control(local_policy(pretrain={"min_runtime": 0}), journal, tick_s=0.2)
-    yield handle
+    client = start_control(local_policy(pretrain={"min_runtime": 0}), journal, tick_s=0.2)
+    yield client
     stop_control()
     stop_cluster(cluster)
 
@@ -35,16 +35,16 @@ def node_by_feature(feature):
 
 
 def drain(ctl):
-    for row in call(ctl, "queue"):
-        call(ctl, "cancel", row["id"])
+    for row in ctl.queue():
+        ctl.cancel(row.id)
     wait_for(lambda: not pg_table(), what="all reservations released")
 
 
 def test_submit_admits_into_pinned_placement_group(ctl):
     drain(ctl)
-    rec = call(ctl, "submit", spec("feat", "team-a", "pretrain", workers=2, features=["nvlink"]))
-    rec = wait_for(lambda: (r := call(ctl, "wait_admission", rec["id"], 2.0))["ready"] and r, what="admission")
-    assert rec["state"] == "ADMITTED"
+    rec = ctl.submit(spec("feat", "team-a", "pretrain", workers=2, features=["nvlink"]))
+    rec = wait_for(lambda: (r := ctl.wait_admission(rec.id, 2.0)).ready and r, what="admission")
+    assert rec.state is State.ADMITTED
     pg = pg_table()[rec["pg_name"]]
     assert pg["state"] == "CREATED"
     # Both bundles sit on the node the core chose, the only one with the nvlink feature.
@@ -54,73 +54,74 @@ def test_submit_admits_into_pinned_placement_group(ctl):
 
 def test_quota_refusal_gives_reason_and_position(ctl):
     drain(ctl)
-    ids = [call(ctl, "submit", spec(f"q{i}", "team-a", "pretrain", workers=2))["id"] for i in range(3)]
+    ids = [ctl.submit(spec(f"q{i}", "team-a", "pretrain", workers=2)).id for i in range(3)]
     # team-a: nominal 2 + borrowing 2 = 4 GPUs: two gangs of 2 run, the third waits on quota.
-    wait_for(lambda: sum(r["state"] == "ADMITTED" for r in call(ctl, "queue")) == 2, what="two admitted")
-    row = wait_for(lambda: next((r for r in call(ctl, "queue") if r["state"] == "PENDING" and r["reason"]), None),
+    wait_for(lambda: sum(r.state is State.ADMITTED for r in ctl.queue()) == 2, what="two admitted")
+    row = wait_for(lambda: next((r for r in ctl.queue() if r.state is State.PENDING and r.reason), None),
                    what="pending reason")
-    assert row["id"] == ids[2] and row["position"] == 1
-    assert "team team-a uses 4 of 2 GPU nominal + 0 borrowable; this gang needs 2" in row["reason"]
-    explained = call(ctl, "explain", ids[2])
+    assert row.id == ids[2] and row.position == 1
+    assert "team team-a uses 4 of 2 GPU nominal + 0 borrowable; this gang needs 2" in row.reason
+    explained = ctl.explain(ids[2])
     assert explained["reason_data"]["type"] == "QuotaExceeded"
     assert explained["team_quota"]["gpu"]["used"] == 4
 
 
 def test_infeasible_and_invalid_requests_are_refused_at_submit(ctl):
     with pytest.raises(InfeasibleError, match="fits no set of nodes"):
-        call(ctl, "submit", spec("big", "team-a", "pretrain", workers=3, placement="strict-pack"))
+        ctl.submit(spec("big", "team-a", "pretrain", workers=3, placement="strict-pack"))
     with pytest.raises(ValidationError) as err:
-        call(ctl, "submit", spec("nope", "team-zzz", "pretrain"))
+        ctl.submit(spec("nope", "team-zzz", "pretrain"))
     assert "team" in str(err.value) and "team-zzz" in str(err.value)
-    rejected = [r for r in call(ctl, "queue", True) if r["state"] == "REJECTED"]
-    assert any(r["id"].startswith("big-") for r in rejected)
+    rejected = [r for r in ctl.queue(include_done=True) if r.state is State.REJECTED]
+    assert any(r.id.startswith("big-") for r in rejected)
     with pytest.raises(NotFoundError):
-        call(ctl, "status", "no-such-workload")
+        ctl.status("no-such-workload")
 
 
 def test_cancel_releases_and_next_is_admitted(ctl):
     drain(ctl)
-    first = [call(ctl, "submit", spec(f"c{i}", "team-a", "pretrain", workers=2))["id"] for i in range(2)]
-    wait_for(lambda: all(call(ctl, "status", i)["state"] == "ADMITTED" for i in first), what="two admitted")
-    waiting = call(ctl, "submit", spec("c-wait", "team-a", "pretrain", workers=2))["id"]
-    assert call(ctl, "cancel", first[0])["state"] == "CANCELLED"
-    wait_for(lambda: call(ctl, "status", waiting)["state"] == "ADMITTED", what="waiting one admitted")
+    first = [ctl.submit(spec(f"c{i}", "team-a", "pretrain", workers=2)).id for i in range(2)]
+    wait_for(lambda: all(ctl.status(i).state is State.ADMITTED for i in first), what="two admitted")
+    waiting = ctl.submit(spec("c-wait", "team-a", "pretrain", workers=2)).id
+    assert ctl.cancel(first[0]).state is State.CANCELLED
+    wait_for(lambda: ctl.status(waiting).state is State.ADMITTED, what="waiting one admitted")
     assert f"raylane-{first[0]}" not in pg_table()
 
 
 def test_higher_class_of_other_team_reclaims_borrowed_gpus(ctl):
     drain(ctl)
-    a = [call(ctl, "submit", spec(f"p{i}", "team-a", "pretrain", workers=2))["id"] for i in range(2)]
-    wait_for(lambda: all(call(ctl, "status", i)["state"] == "ADMITTED" for i in a), what="team-a holds 4 GPUs")
-    b = call(ctl, "submit", spec("ft", "team-b", "finetune", workers=2))["id"]
-    wait_for(lambda: call(ctl, "status", b)["state"] == "ADMITTED", what="team-b admitted")
-    states = sorted(call(ctl, "status", i)["state"] for i in a)
+    a = [ctl.submit(spec(f"p{i}", "team-a", "pretrain", workers=2)).id for i in range(2)]
+    wait_for(lambda: all(ctl.status(i).state is State.ADMITTED for i in a), what="team-a holds 4 GPUs")
+    b = ctl.submit(spec("ft", "team-b", "finetune", workers=2)).id
+    wait_for(lambda: ctl.status(b).state is State.ADMITTED, what="team-b admitted")
+    states = sorted(ctl.status(i).state.value for i in a)
     assert states == ["ADMITTED", "PENDING"]  # exactly one victim: the borrowed gang
-    victim = next(i for i in a if call(ctl, "status", i)["state"] == "PENDING")
-    assert call(ctl, "status", victim)["preemptions"] == 1
+    victim = next(i for i in a if ctl.status(i).state is State.PENDING)
+    assert ctl.status(victim)["preemptions"] == 1
     assert f"raylane-{victim}" not in pg_table()
 
 
 def test_kill_and_restart_keeps_queue_and_leases(ctl):
     drain(ctl)
-    ids = [call(ctl, "submit", spec(f"k{i}", "team-a", "pretrain", workers=2))["id"] for i in range(3)]
-    wait_for(lambda: sum(call(ctl, "status", i)["state"] == "ADMITTED" for i in ids) == 2, what="two admitted")
-    before = {r["id"]: r["state"] for r in call(ctl, "queue")}
+    ids = [ctl.submit(spec(f"k{i}", "team-a", "pretrain", workers=2)).id for i in range(3)]
+    wait_for(lambda: sum(ctl.status(i).state is State.ADMITTED for i in ids) == 2, what="two admitted")
+    before = {r.id: r.state for r in ctl.queue()}
     pgs_before = set(pg_table())
-    ray.kill(ctl, no_restart=False)
+    ray.kill(ctl.handle, no_restart=False)
     after = wait_for(lambda: _try_queue(ctl), timeout=60, what="control actor back")
-    assert {r["id"]: r["state"] for r in after} == before
+    assert {r.id: r.state for r in after} == before
     assert set(pg_table()) == pgs_before
     # The restarted actor still schedules: cancelling a running gang admits the waiting one.
-    running = [i for i in ids if before[i] == "ADMITTED"]
-    waiting = next(i for i in ids if before[i] == "PENDING")
-    call(ctl, "cancel", running[0])
-    wait_for(lambda: call(ctl, "status", waiting)["state"] == "ADMITTED", what="admission after restart")
+    running = [i for i in ids if before[i] is State.ADMITTED]
+    waiting = next(i for i in ids if before[i] is State.PENDING)
+    # The operator's token was journaled: it still works after the restart.
+    ctl.cancel(running[0])
+    wait_for(lambda: ctl.status(waiting).state is State.ADMITTED, what="admission after restart")
 
 
 def _try_queue(ctl):
     try:
-        return call(ctl, "queue", timeout=5)
+        return ControlClient(ctl.handle, ctl.credential, timeout=5).queue()
     except Exception:  # noqa: BLE001 - restarting
         return None
 
@@ -130,8 +131,8 @@ def test_metrics_reach_the_nodes_prometheus_endpoint(ctl):
     import urllib.request
 
     drain(ctl)
-    rid = call(ctl, "submit", spec("metered", "team-b", "finetune"))["id"]
-    wait_for(lambda: call(ctl, "status", rid)["state"] == "ADMITTED", what="admission")
+    rid = ctl.submit(spec("metered", "team-b", "finetune")).id
+    wait_for(lambda: ctl.status(rid).state is State.ADMITTED, what="admission")
     ports = {n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]}
 
     def scrape():
@@ -166,7 +167,7 @@ def _rotate(ctl, wid, run_dir, step, keep=3):
     path = _checkpoint(run_dir, step)
     for old in sorted(run_dir.glob("checkpoint_*"))[:-keep]:
         shutil.rmtree(old)
-    call(ctl, "checkpoint_saved", wid, path, {"step": step})
+    ctl.checkpoint_saved(wid, path, {"step": step})
     return path
 
 
@@ -174,44 +175,41 @@ def test_checkpoint_reference_is_pinned_against_retention_until_loaded(ctl, tmp_
     drain(ctl)
     runs = tmp_path / "runs" / "src"
     cfg = {"max_steps": 200, "checkpoint_every": 10}
-    src = call(ctl, "submit", spec("src", "team-a", "pretrain", config=cfg))["id"]
+    src = ctl.submit(spec("src", "team-a", "pretrain", config=cfg)).id
     for step in (10, 20):
         _rotate(ctl, src, runs, step)
     # Waits for a step still to come: held out of the queue with the reason, not admitted.
-    later = call(ctl, "submit", spec("ft-later", "team-b", "finetune",
-                                     config={"init_from": {"workload": "src", "step": 40}}))["id"]
+    later = ctl.submit(spec("ft-later", "team-b", "finetune", config={"init_from": {"workload": "src", "step": 40}})).id
     # Names a step on disk now: pinned (copied) at once.
-    now = call(ctl, "submit", spec("ft-now", "team-b", "finetune",
-                                   config={"init_from": {"workload": src, "step": 20}}))["id"]
-    row = wait_for(lambda: next(r for r in call(ctl, "queue") if r["id"] == later)["reason"], what="reason")
+    now = ctl.submit(spec("ft-now", "team-b", "finetune", config={"init_from": {"workload": src, "step": 20}})).id
+    row = wait_for(lambda: next(r for r in ctl.queue() if r.id == later).reason, what="reason")
     assert row == f"waiting for {src}'s checkpoint at step 40 (last checkpoint at step 20)"
-    assert call(ctl, "status", later)["state"] == "PENDING"
+    assert ctl.status(later).state is State.PENDING
     for step in (30, 40, 50, 60, 70):  # the source trains on; its retention deletes 20 and 40 meanwhile
         _rotate(ctl, src, runs, step)
     assert not (runs / "checkpoint_00000020").exists() and not (runs / "checkpoint_00000040").exists()
-    wait_for(lambda: call(ctl, "status", later)["state"] == "ADMITTED", what="the consumer admitted once step 40 "
-                                                                              "was written")
+    wait_for(lambda: ctl.status(later).state is State.ADMITTED, what="the consumer admitted once step 40 was written")
     for wid, step in ((now, 20), (later, 40)):
-        got = call(ctl, "resolve_checkpoint", wid)
+        got = ctl.resolve_checkpoint(wid)
         assert got == {"path": str(runs / "_pinned" / f"checkpoint_{step:08d}"), "step": step, "source": src}
         assert (runs / "_pinned" / f"checkpoint_{step:08d}" / "state.pt").read_bytes() == f"weights at {step}".encode()
     # A consumer's own first checkpoint means it has loaded what it was promised: the copy goes.
     _checkpoint(tmp_path / "runs" / later, 5)
-    call(ctl, "checkpoint_saved", later, str(tmp_path / "runs" / later / "checkpoint_00000005"), {"step": 5})
+    ctl.checkpoint_saved(later, str(tmp_path / "runs" / later / "checkpoint_00000005"), {"step": 5})
     assert not (runs / "_pinned" / "checkpoint_00000040").exists()
     assert (runs / "_pinned" / "checkpoint_00000020").exists()
-    call(ctl, "cancel", now)  # ended without loading: its copy goes too
+    ctl.cancel(now)  # ended without loading: its copy goes too
     assert not (runs / "_pinned" / "checkpoint_00000020").exists()
-    kinds = [e["kind"] for e in call(ctl, "explain", later)["journal"]]
+    kinds = [e["kind"] for e in ctl.explain(later)["journal"]]
     assert kinds[:4] == ["submitted", "pinned", "pinned", "admitted"] and "unpinned" in kinds
 
 
 def test_checkpoint_reference_that_can_never_resolve_is_refused_or_failed(ctl, tmp_path):
     drain(ctl)
     runs = tmp_path / "runs" / "src2"
-    src = call(ctl, "submit", spec("src2", "team-a", "pretrain", config={"max_steps": 100, "checkpoint_every": 10}))
+    src = ctl.submit(spec("src2", "team-a", "pretrain", config={"max_steps": 100, "checkpoint_every": 10}))
     for step in (10, 20, 30, 40):
-        _rotate(ctl, src["id"], runs, step)
+        _rotate(ctl, src.id, runs, step)
     refused = {
         "nobody": "which is not known to the control plane",
         ("src2", 10): "was deleted by its retention",
@@ -221,16 +219,14 @@ def test_checkpoint_reference_that_can_never_resolve_is_refused_or_failed(ctl, t
     for target, why in refused.items():
         name, step = (target, "latest") if isinstance(target, str) else target
         with pytest.raises(InfeasibleError, match=why):
-            call(ctl, "submit", spec("ft-bad", "team-b", "finetune",
-                                     config={"init_from": {"workload": name, "step": step}}))
+            ctl.submit(spec("ft-bad", "team-b", "finetune", config={"init_from": {"workload": name, "step": step}}))
     with pytest.raises(ValidationError, match="config.init_from.step"):
-        call(ctl, "submit", spec("ft-bad", "team-b", "finetune", config={"init_from": {"workload": "src2",
-                                                                                        "step": -1}}))
+        ctl.submit(spec("ft-bad", "team-b", "finetune", config={"init_from": {"workload": "src2", "step": -1}}))
     # Promised a step, then the source ends before writing it: the consumer fails with the reason, unqueued.
-    waiting = call(ctl, "submit", spec("ft-wait", "team-b", "finetune",
-                                       config={"init_from": {"workload": "src2", "step": 90}}))["id"]
-    call(ctl, "release", src["id"], "failed", state="FAILED", detail="crashed")
-    rec = wait_for(lambda: (r := call(ctl, "status", waiting))["state"] == "FAILED" and r, what="consumer failed")
+    waiting = ctl.submit(spec("ft-wait", "team-b", "finetune",
+                              config={"init_from": {"workload": "src2", "step": 90}})).id
+    ctl.release(src.id, Outcome.FAILED, state=EndState.FAILED, detail="crashed")
+    rec = wait_for(lambda: (r := ctl.status(waiting)).state is State.FAILED and r, what="consumer failed")
     assert any("failed: config.init_from src2@90: " in note and "ended without a checkpoint at step 90" in note
                for _, note in rec["events"]), rec["events"]
     assert rec["attempts"] == 0
@@ -246,13 +242,13 @@ def test_admission_is_ready_only_once_the_reservation_is_placed(ctl):
     stopped_gang = placement_group([{"GPU": 2}], bundle_label_selector=[{"ray.io/node-id": node_by_feature("nvlink")}])
     ray.get(stopped_gang.ready(), timeout=30)
     try:
-        wid = call(ctl, "submit", spec("next", "team-b", "finetune", gpu=2, features=["nvlink"]))["id"]
-        rec = wait_for(lambda: (r := call(ctl, "wait_admission", wid, 0.5))["state"] == "ADMITTED" and r,
+        wid = ctl.submit(spec("next", "team-b", "finetune", gpu=2, features=["nvlink"])).id
+        rec = wait_for(lambda: (r := ctl.wait_admission(wid, 0.5)).state is State.ADMITTED and r,
                        what="admitted in the ledger")
-        assert not rec["ready"], "ready while its reservation cannot be placed"
+        assert not rec.ready, "ready while its reservation cannot be placed"
         assert pg_table()[rec["pg_name"]]["state"] == "PENDING"
     finally:
         remove_placement_group(stopped_gang)
-    rec = wait_for(lambda: (r := call(ctl, "wait_admission", wid, 1.0))["ready"] and r, what="reservation placed")
-    assert rec["state"] == "ADMITTED" and pg_table()[rec["pg_name"]]["state"] == "CREATED"
+    rec = wait_for(lambda: (r := ctl.wait_admission(wid, 1.0)).ready and r, what="reservation placed")
+    assert rec.state is State.ADMITTED and pg_table()[rec["pg_name"]]["state"] == "CREATED"
     drain(ctl)

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 
-from raylane.control.client import call  # noqa: E402
+from raylane.control.client import State  # noqa: E402
 from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job  # noqa: E402
 from tests.raytest import wait_for  # noqa: E402
 
@@ -47,7 +47,7 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     a_spec = example_spec(example, name, team="team-a", cls="pretrain", gpu=4,
                           config={**config, "fault": {"hold_at_step": hold_at}})
     a_job = submit_job(env, a_spec, name, working_dir=USER_CODE / example)
-    a = record_of_job(env, a_job, timeout=120)["id"]
+    a = record_of_job(env, a_job, timeout=120).id
     wait_for(lambda: hold_at in [s for s, _ in metric_history(env, a, "loss", must=False)[1]], timeout=300,
              every=1.0, what=f"{name} holding at step {hold_at}")
     b_spec = example_spec("digits-cnn", f"{name}-b", team="team-b", cls="finetune", gpu=2,
@@ -56,8 +56,8 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     assert str(finished(env, b_job, timeout=300)).endswith("SUCCEEDED")
     assert str(finished(env, a_job, timeout=300)).endswith("SUCCEEDED")
 
-    ra = call(env["ctl"], "explain", a)
-    assert ra["state"] == "SUCCEEDED" and ra["preemptions"] == 1 and ra["restarts"] == 0, ra["journal"]
+    ra = env["ctl"].explain(a)
+    assert ra.state is State.SUCCEEDED and ra["preemptions"] == 1 and ra["restarts"] == 0, ra["journal"]
     requeued = [e for e in ra["journal"] if e["kind"] == "requeued"]
     assert len(requeued) == 1 and "yielded" in requeued[0]["note"] and requeued[0].get("step") == hold_at, requeued
     run, hist = metric_history(env, a, "loss")
@@ -66,8 +66,8 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     assert steps == list(expected_steps), hist
     assert run.data.tags["raylane.preemptions"] == "1"
     assert run.info.status == "FINISHED"
-    rb = call(env["ctl"], "explain", record_of_job(env, b_job)["id"])
-    assert rb["state"] == "SUCCEEDED" and rb["preemptions"] == 0
+    rb = env["ctl"].explain(record_of_job(env, b_job).id)
+    assert rb.state is State.SUCCEEDED and rb["preemptions"] == 0
     return hist
 
 

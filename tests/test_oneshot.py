@@ -272,9 +272,7 @@ def workload_id(env, job) -> str:
 
 
 def checkpoint_of(env, wid):
-    from tests.jobtest import call
-
-    written = call(env["ctl"], "status", wid)["checkpoints"]
+    written = env["ctl"].status(wid)["checkpoints"]
     step = max(written, key=int)
     with open(os.path.join(written[step], "meta.json")) as f:
         return int(step), json.load(f)
@@ -283,10 +281,10 @@ def checkpoint_of(env, wid):
 def succeeded(env, job):
     from ray.job_submission import JobStatus
 
-    from tests.jobtest import call, finished
+    from tests.jobtest import finished
 
     assert finished(env, job, timeout=300) == JobStatus.SUCCEEDED
-    return call(env["ctl"], "status", workload_id(env, job))
+    return env["ctl"].status(workload_id(env, job))
 
 
 @pytest.mark.ray
@@ -363,7 +361,7 @@ def test_a_crashed_attempt_restarts_and_every_map_worker_runs_inside_the_lease(e
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_preempted_eval_is_stopped_at_once_requeued_and_rerun(env, source, probe, tmp_path):
-    from raylane.control.client import call
+    from raylane.control.client import State
     from tests.jobtest import mlflow_run, submit_job, wait_for
     from tests.raytest import spec
 
@@ -383,18 +381,18 @@ def test_a_preempted_eval_is_stopped_at_once_requeued_and_rerun(env, source, pro
     job = submit_job(env, s, "eval-held")
     wid = workload_id(env, job)
     pid = int(wait_for(lambda: marker.exists() and marker.read_text(), timeout=120, what="the command to start"))
-    reclaim = call(env["ctl"], "submit", spec("reclaim", "team-b", "finetune", gpu=2))["id"]
-    wait_for(lambda: call(env["ctl"], "status", reclaim)["state"] == "ADMITTED", timeout=60,
+    reclaim = env["ctl"].submit(spec("reclaim", "team-b", "finetune", gpu=2)).id
+    wait_for(lambda: env["ctl"].status(reclaim).state is State.ADMITTED, timeout=60,
              what="team-b admitted on the reclaimed GPUs")
-    rec = call(env["ctl"], "status", wid)
-    assert rec["state"] == "PENDING" and rec["preemptions"] == 1
+    rec = env["ctl"].status(wid)
+    assert rec.state is State.PENDING and rec["preemptions"] == 1
     # Stopped at once, not after the class's 20 s grace period: its program is gone too.
-    grace = call(env["ctl"], "class_info", "eval")["grace_period_s"]
+    grace = env["ctl"].class_info("eval")["grace_period_s"]
     wait_for(lambda: not _alive(pid), timeout=10, what="the first attempt's program to be gone")
-    requeued = next(e["ts"] for e in call(env["ctl"], "explain", wid)["journal"] if e["kind"] == "requeued")
-    preempting = next(e["ts"] for e in call(env["ctl"], "explain", wid)["journal"] if e["kind"] == "preempting")
+    requeued = next(e["ts"] for e in env["ctl"].explain(wid)["journal"] if e["kind"] == "requeued")
+    preempting = next(e["ts"] for e in env["ctl"].explain(wid)["journal"] if e["kind"] == "preempting")
     assert requeued - preempting < grace / 2
-    call(env["ctl"], "cancel", reclaim)
+    env["ctl"].cancel(reclaim)
     rec = succeeded(env, job)
     assert (rec["preemptions"], rec["restarts"], rec["attempts"]) == (1, 0, 2)
     run = mlflow_run(env, wid)

@@ -17,7 +17,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.client import call, start_control, stop_control  # noqa: E402
+from raylane.control.client import State, start_control, stop_control  # noqa: E402
+from raylane.jobs import with_credential  # noqa: E402
 from raylane.launchers.serve import slot_resource  # noqa: E402
 from tests.loadgen import LoadGen  # noqa: E402
 from tests.raytest import free_port, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
@@ -85,17 +86,18 @@ def submit_job(env, s, name):
 
     path = env["tmp"] / f"{name}.yaml"
     path.write_text(yaml.safe_dump(s))
+    # The driver acts as the operator that started the control plane; its token travels as a py_modules entry.
     return env["client"].submit_job(
         entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
                    f"--tracking-uri {env['uri']}",
-        runtime_env={"env_vars": ENV})
+        runtime_env=with_credential({"env_vars": ENV}, env["ctl"].credential.token))
 
 
 def record_of_job(env, job_id):
     def find():
         # Replica leases carry their app's job id once held; the app's own record is the one asked for.
-        return next((r for r in call(env["ctl"], "queue", True) if "-replica-" not in r["id"]
-                     and call(env["ctl"], "status", r["id"]).get("job_id") == job_id), None)
+        return next((r for r in env["ctl"].queue(include_done=True) if "-replica-" not in r.id
+                     and env["ctl"].status(r.id).get("job_id") == job_id), None)
     try:
         return wait_for(find, timeout=90, what=f"workload of job {job_id}")
     except AssertionError as exc:
@@ -124,12 +126,12 @@ def loss_steps(env, wid):
 
 
 def journal(env, wid, kind):
-    return [e for e in call(env["ctl"], "explain", wid)["journal"] if e["kind"] == kind]
+    return [e for e in env["ctl"].explain(wid)["journal"] if e["kind"] == kind]
 
 
 def replica_leases(env):
-    return sorted((r for r in call(env["ctl"], "queue", True) if r["id"].startswith("lm-replica-")),
-                  key=lambda r: int(r["id"].split("-")[2]))
+    return sorted((r for r in env["ctl"].queue(include_done=True) if r.id.startswith("lm-replica-")),
+                  key=lambda r: int(r.id.split("-")[2]))
 
 
 def slots():
@@ -166,7 +168,7 @@ def explain_failure(env, request):
     if rep is None or rep.passed:
         return
     print("\n--- queue ---")
-    for r in call(env["ctl"], "queue", True):
+    for r in env["ctl"].queue(include_done=True):
         print(r)
     for job in env["client"].list_jobs():
         if job.submission_id:
@@ -192,7 +194,7 @@ def test_burst_reclaims_gpus_from_training_and_gives_them_back(env, explain_fail
     # 3. The burst: 6 closed-loop clients against a target of 2 ongoing per replica want 3 replicas (max 2).
     gen = LoadGen(url, clients=6, max_requests=3000, deadline_s=150, timeout_s=120).start()
     try:
-        wait_for(lambda: call(ctl, "status", tr)["preemptions"] == 1, timeout=60, what="training preempted")
+        wait_for(lambda: ctl.status(tr)["preemptions"] == 1, timeout=60, what="training preempted")
         first = out["replica"]
         wait_for(lambda: sum(n for r, n in gen.replicas().items() if r != first) >= 20, timeout=90,
                  what="the new replica serving 20 requests")
@@ -212,18 +214,18 @@ def test_burst_reclaims_gpus_from_training_and_gives_them_back(env, explain_fail
     yielded = journal(env, tr, "requeued")[0]
     assert "yielded" in yielded["note"]
     assert journal(env, new, "admitted")[0]["ts"] >= yielded["ts"]
-    events = [e.get("note", "") for e in call(ctl, "explain", app)["journal"]]
+    events = [e.get("note", "") for e in ctl.explain(app)["journal"]]
     assert any(f"reclaimed 3 GPU(s) from {tr}" in n for n in events), events
 
     # 4. The burst is over: the replica goes back after the downscale delay, and the training resumes.
-    wait_for(lambda: call(ctl, "status", new)["state"] == "SUCCEEDED", timeout=60, what="the new replica released")
+    wait_for(lambda: ctl.status(new).state is State.SUCCEEDED, timeout=60, what="the new replica released")
     held_s = journal(env, new, "finished")[0]["ts"] - journal(env, new, "running")[0]["ts"]
     assert held_s >= DOWNSCALE_DELAY, "a reclaimed GPU is not handed back before the downscale delay"
     wait_for(lambda: slots() == 1.0, timeout=10, what="the second slot closed")
-    wait_for(lambda: call(ctl, "status", tr)["state"] == "RUNNING", timeout=60, what="training admitted again")
+    wait_for(lambda: ctl.status(tr).state is State.RUNNING, timeout=60, what="training admitted again")
     assert str(job_ended(env, t_job)).endswith("SUCCEEDED")
-    rec = call(ctl, "status", tr)
-    assert rec["state"] == "SUCCEEDED" and rec["preemptions"] == 1 and rec["restarts"] == 0
+    rec = ctl.status(tr)
+    assert rec.state is State.SUCCEEDED and rec["preemptions"] == 1 and rec["restarts"] == 0
     # 0 steps lost: every step logged exactly once, none re-run after the resume.
     assert loss_steps(env, tr) == list(range(1, TRAIN["max_steps"] + 1))
 
@@ -237,8 +239,8 @@ def test_burst_reclaims_gpus_from_training_and_gives_them_back(env, explain_fail
     # 5. Stopping the serving job drains it and gives every lease back.
     env["client"].stop_job(s_job)
     job_ended(env, s_job, timeout=90)
-    assert call(ctl, "status", app)["state"] == "SUCCEEDED"
-    assert all(r["state"] == "SUCCEEDED" for r in replica_leases(env))
+    assert ctl.status(app).state is State.SUCCEEDED
+    assert all(r.state is State.SUCCEEDED for r in replica_leases(env))
     wait_for(lambda: slots() == 0.0, timeout=10, what="slots closed")
     print(f"\n[serving e2e] burst {t_end - t_burst:.1f}s, {len(results)} requests, yielded at step "
           f"{yielded.get('step')}, replica held {held_s:.1f}s, total {time.time() - t0:.1f}s")

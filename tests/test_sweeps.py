@@ -20,7 +20,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.client import call, start_control, stop_control  # noqa: E402
+from raylane.control.client import EndState, Outcome, State, start_control, stop_control  # noqa: E402
 from tests.raytest import REPO, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -85,18 +85,19 @@ def trial_curves(env, rec):
     return out
 
 
-def cli(*args) -> str:
+def cli(env, *args) -> str:
+    """``raylane ARGS`` in this process, as the operator (its token in ``RAYLANE_TOKEN``, as a user would set it)."""
     from typer.testing import CliRunner
 
     from raylane.cli import app
 
-    result = CliRunner().invoke(app, list(args))
+    result = CliRunner().invoke(app, list(args), env={"RAYLANE_TOKEN": env["ctl"].credential.token})
     assert result.exit_code == 0, result.output
     return result.stdout
 
 
 def slot_records(env, prefix):
-    return [r for r in call(env["ctl"], "queue", True) if r["id"].startswith(prefix + "-slot-")]
+    return [r for r in env["ctl"].queue(include_done=True) if r.id.startswith(prefix + "-slot-")]
 
 
 # ---------------------------------------------------------------------------------------------------- ASHA
@@ -125,8 +126,8 @@ def test_asha_sweep_of_the_lm_stops_weak_trials_at_the_rungs_and_records_mlflow(
         assert [row["step"] for row in rows] == list(range(10, final[tid] + 1, 10))
     # The slots are all given back; their journals tell which trial stopped where.
     slots = slot_records(env, "asha-lm")
-    assert len(slots) == 2 and all(r["state"] in ("SUCCEEDED", "CANCELLED") for r in slots)
-    notes = " ".join(e.get("note", "") for r in slots for e in call(env["ctl"], "explain", r["id"])["journal"])
+    assert len(slots) == 2 and all(r.state in (State.SUCCEEDED, State.CANCELLED) for r in slots)
+    notes = " ".join(e.get("note", "") for r in slots for e in env["ctl"].explain(r.id)["journal"])
     assert "stopped early at step" in notes and "started (lr=" in notes
 
     # MLflow: one parent run for the sweep, one child per trial with its params and curve, the best tagged.
@@ -243,34 +244,34 @@ def test_sweep_shrinks_for_a_higher_class_gang_of_its_team_and_grows_back(env):
     t = threading.Thread(target=lambda: out.update(rec=run(env, s)), daemon=True)
     t.start()
     try:
-        wait_for(lambda: all(r["state"] == "RUNNING" and "2 running" in r["detail"]
+        wait_for(lambda: all(r.state is State.RUNNING and "2 running" in r["detail"]
                              for r in slot_records(env, "elastic")) and len(slot_records(env, "elastic")) == 2,
                  timeout=90, what="the sweep running 2 trials on 2 slots")
         # Team-a's fine-tuning gang (a higher class) needs one of the two GPUs the sweep holds.
-        ft = call(ctl, "submit", spec("ft", "team-a", "finetune", gpu=1))["id"]
-        admitted = wait_for(lambda: (r := call(ctl, "wait_admission", ft, 1.0))["ready"] and r, timeout=60,
+        ft = ctl.submit(spec("ft", "team-a", "finetune", gpu=1)).id
+        admitted = wait_for(lambda: (r := ctl.wait_admission(ft, 1.0)).ready and r, timeout=60,
                             what="the fine-tuning gang admitted")
         slots = slot_records(env, "elastic")
-        assert sorted(r["state"] for r in slots) == ["PENDING", "RUNNING"]
-        victim = next(r for r in slots if r["state"] == "PENDING")
+        assert sorted(r.state.value for r in slots) == ["PENDING", "RUNNING"]
+        victim = next(r for r in slots if r.state is State.PENDING)
         assert victim["preemptions"] == 1
         # The sweep paused a trial with its checkpoint and runs the other alone.
         wait_for(lambda: all("1 running, 1 paused" in r["detail"] for r in slot_records(env, "elastic")),
                  timeout=30, what="queue detail showing 1 running, 1 paused")
-        notes = [e.get("note", "") for e in call(ctl, "explain", victim["id"])["journal"]]
+        notes = [e.get("note", "") for e in ctl.explain(victim.id)["journal"]]
         assert any("paused at step" in n and "slot was reclaimed" in n for n in notes), notes
         # What an operator sees: `raylane queue` and `raylane explain` show the sweep's running and paused trials.
-        rows = json.loads(cli("queue", "--json"))
+        rows = json.loads(cli(env, "queue", "--json"))
         assert all("1 running, 1 paused" in r["detail"] for r in rows if r["id"].startswith("elastic-slot-"))
-        shown = " ".join(cli("explain", victim["id"]).split())
+        shown = " ".join(cli(env, "explain", victim.id).split())
         assert "now: sweep elastic-" in shown and "1 running, 1 paused" in shown and "slot was reclaimed" in shown
-        assert admitted["state"] == "ADMITTED"
-        assert call(ctl, "report", ft, "running", note="test gang")["state"] == "RUNNING"
+        assert admitted.state is State.ADMITTED
+        assert ctl.running(ft, job_id=None, note="test gang").state is State.RUNNING
         time.sleep(1.0)
         assert all("1 running, 1 paused" in r["detail"] for r in slot_records(env, "elastic"))
-        call(ctl, "release", ft, "finished", state="SUCCEEDED")
+        ctl.release(ft, Outcome.FINISHED, state=EndState.SUCCEEDED)
         # The slot comes back and the paused trial resumes from its checkpoint.
-        wait_for(lambda: call(ctl, "status", victim["id"])["state"] == "RUNNING", timeout=60,
+        wait_for(lambda: ctl.status(victim.id).state is State.RUNNING, timeout=60,
                  what="the reclaimed slot admitted again")
     finally:
         t.join(timeout=180)
@@ -316,7 +317,9 @@ def test_sweep_resumes_after_its_driver_dies(env, tmp_path):
     path.write_text(yaml.safe_dump(s))
     cmd = [sys.executable, "-m", "raylane.run", str(path), "--storage-path", env["storage"],
            "--tracking-uri", env["uri"]]
-    child_env = {**os.environ, "RAY_ADDRESS": env["address"], "PYTHONPATH": str(REPO)}
+    # A driver started by hand (not a Ray job) finds its credential in RAYLANE_TOKEN.
+    child_env = {**os.environ, "RAY_ADDRESS": env["address"], "PYTHONPATH": str(REPO),
+                 "RAYLANE_TOKEN": ctl.credential.token}
     log1 = open(tmp_path / "driver1.log", "w")
     first = subprocess.Popen(cmd, cwd=str(REPO), env=child_env, stdout=log1, stderr=subprocess.STDOUT)
     try:
@@ -328,13 +331,13 @@ def test_sweep_resumes_after_its_driver_dies(env, tmp_path):
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
-    old = [r["id"] for r in slot_records(env, "phoenix") if r["state"] not in ("SUCCEEDED", "CANCELLED")]
+    old = [r.id for r in slot_records(env, "phoenix") if r.state not in (State.SUCCEEDED, State.CANCELLED)]
     second = subprocess.run(cmd, cwd=str(REPO), env=child_env, capture_output=True, text=True, timeout=240)
     print(second.stdout[-3000:])
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming, driver 1" in second.stdout
     for wid in old:  # the dead driver's slots were given back
-        assert call(ctl, "status", wid)["state"] == "CANCELLED"
+        assert ctl.status(wid).state is State.CANCELLED
     client = mlflow_client(env)
     parents = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                  "tags.`raylane.workload_id` LIKE 'phoenix-%'")

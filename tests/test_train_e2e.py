@@ -1,6 +1,7 @@
 """End to end, through Ray's jobs API on a real local cluster (logical GPUs): training gangs admitted by the
 control actor, preempted gracefully (0 steps lost, loss equal to an uninterrupted run), stopped by force after the
 grace period, restarted after a crash within the retry budget, and failed over it. One MLflow run per workload."""
+import json
 import os
 import re
 import subprocess
@@ -10,8 +11,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.client import call  # noqa: E402
-from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job, write_spec  # noqa: E402
+from raylane.control.client import State  # noqa: E402
+from raylane.jobs import with_credential  # noqa: E402
+from tests.jobtest import (finished, metric_history, module_env, operator_token, record_of_job,  # noqa: E402
+                           submit_job, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -48,11 +51,12 @@ def reference_losses(config):
 
 def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     a_spec = spec("pre-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1, config=dict(TRAIN, max_steps=1500))
-    # Submitted with the plain `ray job submit` command line.
+    # Submitted with the plain `ray job submit` command line; its credential travels as a py_modules entry.
+    runtime_env = with_credential({"env_vars": {"RAY_AUTH_MODE": "disabled",
+                                                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}}, operator_token(env))
     out = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit", "--address", env["dash"],
-         "--no-wait", "--runtime-env-json",
-         '{"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}}', "--",
+         "--no-wait", "--runtime-env-json", json.dumps(runtime_env), "--",
          sys.executable, "-m", "raylane.run", str(write_spec(env, a_spec, "pre-a")), "--storage-path", env["storage"],
          "--tracking-uri", env["uri"]],
         capture_output=True, text=True, timeout=60)
@@ -60,15 +64,15 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     a_job = re.search(r"raysubmit_[A-Za-z0-9]+", out.stdout).group(0)
     env["jobs"].append(a_job)
     a = record_of_job(env, a_job)["id"]
-    wait_for(lambda: call(env["ctl"], "status", a)["state"] == "RUNNING", timeout=120, what="A running")
+    wait_for(lambda: env["ctl"].status(a).state is State.RUNNING, timeout=120, what="A running")
     wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 100, timeout=300, what="A past step 100")
     b_job = submit_job(env, spec("ft-b", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b")
     b = record_of_job(env, b_job)["id"]
-    wait_for(lambda: call(env["ctl"], "status", a)["preemptions"] == 1, timeout=60, what="A preempted")
+    wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=60, what="A preempted")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
-    ra, rb = call(env["ctl"], "explain", a), call(env["ctl"], "explain", b)
-    assert ra["state"] == rb["state"] == "SUCCEEDED"
+    ra, rb = env["ctl"].explain(a), env["ctl"].explain(b)
+    assert ra.state is rb.state is State.SUCCEEDED
     assert ra["preemptions"] == 1 and ra["restarts"] == 0
     yielded = [e for e in ra["journal"] if e["kind"] == "requeued"]
     assert len(yielded) == 1 and "yielded" in yielded[0]["note"]
@@ -83,7 +87,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
 
 
 def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
-    grace = call(env["ctl"], "class_info", "pretrain")["grace_period_s"]
+    grace = env["ctl"].class_info("pretrain")["grace_period_s"]
     # The first attempt holds after step 150 until it is asked to stop, then hangs instead of yielding: only the
     # forced stop ends it, however fast or slow the machine (a deaf gang that trains on may finish before the
     # preemptor's driver has even registered, or inside the grace period).
@@ -95,7 +99,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
-    ra = call(env["ctl"], "explain", a)
+    ra = env["ctl"].explain(a)
     journal = [(round(e["ts"], 2), e["kind"], e.get("note", "")) for e in ra["journal"]]
     assert ra["preemptions"] == 1, journal
     decided = next(e for e in ra["journal"] if e["kind"] == "preempting")
@@ -104,7 +108,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     # Stopped no earlier than the class's grace period after the preemption was decided, and not much later
     # (the control loop ticks every 0.2 s; a busy 2-core machine can delay a tick by a few seconds).
     assert grace <= forced[0]["ts"] - decided["ts"] <= grace + 10, journal
-    rb = call(env["ctl"], "explain", record_of_job(env, b_job)["id"])
+    rb = env["ctl"].explain(record_of_job(env, b_job).id)
     # The preemptor started once the stopped gang's GPUs were really free: its admission was never rolled back.
     assert not [e for e in rb["journal"] if e["kind"] == "requeued"], rb["journal"]
     _, hist = loss_history(env, a)
@@ -121,8 +125,8 @@ def test_crash_within_retry_budget_restarts_from_checkpoint(env):
                                config=dict(TRAIN, report_every=5, fault={"crash_at_step": 15, "times": 1})), "crash1")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("SUCCEEDED")
-    rec = call(env["ctl"], "status", wid)
-    assert rec["state"] == "SUCCEEDED" and rec["restarts"] == 1
+    rec = env["ctl"].status(wid)
+    assert rec.state is State.SUCCEEDED and rec["restarts"] == 1
     run, hist = loss_history(env, wid)
     assert run.data.tags["raylane.restarts"] == "1"
     assert [s for s, _ in hist][-1] == 40
@@ -133,16 +137,14 @@ def test_crash_over_retry_budget_fails_with_reason(env):
                                config=dict(TRAIN, report_every=5, fault={"crash_at_step": 5, "times": 99})), "crash9")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("FAILED")
-    rec = call(env["ctl"], "explain", wid)
-    assert rec["state"] == "FAILED"
+    rec = env["ctl"].explain(wid)
+    assert rec.state is State.FAILED
     assert "retry budget 1" in rec["journal"][-1]["note"] and "injected crash" in rec["journal"][-1]["note"]
     run, _ = loss_history(env, wid)
     assert run.info.status == "FAILED"
 
 
 def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(env):
-    import json
-
     # A holds all of team-a's quota (2 nominal + 2 borrowed) and checkpoints every 20 steps; Ray Train keeps the
     # newest 3, so step 40 is deleted long before A ends. B (team-a too, same class: no preemption) names step 40,
     # waits for it to be written, then for quota until A is done, and must start from exactly that checkpoint.
@@ -157,7 +159,7 @@ def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     runs = env["tmp"] / "runs"
     assert not (runs / a / "checkpoint_00000040").exists()  # rotated out by A's retention
-    rb = call(env["ctl"], "explain", b)
+    rb = env["ctl"].explain(b)
     pinned = [e for e in rb["journal"] if e["kind"] == "pinned" and e.get("path")]
     assert [(e["source"], e["step"]) for e in pinned] == [(a, 40)]
     admitted = next(e for e in rb["journal"] if e["kind"] == "admitted")
@@ -179,7 +181,7 @@ def test_an_error_no_retry_fixes_fails_in_one_attempt(env):
     job = submit_job(env, spec("bad-d", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=bad), "bad-d")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("FAILED")
-    rec = call(env["ctl"], "explain", wid)
-    assert rec["state"] == "FAILED" and rec["attempts"] == 1 and rec["restarts"] == 0
+    rec = env["ctl"].explain(wid)
+    assert rec.state is State.FAILED and rec["attempts"] == 1 and rec["restarts"] == 0
     note = rec["journal"][-2]["note"] if rec["journal"][-1]["kind"] == "unpinned" else rec["journal"][-1]["note"]
     assert "ConfigError" in note and "model" in note and "not retried" in note, note

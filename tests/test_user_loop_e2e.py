@@ -10,7 +10,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.client import call  # noqa: E402
+from raylane.control.client import State  # noqa: E402
 from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job  # noqa: E402
 from tests.raytest import spec, wait_for  # noqa: E402
 
@@ -56,11 +56,11 @@ def test_an_unchanged_ray_train_loop_yields_at_its_next_checkpoint_and_resumes_e
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: last_step(env, a) >= 24, timeout=180, what="the user's loop past step 24")
     b_job = preempt_with_finetune(env, "user-b")
-    wait_for(lambda: call(env["ctl"], "status", a)["preemptions"] == 1, timeout=120, what="A preempted")
+    wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=120, what="A preempted")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
-    ra = call(env["ctl"], "explain", a)
-    assert ra["state"] == "SUCCEEDED" and ra["preemptions"] == 1 and ra["restarts"] == 0
+    ra = env["ctl"].explain(a)
+    assert ra.state is State.SUCCEEDED and ra["preemptions"] == 1 and ra["restarts"] == 0
     requeued = [e for e in ra["journal"] if e["kind"] == "requeued"]
     assert len(requeued) == 1 and "yielded" in requeued[0]["note"], requeued
     yielded_at = requeued[0].get("step")
@@ -83,12 +83,12 @@ def test_a_loop_that_asks_should_yield_stops_at_the_current_step(env):
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: last_step(env, a) >= 10, timeout=180, what="the polite loop past step 10")
     b_job = preempt_with_finetune(env, "polite-b")
-    wait_for(lambda: call(env["ctl"], "status", a)["preemptions"] == 1, timeout=120, what="A preempted")
-    requeued = wait_for(lambda: [e for e in call(env["ctl"], "explain", a)["journal"] if e["kind"] == "requeued"],
+    wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=120, what="A preempted")
+    requeued = wait_for(lambda: [e for e in env["ctl"].explain(a)["journal"] if e["kind"] == "requeued"],
                         timeout=60, what="A requeued")
     assert "yielded" in requeued[0]["note"]
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
-    call(env["ctl"], "cancel", a)
+    env["ctl"].cancel(a)
     finished(env, a_job)
     _, hist = metric_history(env, a, "loss")
     yielded_at = requeued[0]["step"]
@@ -105,4 +105,4 @@ def test_a_bad_entrypoint_is_refused_before_it_queues_naming_it(env):
     assert str(finished(env, job, timeout=120)).endswith("FAILED")
     logs = env["client"].get_job_logs(job)
     assert f"entrypoint: got '{entry}'" in logs and why in logs, logs[-2000:]
-    assert not [r for r in call(env["ctl"], "queue", True) if r.get("job_id") == job]  # never queued
+    assert env["ctl"].find_job(job) is None  # never queued

@@ -95,7 +95,7 @@ def main(argv=None) -> None:
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from raylane.control.client import call, start_control, stop_control
+    from raylane.control.client import State, start_control, stop_control
     from raylane.launchers.serve import ServingDriver
     from tests.loadgen import LoadGen
     from tests.raytest import spec, wait_for
@@ -132,15 +132,17 @@ def main(argv=None) -> None:
     trainer = subprocess.Popen(
         [sys.executable, "-m", "raylane.run", str(tmp / "train.yaml"), "--storage-path", str(tmp / "runs"),
          "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}"],
-        env=dict(os.environ, RAY_ADDRESS=cluster.address), stdout=log, stderr=subprocess.STDOUT)
+        # A driver started by hand (not a Ray job) finds its credential in RAYLANE_TOKEN: the operator's here.
+        env=dict(os.environ, RAY_ADDRESS=cluster.address, RAYLANE_TOKEN=ctl.credential.token), stdout=log,
+        stderr=subprocess.STDOUT)
 
     def training():
-        return next((r for r in call(ctl, "queue") if r["id"].startswith("pre-a-")), None)
+        return next((r for r in ctl.queue() if r.id.startswith("pre-a-")), None)
 
     def steps_logged() -> int:
         from raylane.tracking import client_for
 
-        r = next((r for r in call(ctl, "queue", True) if r["id"].startswith("pre-a-")), None)
+        r = next((r for r in ctl.queue(include_done=True) if r.id.startswith("pre-a-")), None)
         if r is None:
             return 0
         mlf = client_for(f"sqlite:///{tmp / 'mlflow.db'}")
@@ -152,7 +154,7 @@ def main(argv=None) -> None:
         for rnd in range(1, args.rounds + 1):
             # The gang is training (steps logged since its last start), past its class's minimum runtime.
             mark = steps_logged()
-            wait_for(lambda: (r := training()) and r["state"] == "RUNNING" and steps_logged() >= mark + 50,
+            wait_for(lambda: (r := training()) and r.state is State.RUNNING and steps_logged() >= mark + 50,
                      timeout=240, every=0.5, what="training stepping")
             time.sleep(2.0)
             free = ray.available_resources().get("GPU", 0)
@@ -183,7 +185,7 @@ def main(argv=None) -> None:
                       + (f"  reclaimed {l.reclaimed_gpus:g} GPU(s) from {', '.join(l.reclaimed_from)}"
                          if l.reclaimed_from else ""))
                 if l.reclaimed_from:
-                    j = {e["kind"]: e["ts"] for e in call(ctl, "explain", l.reclaimed_from[0])["journal"]
+                    j = {e["kind"]: e["ts"] for e in ctl.explain(l.reclaimed_from[0])["journal"]
                          if e["ts"] >= l.demand_at}
                     if "preempting" in j and "requeued" in j:
                         print(f"            reclaim: preemption decided +{j['preempting'] - l.demand_at:5.2f} s, "
@@ -202,7 +204,7 @@ def main(argv=None) -> None:
             # Lull: the two replicas go back after the downscale delay and the training resumes.
             wait_for(lambda: all(l.state == "released" for l in new), timeout=120, what="replicas given back")
             back = max(l.released_at for l in new)
-            r = wait_for(lambda: (r := training()) and r["state"] == "RUNNING" and r, timeout=120,
+            r = wait_for(lambda: (r := training()) and r.state is State.RUNNING and r, timeout=120,
                          what="training admitted again")
             held = min(l.released_at - l.granted_at for l in new)
             print(f"  lull: replicas given back after >= {held:.1f} s held (downscale delay {downscale_s:g} s); "
@@ -212,7 +214,7 @@ def main(argv=None) -> None:
         th.join(120)
         r = training()
         if r is not None:
-            call(ctl, "cancel", r["id"])
+            ctl.cancel(r.id)
         trainer.terminate()
         try:
             trainer.wait(30)

@@ -60,8 +60,8 @@ def main(argv=None) -> None:
     import yaml
     from ray.job_submission import JobSubmissionClient
 
-    from raylane.control.client import call, start_control, stop_control
-    from raylane.jobs import submit_job
+    from raylane.control.client import start_control, stop_control
+    from raylane.jobs import submit_job, with_credential
     from tests.raytest import local_policy, spec, start_cluster, stop_cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="raylane-bench-train-"))
@@ -70,6 +70,8 @@ def main(argv=None) -> None:
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     try:
         ctl = start_control(local_policy(pretrain={"min_runtime": 0}), str(tmp / "journal.db"), tick_s=0.2)
+        # Raylane's drivers act as the operator; the credential is uploaded with each job, as `raylane submit` does.
+        token = ctl.credential.token
         client = JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
         bare, lane = [], []
         for i in range(args.runs):
@@ -88,7 +90,8 @@ def main(argv=None) -> None:
             path.write_text(yaml.safe_dump(s))
             t0 = time.time()
             job = submit_job(client, entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {storage} "
-                                               f"--tracking-uri sqlite:///{tmp / 'mlflow.db'}", runtime_env=LOOP_ENV)
+                                               f"--tracking-uri sqlite:///{tmp / 'mlflow.db'}",
+                             runtime_env=with_credential(LOOP_ENV, token))
             lane.append(_wait_file(marker) - t0)
             _wait_job(client, job)
         b, l = statistics.median(bare), statistics.median(lane)
@@ -103,15 +106,15 @@ def main(argv=None) -> None:
         (tmp / "victim.yaml").write_text(yaml.safe_dump(a))
         vjob = submit_job(client, entrypoint=f"{sys.executable} -m raylane.run {tmp / 'victim.yaml'} "
                                             f"--storage-path {storage} --tracking-uri sqlite:///{tmp / 'mlflow.db'}",
-                                 runtime_env=ENV)
+                                 runtime_env=with_credential(ENV, token))
         _wait_file(marker)
-        victim = call(ctl, "find_job", vjob)["id"]
+        victim = ctl.find_job(vjob).id
         b_spec = spec("reclaimer", "team-b", "finetune", gpu=2, cpu=1)
-        call(ctl, "submit", b_spec)  # a reservation: admitted as soon as the GPUs are free
+        ctl.submit(b_spec)  # a reservation: admitted as soon as the GPUs are free
         deadline = time.time() + 120
         decided = freed = None
         while time.time() < deadline:
-            ex = call(ctl, "explain", victim)
+            ex = ctl.explain(victim)
             pre = [e for e in ex["journal"] if e["kind"] == "preempting"]
             if pre and decided is None:
                 decided = pre[0]["ts"]
