@@ -6,6 +6,18 @@ per node of the cluster file, then the control actor; ``down`` stops them. State
 agents, workers, job drivers) inherits ``RAYLANE_LOCAL_CLUSTER=<id>``; ``down`` stops exactly those, not other
 Ray sessions on the machine (``ray stop`` would stop every one of them). Feature tags become node labels
 ``feature.raylane.io/<tag>=true``, which the control actor reads back from ``ray.nodes()``.
+
+Hardening (``docs/security.md``): Ray's token authentication is on. ``up`` writes a fresh random token to
+``TOKEN_FILE`` (mode 0600, in a 0700 folder) and starts every node with ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN_PATH`` naming that file, so the GCS, the raylets and the dashboard (jobs API included) refuse
+callers without it; the token itself is on no command line and in no environment. The dashboard (and with it the
+jobs API) listens on 127.0.0.1 only. The GCS, the raylets and the workers listen on every interface whatever
+``--node-ip-address`` says (Ray 2.60 on Linux turns 127.0.0.1 into the machine's address, and its gRPC servers have
+no bind option) and refuse calls without the token; each node's metrics export port (Prometheus text) answers
+anyone who reaches it. The caller's Raylane credential (``RAYLANE_TOKEN``, ``RAYLANE_CREDENTIALS``) and any Ray token of
+another cluster (``RAY_AUTH_TOKEN``) are withheld from the nodes' environment, which every job inherits. A process
+that talks to the cluster (``ray.init``, ``JobSubmissionClient``, ``ray job submit``) needs ``client_env()`` in its
+environment before it first touches Ray, or ``auth_headers()`` on its HTTP requests.
 """
 from __future__ import annotations
 
@@ -26,6 +38,7 @@ from raylane.control.actor import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYP
 from raylane.errors import RetryableError
 
 STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"
+TOKEN_FILE = STATE_FILE.parent / "ray_auth_token"  # Ray's cluster token of the cluster `up` started
 HEAD_PORT = 6390
 DASHBOARD_PORT = 8265
 GiB = 1024 ** 3
@@ -33,12 +46,81 @@ MARKER = "RAYLANE_LOCAL_CLUSTER"
 QUIET_S = 3.0  # down: seconds with no process of the cluster seen before it is done
 
 
-def ray_env() -> Dict[str, str]:
-    env = dict(os.environ)
+# The caller's variables no process of the cluster may inherit: a Raylane credential (every team's jobs run there and
+# can read their environment) and a Ray token meant for some other cluster (Ray prefers it to RAY_AUTH_TOKEN_PATH).
+WITHHELD = ("RAYLANE_TOKEN", "RAYLANE_CREDENTIALS", "RAY_AUTH_TOKEN")
+
+
+def ray_env(token_path: Optional[Path] = None) -> Dict[str, str]:
+    """The environment ``ray start`` runs with, which every process of the cluster inherits: the caller's, less
+    ``WITHHELD``; Ray's token authentication on with the token in ``token_path``, or off without one."""
+    env = {k: v for k, v in os.environ.items() if k not in WITHHELD}
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    if token_path is not None:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path))
+    else:
+        env["RAY_AUTH_MODE"] = "disabled"
+        env.pop("RAY_AUTH_TOKEN_PATH", None)
     return env
+
+
+def write_token(path: Path = TOKEN_FILE) -> Path:
+    """A fresh random Ray token (256 bits, hex, as ``ray get-auth-token --generate`` makes) in ``path``, readable
+    by its owner only. Written beside and renamed over, so a reader never sees a half-written token."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.chmod(tmp, 0o600)  # in case tmp already existed with a wider mode
+    os.replace(tmp, path)
+    return path
+
+
+def client_env() -> Dict[str, str]:
+    """The variables a process needs in its environment to reach the cluster ``up`` started: ``RAY_AUTH_MODE=token``
+    and ``RAY_AUTH_TOKEN_PATH``. Empty when no local cluster is recorded, when it runs without authentication, or
+    when ``RAY_ADDRESS`` names another cluster (the caller's own settings then apply).
+
+    Ray reads ``RAY_AUTH_MODE`` once per process: set these before the process first uses Ray (``ray.init``, a
+    ``JobSubmissionClient``), and unset ``RAY_AUTH_TOKEN``, which Ray prefers to the token file."""
+    st = state() or {}
+    token_path = st.get("auth_token_path")
+    if not token_path or os.environ.get("RAY_ADDRESS", st.get("address")) != st.get("address"):
+        return {}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
+
+
+def use_client_env() -> bool:
+    """Put ``client_env()`` into this process's environment (and drop ``RAY_AUTH_TOKEN``), so that ``ray.init``
+    and ``JobSubmissionClient`` here, and the subprocesses started from here, reach the local cluster. Returns
+    whether there was anything to set.
+
+    Ray reads ``RAY_AUTH_MODE`` when it is imported (measured with Ray 2.60: setting it afterwards changes nothing);
+    when Ray is already imported, its configuration and token cache are read again, as Ray itself does when it turns
+    token authentication on for a new local cluster."""
+    env = client_env()
+    if not env:
+        return False
+    os.environ.update(env)
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    return True
+
+
+def auth_headers() -> Dict[str, str]:
+    """``{"Authorization": "Bearer <token>"}`` for HTTP requests to the local cluster's dashboard (jobs API), or
+    empty as ``client_env()`` is. For ``JobSubmissionClient(url, headers=auth_headers())``: it then works whatever
+    this process's Ray read from ``RAY_AUTH_MODE``."""
+    env = client_env()
+    if not env:
+        return {}
+    return {"Authorization": f"Bearer {Path(env['RAY_AUTH_TOKEN_PATH']).read_text().strip()}"}
 
 
 def _ray_bin() -> str:
@@ -56,14 +138,20 @@ def node_labels(group) -> Dict[str, str]:
     return labels
 
 
-def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT) -> Dict[str, str]:
-    """Start the head and the worker nodes; returns the state written to ``STATE_FILE``."""
-    env = ray_env()
+def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT,
+       auth: bool = True) -> Dict[str, str]:
+    """Start the head and the worker nodes; returns the state written to ``STATE_FILE``. With ``auth`` (the
+    default) Ray's token authentication is on with a new token in ``TOKEN_FILE``; a cluster already recorded keeps
+    the token it runs with."""
+    token_path = None
+    if auth:
+        token_path = TOKEN_FILE if STATE_FILE.is_file() and TOKEN_FILE.is_file() else write_token(TOKEN_FILE)
+    env = ray_env(token_path)
     env[MARKER] = secrets.token_hex(8)
     ray = _ray_bin()
     head = [ray, "start", "--head", f"--port={port}", f"--num-cpus={cluster.head.cpus}",
-            f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard_port}", "--disable-usage-stats"]
+            f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--disable-usage-stats"]
     if cluster.head.memory:
         head.append(f"--memory={int(cluster.head.memory * GiB)}")
     _run(head, env)
@@ -81,7 +169,8 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
                   f"--memory={int(g.memory * GiB)}", f"--labels={json.dumps(node_labels(g))}",
                   f"--temp-dir={node_tmp}", "--disable-usage-stats"], env)
     state = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "cluster": cluster.name,
-             "started": time.time(), "marker": env[MARKER], "temp_dirs": temp_dirs}
+             "started": time.time(), "marker": env[MARKER], "temp_dirs": temp_dirs,
+             "auth_token_path": str(token_path) if token_path else None}
     STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
     STATE_FILE.write_text(json.dumps(state))
     return state
