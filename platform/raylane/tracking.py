@@ -28,9 +28,9 @@ event, not an end. Only ``RunTracker.finish(status)`` ends the run, as ``FINISHE
 reopens it as ``RUNNING``. A driver that dies leaves the run ``RUNNING`` until the next driver finishes it.
 
 Tracking URIs: MLflow 3.x refuses ``file://`` stores, so the default is a sqlite database
-(``~/.raylane/mlflow.db``), with artifacts in the directory ``mlartifacts`` next to it. Every process of a gang
-must reach the store: on a cluster of several machines, use an MLflow server (``http://...``) or a sqlite file on a
-shared file system.
+(``~/.raylane/mlflow.db``), with artifacts in the directory ``mlartifacts`` next to it; both are readable by their
+user only (0600, 0700). Every process of a gang must reach the store: on a cluster of several machines, use an
+MLflow server (``http://...``) or a sqlite file on a shared file system.
 
 Errors: ``RunTracker`` lets MLflow's errors through (the caller decides whether tracking may fail a workload).
 ``MetricLogger`` never raises into the training loop: a failed flush is logged and retried at the next one, because
@@ -128,7 +128,7 @@ def tracking_uri(uri: Optional[str] = None) -> str:
     resolved = _normalise(chosen)
     db = _sqlite_path(resolved)
     if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
+        db.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     return resolved
 
 
@@ -188,8 +188,8 @@ def client_for(uri: str) -> MlflowClient:
         return MlflowClient(tracking_uri=uri)
     import fcntl
 
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{db}.lock", "w") as lock:
+    _private_store(db)
+    with os.fdopen(os.open(f"{db}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return MlflowClient(tracking_uri=uri)  # opening the store creates and migrates the tables
@@ -197,11 +197,33 @@ def client_for(uri: str) -> MlflowClient:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _private_store(db: Path) -> None:
+    """Make the sqlite store ``db`` and its artifact folder readable by this user only: they hold every team's runs
+    (specs as params, metrics, configs, models). The database is created 0600 (sqlite gives its journal the same
+    mode) and ``mlartifacts`` 0700; a database or artifact folder left group- or world-readable by an older version
+    loses those bits. A missing parent folder is created 0700; an existing one (a project folder, say) is left as is.
+    A file of another user, which this process may not chmod, is left as is too."""
+    db.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o600))
+    artifacts = db.parent / _ARTIFACT_DIR
+    artifacts.mkdir(exist_ok=True, mode=0o700)
+    for path in (db, artifacts):
+        try:
+            mode = path.stat().st_mode & 0o777
+            if mode & 0o077:
+                os.chmod(path, mode & 0o700)
+        except OSError:
+            pass
+
+
+_ARTIFACT_DIR = "mlartifacts"
+
+
 def _artifact_root(uri: str) -> Optional[str]:
     """Where a new experiment keeps its artifacts: ``mlartifacts`` next to a sqlite database; the server's own
     choice otherwise."""
     db = _sqlite_path(uri)
-    return str(db.parent / "mlartifacts") if db is not None else None
+    return str(db.parent / _ARTIFACT_DIR) if db is not None else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
