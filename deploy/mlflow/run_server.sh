@@ -15,7 +15,11 @@
 # RAYLANE_MLFLOW_PORT (5000), RAYLANE_MLFLOW_WORKERS (2; keep it low with sqlite), MLFLOW (the mlflow executable).
 # MLflow only answers requests whose Host header is localhost or a private IP unless told otherwise: clients that
 # use a DNS name (a Kubernetes Service, say) need MLFLOW_SERVER_ALLOWED_HOSTS="name*,localhost*" (fnmatch patterns).
+#
+# The server asks for no login: anyone who reaches the port reads and writes every team's runs (docs/security.md).
+# Keep it on the cluster's private network. Its database and artifacts are readable by this user only (umask 077).
 set -euo pipefail
+umask 077
 
 dir="${1:-${RAYLANE_MLFLOW_DIR:-$HOME/.raylane/mlflow-server}}"
 mkdir -p "$dir"
