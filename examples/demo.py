@@ -1,15 +1,20 @@
 """`make demo`: Raylane's main job on an embedded local cluster.
 
 1. `raylane up`: a local Ray cluster (a CPU head and two nodes with 2 logical GPUs each, feature-tagged) and the
-   control actor, with policies/local.yaml and a fresh journal.
+   control actor, with policies/local.yaml, a fresh journal and authentication on: `raylane up` writes an operator
+   token to ~/.raylane/credentials (mode 0600), and the operator creates a member token for each team (alice on
+   team-a, bob on team-b).
 2. Team A's preemptible pretraining gang (2 workers x 2 GPUs: it borrows 2 GPUs of team B's quota) is submitted
-   with plain `ray job submit` and starts training.
+   by alice with plain `ray job submit` (her token travels with the job as a py_modules entry,
+   ``raylane.jobs.with_credential``) and starts training. Bob, of team B, sees where it stands in the queue, not its
+   spec, and may not cancel it.
 3. Team B's higher-class fine-tuning gang arrives; its spec names A's latest checkpoint
    (``init_from: {workload: pretrain-tiny-lm, step: latest}``), resolved when B starts and kept safe from A's
    checkpoint retention until B has loaded it. B is within its nominal quota, so it reclaims what A borrowed: A
    checkpoints at its current step, yields and waits in the queue; B runs.
-4. When B is done, A is admitted again, resumes from its checkpoint and finishes.
-5. The queue, A's journal (admission, preemption, resume) and the MLflow runs are shown; then `raylane down`.
+4. When B (bob's) is done, A is admitted again, resumes from its checkpoint and finishes.
+5. The queue, A's journal (admission, preemption, resume), the MLflow runs and the audit trail are shown; then
+   `raylane down`.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ RAY = str(VENV_BIN / "ray")
 HOME = Path(os.environ.get("RAYLANE_HOME", Path.home() / ".raylane"))
 STORAGE = HOME / "runs"
 MLFLOW_URI = f"sqlite:///{HOME / 'mlflow.db'}"
+TOKEN_TTL_S = 6 * 3600.0  # the demo's users' tokens outlive the demo, not the day
 
 
 def sh(*cmd, check=True, quiet=False):
@@ -45,11 +51,16 @@ def banner(text):
     print(f"\n=== {text} " + "=" * max(0, 100 - len(text)), flush=True)
 
 
-def ray_job_submit(spec_path: Path) -> str:
-    out = sh(RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--no-wait",
-             "--runtime-env-json", json.dumps({"env_vars": {"RAY_AUTH_MODE": "disabled",
-                                                            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-                                                            "RAYLANE_MLFLOW_URI": MLFLOW_URI}}),
+def ray_job_submit(spec_path: Path, token: str) -> str:
+    """Plain `ray job submit`; the driver acts with ``token``, which travels with the job as a py_modules entry (on no
+    command line, in no environment variable or job info)."""
+    from raylane import localcluster
+    from raylane.jobs import with_credential
+
+    runtime_env = with_credential({"env_vars": {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+                                                "RAYLANE_MLFLOW_URI": MLFLOW_URI}}, token)
+    out = sh(RAY, "job", "submit", "--address", localcluster.dashboard(), "--no-wait",
+             "--runtime-env-json", json.dumps(runtime_env),
              "--", sys.executable, "-m", "raylane.run", spec_path, "--storage-path", STORAGE,
              "--tracking-uri", MLFLOW_URI, quiet=True)
     job = re.search(r"raysubmit_[A-Za-z0-9]+", out).group(0)
@@ -68,7 +79,9 @@ JOBS = []
 def jobs():
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient("http://127.0.0.1:8265")
+    from raylane import localcluster
+
+    return JobSubmissionClient(localcluster.dashboard(), headers=localcluster.auth_headers())
 
 
 def wait(pred, timeout, what):
@@ -90,33 +103,68 @@ _CTL = None
 
 
 def ctl():
-    """The control actor, through this process's own Ray connection (polling via the CLI would be slow)."""
+    """The operator's client (the token `raylane up` wrote to the credentials file), through this process's own Ray
+    connection (polling via the CLI would be slow)."""
     global _CTL
     if _CTL is None:
         import ray
 
-        from raylane.control.client import get_control
+        from raylane import localcluster
+        from raylane.control.client import ControlClient
 
-        ray.init(address="127.0.0.1:6390", namespace="raylane", logging_level="ERROR", log_to_driver=False)
-        _CTL = get_control()
+        ray.init(address=localcluster.address(), namespace="raylane", logging_level="ERROR", log_to_driver=False)
+        _CTL = ControlClient.connect()
     return _CTL
 
 
 def queue():
-    from raylane.control.client import call
-
-    return call(ctl(), "queue", True)
+    return ctl().queue(include_done=True)
 
 
 def state(wid):
-    return next(r for r in queue() if r["id"] == wid)
+    return next(r for r in queue() if r.id == wid)
 
 
 def workload_of(job_id):
-    from raylane.control.client import call
+    rec = ctl().find_job(job_id)
+    return rec.id if rec else None
 
-    rec = call(ctl(), "find_job", job_id)
-    return rec["id"] if rec else None
+
+def users():
+    """The operator creates a member token for each team's user; returns {user: token}."""
+    from raylane import credentials
+
+    me = ctl().whoami()
+    print(f"operator: {me['user']} (token {me['token_id']}, written by `raylane up` to {credentials.default_file()}, "
+          f"mode 0600)")
+    made = {}
+    for user, team in (("alice", "team-a"), ("bob", "team-b")):
+        t = ctl().token_create(user, [team], "member", ttl_s=TOKEN_TTL_S, note=f"make demo: {team}")
+        made[user] = t["token"]
+        print(f"{user}: {t['role']} of {team}, token {t['id']} (shown once; the control plane keeps its salted "
+              f"digest only)")
+    sh(RAYLANE, "token", "list")
+    return made
+
+
+def refused_to_another_team(wid, token):
+    """What a member of another team may and may not do with ``wid``."""
+    from raylane.errors import PermissionDeniedError
+
+    other = ctl().as_user(token)
+    who = other.whoami()["user"]
+    seen = other.explain(wid)
+    hidden = [k for k in ("spec", "config", "owner", "journal") if k not in seen]
+    print(f"{who} sees {wid}: {seen.state.value}, position {seen.position or '-'}; hidden from {who}: "
+          f"{', '.join(hidden)}")
+    try:
+        other.cancel(wid)
+    except PermissionDeniedError as exc:
+        print(f"{who} cancels {wid}: refused: {exc}")
+    else:
+        raise SystemExit(f"demo: {who} cancelled {wid} of another team")
+    if state(wid).state.terminal:
+        raise SystemExit(f"demo: {wid} ended after a refused cancel")
 
 
 def latest_checkpoint(wid):
@@ -129,31 +177,44 @@ def latest_checkpoint(wid):
 
 
 def main():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from raylane import localcluster
+    from raylane.control.client import State
+
+    # The demo acts with the tokens `raylane up` and its operator make, never with one from the caller's shell.
+    os.environ.pop("RAYLANE_TOKEN", None)
     os.environ["RAYLANE_MLFLOW_URI"] = MLFLOW_URI
     t0 = time.time()
-    banner("raylane up: local Ray cluster with logical GPUs + the control actor")
+    banner("raylane up: local Ray cluster with logical GPUs + the control actor, authentication on")
     sh(RAYLANE, "down", check=False, quiet=True)
     sh(RAYLANE, "up", "--fresh", "--policy", REPO / "policies" / "local.yaml")
+    # Ray's own token for this process and the commands it runs (ray job submit, raylane), before Ray is touched.
+    localcluster.use_client_env()
     try:
-        banner("team A submits pretraining with `ray job submit -- python -m raylane.run ...`")
-        a_job = ray_job_submit(REPO / "examples/specs/pretrain-team-a.yaml")
+        banner("identities: the operator creates a member token for each team")
+        tokens = users()
+
+        banner("alice (team A) submits pretraining with `ray job submit -- python -m raylane.run ...`")
+        a_job = ray_job_submit(REPO / "examples/specs/pretrain-team-a.yaml", tokens["alice"])
         a = wait(lambda: workload_of(a_job), 180, "A registered")
-        print(f"ray job {a_job} -> workload {a}")
+        print(f"ray job {a_job} -> workload {a}, owner {ctl().status(a).owner}")
         wait(lambda: latest_checkpoint(a), 240, "A's first checkpoint")
         show_queue("A is training (4 GPUs: 2 nominal + 2 borrowed from team B)")
 
-        banner("team B submits a higher-class fine-tuning gang that starts from A's latest checkpoint")
-        b_job = ray_job_submit(REPO / "examples/specs/finetune-team-b.yaml")
+        banner("bob (team B) and team A's workload: positions and reasons yes, spec no, cancel no")
+        refused_to_another_team(a, tokens["bob"])
+
+        banner("bob (team B) submits a higher-class fine-tuning gang that starts from A's latest checkpoint")
+        b_job = ray_job_submit(REPO / "examples/specs/finetune-team-b.yaml", tokens["bob"])
         b = wait(lambda: workload_of(b_job), 180, "B registered")
+        print(f"ray job {b_job} -> workload {b}, owner {ctl().status(b).owner}")
         wait(lambda: state(a)["preemptions"] >= 1, 120, "A preempted")
-        wait(lambda: state(a)["state"] == "PENDING", 120, "A back in the queue")
+        wait(lambda: state(a).state is State.PENDING, 120, "A back in the queue")
         show_queue("A was preempted: it checkpointed at its current step and waits; B takes the GPUs")
 
-        wait(lambda: state(b)["state"] in ("SUCCEEDED", "FAILED"), 600, "B to finish")
-        wait(lambda: state(a)["state"] in ("RUNNING", "SUCCEEDED", "FAILED"), 300, "A to resume")
+        wait(lambda: state(b).terminal, 600, "B to finish")
+        wait(lambda: state(a).state is State.RUNNING or state(a).terminal, 300, "A to resume")
         show_queue("B finished; A was admitted again and resumes from its checkpoint")
-        wait(lambda: state(a)["state"] in ("SUCCEEDED", "FAILED"), 900, "A to finish")
+        wait(lambda: state(a).terminal, 900, "A to finish")
         show_queue("both finished")
 
         banner(f"events of {a}")
@@ -166,7 +227,9 @@ def main():
         from workloads.eval_lm import evaluate
 
         print(json.dumps(evaluate(latest_checkpoint(a)), indent=1))
-        ok = state(a)["state"] == state(b)["state"] == "SUCCEEDED"
+        banner("the audit trail (operators): every privileged call and every refusal")
+        sh(RAYLANE, "audit")
+        ok = state(a).state is State.SUCCEEDED and state(b).state is State.SUCCEEDED
         print(f"\ndemo {'OK' if ok else 'FAILED'} in {time.time() - t0:.0f}s; MLflow store {MLFLOW_URI}; "
               f"browse with: mlflow ui --backend-store-uri {MLFLOW_URI}")
         print(f"state kept in {HOME} (journal.db: the control plane's journal, started afresh by each demo; runs/: "
