@@ -35,6 +35,7 @@ HOME = Path(os.environ.get("RAYLANE_HOME", Path.home() / ".raylane"))
 STORAGE = HOME / "runs"
 MLFLOW_URI = f"sqlite:///{HOME / 'mlflow.db'}"
 TOKEN_TTL_S = 6 * 3600.0  # the demo's users' tokens outlive the demo, not the day
+USERS = {"alice": ["team-a"], "bob": ["team-b"]}  # each a member of these teams
 
 
 def sh(*cmd, check=True, quiet=False):
@@ -138,11 +139,11 @@ def users():
     print(f"operator: {me['user']} (token {me['token_id']}, written by `raylane up` to {credentials.default_file()}, "
           f"mode 0600)")
     made = {}
-    for user, team in (("alice", "team-a"), ("bob", "team-b")):
-        t = ctl().token_create(user, [team], "member", ttl_s=TOKEN_TTL_S, note=f"make demo: {team}")
+    for user, teams in USERS.items():
+        t = ctl().token_create(user, teams, "member", ttl_s=TOKEN_TTL_S, note=f"make demo: {', '.join(teams)}")
         made[user] = t["token"]
-        print(f"{user}: {t['role']} of {team}, token {t['id']} (shown once; the control plane keeps its salted "
-              f"digest only)")
+        print(f"{user}: {t['role']} of {', '.join(teams)}, token {t['id']} (shown once; the control plane keeps its "
+              f"salted digest only)")
     sh(RAYLANE, "token", "list")
     return made
 
