@@ -8,10 +8,17 @@ after ``ray start --head``, while the head is still coming up), and is idempoten
 running it is left as it is (with its own policy and journal) and the script says so.
 
 The journal is a sqlite file that the control actor opens on the node it runs on. Put it on a disk that outlives
-the actor's process (the head node's disk, a persistent volume): the actor replays it after every restart. The
-actor asks for no CPU, and Ray places such an actor on a random node unless it is pinned, which
-``start_control`` does not do yet; so the script reports the node the actor runs on and warns when it is not this
-one (docs/deploy.md, "Known limitations").
+the actor's process (the head node's disk, a persistent volume): the actor replays it after every restart.
+``start_control`` pins the actor to the head node; the script reports the node the actor runs on and warns when it
+is not this one, whose disk the journal path was meant for (docs/deploy.md, "Known limitations").
+
+Authentication is on unless --no-auth is given (docs/security.md). When this script creates the control actor, the
+actor registers a fresh operator token (only its salted digest reaches the actor and its journal) and the script
+writes the token, and nothing else, to --credentials (mode 0600; by default ``operator-credentials`` beside the
+journal): the operator runs commands with ``RAYLANE_CREDENTIALS`` naming that file (or copies the token out once
+and passes it to ``raylane token use``), then creates the users' tokens with ``raylane token create``. The token is
+never printed. When the actor was already running, it keeps the operator token it was started with and nothing is
+written.
 
 Exit status: 0 the control actor runs; 1 the policy file is invalid or missing; 2 Ray or the actor could not be
 reached before --timeout.
@@ -22,6 +29,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import List, Optional
 
 
@@ -42,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: $RAY_ADDRESS, else 'auto')")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to keep trying to reach Ray and the actor (default: 120)")
+    p.add_argument("--credentials", default=None,
+                   help="where the operator token is written (mode 0600) when this script creates the control actor "
+                        "(default: operator-credentials beside the journal)")
+    p.add_argument("--operator", default="operator",
+                   help="user name of that operator token (default: operator)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="run the control plane without authentication: every caller acts as an operator (a "
+                        "single-user test cluster only)")
     return p
 
 
@@ -65,7 +81,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     deadline = time.monotonic() + args.timeout
     try:
         _connect(address, deadline)
-        return _start(policy, args.journal, pol, deadline)
+        return _start(policy, args.journal, pol, deadline, auth_enabled=not args.no_auth, operator=args.operator,
+                      credentials_path=args.credentials)
     except TimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -89,7 +106,8 @@ def _connect(address: str, deadline: float) -> None:
         time.sleep(min(5.0, 0.5 * attempt))
 
 
-def _start(policy: str, journal: Optional[str], pol, deadline: float) -> int:
+def _start(policy: str, journal: Optional[str], pol, deadline: float, *, auth_enabled: bool, operator: str,
+           credentials_path: Optional[str]) -> int:
     import ray
 
     from raylane.control.actor import CONTROL_NAME, NAMESPACE
@@ -104,7 +122,7 @@ def _start(policy: str, journal: Optional[str], pol, deadline: float) -> int:
     jpath = journal_path(journal)
     while True:
         try:
-            start_control(policy, jpath)
+            client = start_control(policy, jpath, auth_enabled=auth_enabled, operator=operator)
             break
         except (RetryableError, ray.exceptions.RayError) as exc:  # the actor is (re)starting; it replays its journal
             if time.monotonic() >= deadline:
@@ -112,12 +130,34 @@ def _start(policy: str, journal: Optional[str], pol, deadline: float) -> int:
             time.sleep(2.0)
     if running:
         _say(f"control actor {CONTROL_NAME!r} (namespace {NAMESPACE!r}) was already running; "
-             f"it keeps its own policy and journal")
+             f"it keeps its own policy, journal and operator token")
     else:
         _say(f"control actor {CONTROL_NAME!r} (namespace {NAMESPACE!r}) started: policy {policy} "
              f"({len(pol.teams)} teams, {len(pol.classes)} classes), journal {jpath}")
+        _write_operator_token(client, credentials_path or os.path.join(os.path.dirname(jpath),
+                                                                       "operator-credentials"))
     _report_node(CONTROL_NAME, NAMESPACE, jpath)
     return 0
+
+
+def _write_operator_token(client, path: str) -> None:
+    """Write the operator token of a control plane this script started to ``path`` (0600), once the control plane
+    has accepted it; say where, never what."""
+    from raylane import credentials
+    from raylane.errors import AuthenticationError
+
+    try:
+        who = client.whoami()
+    except AuthenticationError as exc:
+        print(f"warning: the control plane refused its own operator token ({exc}); none written", file=sys.stderr,
+              flush=True)
+        return
+    if not who.get("auth"):
+        _say("authentication is off (--no-auth): every caller acts as an operator")
+        return
+    written = credentials.save(client.credential.token, Path(path))
+    _say(f"operator token {who['token_id']} of {who['user']} written to {written} (mode 0600): run operator "
+         f"commands with RAYLANE_CREDENTIALS={written}, or copy it out once and `raylane token use` it")
 
 
 def _report_node(name: str, namespace: str, jpath: str) -> None:
