@@ -68,7 +68,8 @@ def write_spec(env, s: dict, name: str):
 def submit_job(env, s: dict, name: str, *, working_dir: Optional[str] = None, env_vars: Optional[dict] = None,
                token: Optional[str] = None) -> str:
     """Submit ``s`` as ``python -m raylane.run SPEC`` (a plain Ray job); ``working_dir`` is uploaded with it. Its
-    driver acts with ``token`` (default: the operator's), sent with the job by ``raylane.jobs.with_credential``."""
+    driver acts with ``token`` (default: the operator's; ``""``: none), sent with the job by
+    ``raylane.jobs.with_credential``."""
     from raylane.jobs import submit_job as submit
     from raylane.jobs import with_credential
 
