@@ -205,6 +205,10 @@ def authorize(p: Principal, action: Action, *, team: Optional[str] = None, owner
     """Raise ``PermissionDeniedError`` (naming who, what and why) unless ``p`` may do ``action``.
 
     ``team`` and ``owner`` describe the target workload (or, for a submit, the spec's team)."""
+    if p.job and action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD):
+        # Code inside a job must not mint long-lived tokens or change the policy, even an operator's job.
+        raise PermissionDeniedError(f"{action.value}: refused for {p.user}'s job token {p.token_id}: job tokens "
+                                    f"may not manage tokens or the policy")
     if p.operator:
         return
     who = f"{p.user} ({p.role.value} of {', '.join(p.teams) or 'no team'})"

@@ -45,7 +45,9 @@ def connect():
     from raylane import localcluster
     from raylane.control.client import ControlClient
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # The local cluster's Ray token auth (raylane up), else whatever the caller's environment says.
+    if not localcluster.use_client_env():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
         try:
             ray.init(address=localcluster.address(), namespace="raylane", logging_level="ERROR",
@@ -147,7 +149,7 @@ def submit(
             from raylane import localcluster
             from raylane.jobs import submit_job, with_credential
 
-            client = JobSubmissionClient(localcluster.dashboard())
+            client = JobSubmissionClient(localcluster.dashboard(), headers=localcluster.auth_headers())
             # The driver gets a token of its own (the caller's rights, expiring, revoked with the caller's), sent
             # as a py_modules package: never on the command line, in the env or in the job's info.
             job_token = h.job_token(note=f"ray job for {data.get('name', '?')}") if h.credential else None

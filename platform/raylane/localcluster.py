@@ -15,7 +15,10 @@ jobs API) listens on 127.0.0.1 only. The GCS, the raylets and the workers listen
 ``--node-ip-address`` says (Ray 2.60 on Linux turns 127.0.0.1 into the machine's address, and its gRPC servers have
 no bind option) and refuse calls without the token; each node's metrics export port (Prometheus text) answers
 anyone who reaches it. The caller's Raylane credential (``RAYLANE_TOKEN``, ``RAYLANE_CREDENTIALS``) and any Ray token of
-another cluster (``RAY_AUTH_TOKEN``) are withheld from the nodes' environment, which every job inherits. A process
+another cluster (``RAY_AUTH_TOKEN``) are withheld from the nodes' environment, which every job inherits. The nodes
+run with umask 077, so what the cluster's processes write (Ray's logs and sockets, job working dirs, checkpoints,
+MLflow artifacts) is readable by this user only; Ray itself makes its folders 0777 so that Ray sessions of several
+users can share ``/tmp/ray``, but the files in them stay 0600. A process
 that talks to the cluster (``ray.init``, ``JobSubmissionClient``, ``ray job submit``) needs ``client_env()`` in its
 environment before it first touches Ray, or ``auth_headers()`` on its HTTP requests.
 """
@@ -41,8 +44,10 @@ STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"
 TOKEN_FILE = STATE_FILE.parent / "ray_auth_token"  # Ray's cluster token of the cluster `up` started
 HEAD_PORT = 6390
 DASHBOARD_PORT = 8265
+CLIENT_PORT = 10001
 GiB = 1024 ** 3
 MARKER = "RAYLANE_LOCAL_CLUSTER"
+NODE_UMASK = 0o077  # what the cluster's processes create is this user's only
 QUIET_S = 3.0  # down: seconds with no process of the cluster seen before it is done
 
 
@@ -139,8 +144,9 @@ def node_labels(group) -> Dict[str, str]:
 
 
 def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT,
-       auth: bool = True) -> Dict[str, str]:
-    """Start the head and the worker nodes; returns the state written to ``STATE_FILE``. With ``auth`` (the
+       client_port: int = CLIENT_PORT, auth: bool = True) -> Dict[str, str]:
+    """Start the head and the worker nodes; returns the state written to ``STATE_FILE``. ``port``, ``dashboard_port``
+    and ``client_port`` are the head's GCS, dashboard and Ray client server (``ray://``) ports. With ``auth`` (the
     default) Ray's token authentication is on with a new token in ``TOKEN_FILE``; a cluster already recorded keeps
     the token it runs with."""
     token_path = None
@@ -151,10 +157,10 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
     ray = _ray_bin()
     head = [ray, "start", "--head", f"--port={port}", f"--num-cpus={cluster.head.cpus}",
             f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--disable-usage-stats"]
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}", "--disable-usage-stats"]
     if cluster.head.memory:
         head.append(f"--memory={int(cluster.head.memory * GiB)}")
-    _run(head, env)
+    _run(head, env, umask=NODE_UMASK)
     address = f"127.0.0.1:{port}"
     # Each worker node gets a temp dir of its own. Nodes of one machine would otherwise share the head's session
     # folder and its runtime_resources, where every node's runtime-env agent unpacks a job's --working-dir with
@@ -167,7 +173,7 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
             temp_dirs.append(node_tmp)
             _run([ray, "start", f"--address={address}", f"--num-cpus={g.cpus}", f"--num-gpus={g.gpus}",
                   f"--memory={int(g.memory * GiB)}", f"--labels={json.dumps(node_labels(g))}",
-                  f"--temp-dir={node_tmp}", "--disable-usage-stats"], env)
+                  f"--temp-dir={node_tmp}", "--disable-usage-stats"], env, umask=NODE_UMASK)
     state = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "cluster": cluster.name,
              "started": time.time(), "marker": env[MARKER], "temp_dirs": temp_dirs,
              "auth_token_path": str(token_path) if token_path else None}
@@ -276,7 +282,7 @@ def dashboard() -> str:
     return s["dashboard"] if s else f"http://127.0.0.1:{DASHBOARD_PORT}"
 
 
-def _run(cmd, env, check: bool = True) -> None:
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+def _run(cmd, env, check: bool = True, umask: int = -1) -> None:
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, umask=umask)
     if check and p.returncode != 0:
         raise RetryableError(f"`{' '.join(cmd[:3])} ...` failed ({p.returncode}):\n{p.stderr[-2000:]}")

@@ -412,11 +412,11 @@ class ControlActor:
         ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")
         source, verdict = None, None
         if why is None and ref is not None:
-            source = ckrefs.find_source(ref, (r for r in self.records.values() if self.gate.may_read(p, r.team)))
+            # Any team's checkpoint may be named (a pretraining team's model is another team's starting point);
+            # the consumer's journal records which one it pinned.
+            source = ckrefs.find_source(ref, self.records.values())
             if source is None:
                 why = f"config.{key} names workload {ref.workload!r}, which is not known to the control plane"
-                if ckrefs.find_source(ref, self.records.values()) is not None:
-                    why += " among the caller's teams' workloads"
             else:
                 verdict = self._judge(ref, source)
                 if verdict.never:

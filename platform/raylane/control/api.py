@@ -80,7 +80,10 @@ class Request(BaseModel):
 
 def _short(v: Any) -> Any:
     """A value as an error shows it: long ones cut, so a huge argument does not become a huge error."""
-    text = repr(v)
+    try:
+        text = repr(v)
+    except (ValueError, RecursionError):  # ints beyond Python's digit limit, self-nesting containers
+        return f"<a {type(v).__name__} too large to show>"
     return v if len(text) <= 200 else text[:200] + f"... ({len(text)} characters)"
 
 

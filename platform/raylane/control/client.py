@@ -245,13 +245,19 @@ def policy_dict(policy: Union[str, Path, Dict[str, Any], None]) -> Dict[str, Any
 
 def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal: Optional[str] = None,
                   *, tick_s: float = 1.0, admit_timeout_s: float = 30.0, auth_enabled: bool = True,
-                  operator: str = "operator") -> ControlClient:
+                  operator: str = "operator", token: Optional[str] = None) -> ControlClient:
     """Create the detached control actor (or find the running one) in the ``raylane`` namespace; returns a client
-    holding a fresh operator token (with ``auth_enabled``; its digest alone reaches the actor, which journals it)."""
+    holding an operator token (with ``auth_enabled``; its digest alone reaches the actor, which journals it).
+    ``token``: that operator token (a caller that retries passes the same one); default a fresh one."""
     # On the head node, beside its journal: an actor that asks for no CPU could otherwise land on any node.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    token, tid, salt, digest = auth.new_token()
+    if token is None:
+        token, tid, salt, digest = auth.new_token()
+    else:
+        tid, secret = auth.parse_token(token)
+        salt = auth.secrets.token_hex(16)
+        digest = auth.digest(secret, salt)
     boot = {"enabled": auth_enabled,
             "bootstrap": {"user": operator, "id": tid, "salt": salt, "digest": digest} if auth_enabled else None}
     remote = ray.remote(ControlActor).options(
