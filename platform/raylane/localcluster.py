@@ -156,8 +156,8 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
     env[MARKER] = secrets.token_hex(8)
     ray = _ray_bin()
     head = [ray, "start", "--head", f"--port={port}", f"--num-cpus={cluster.head.cpus}",
-            f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}", "--disable-usage-stats"]
+            f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}", "--disable-usage-stats"]
     if cluster.head.memory:
         head.append(f"--memory={int(cluster.head.memory * GiB)}")
     _run(head, env, umask=NODE_UMASK)
@@ -177,7 +177,7 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
     state = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "cluster": cluster.name,
              "started": time.time(), "marker": env[MARKER], "temp_dirs": temp_dirs,
              "auth_token_path": str(token_path) if token_path else None}
-    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    STATE_FILE.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     STATE_FILE.write_text(json.dumps(state))
     return state
 
