@@ -10,17 +10,20 @@ Ray sessions on the machine (``ray stop`` would stop every one of them). Feature
 Hardening (``docs/security.md``): Ray's token authentication is on. ``up`` writes a fresh random token to
 ``TOKEN_FILE`` (mode 0600, in a 0700 folder) and starts every node with ``RAY_AUTH_MODE=token`` and
 ``RAY_AUTH_TOKEN_PATH`` naming that file, so the GCS, the raylets and the dashboard (jobs API included) refuse
-callers without it; the token itself is on no command line and in no environment. The dashboard (and with it the
-jobs API) listens on 127.0.0.1 only. The GCS, the raylets and the workers listen on every interface whatever
-``--node-ip-address`` says (Ray 2.60 on Linux turns 127.0.0.1 into the machine's address, and its gRPC servers have
-no bind option) and refuse calls without the token; each node's metrics export port (Prometheus text) answers
-anyone who reaches it. The caller's Raylane credential (``RAYLANE_TOKEN``, ``RAYLANE_CREDENTIALS``) and any Ray token of
-another cluster (``RAY_AUTH_TOKEN``) are withheld from the nodes' environment, which every job inherits. The nodes
-run with umask 077, so what the cluster's processes write (Ray's logs and sockets, job working dirs, checkpoints,
-MLflow artifacts) is readable by this user only; Ray itself makes its folders 0777 so that Ray sessions of several
-users can share ``/tmp/ray``, but the files in them stay 0600. A process
-that talks to the cluster (``ray.init``, ``JobSubmissionClient``, ``ray job submit``) needs ``client_env()`` in its
-environment before it first touches Ray, or ``auth_headers()`` on its HTTP requests.
+callers without it; the token itself is on no command line and in no environment. The dashboard listens on
+127.0.0.1 only. The GCS, the raylets and the workers listen on every interface whatever ``--node-ip-address`` says
+(Ray 2.60 on Linux turns 127.0.0.1 into the machine's address, and its gRPC servers have no bind option) and refuse
+calls without the token; each node's metrics export port (Prometheus text) answers anyone who reaches it.
+
+The caller's Raylane credential (``RAYLANE_TOKEN``, ``RAYLANE_CREDENTIALS``) and any Ray token of another cluster
+(``RAY_AUTH_TOKEN``) are withheld from the nodes' environment, which every job inherits. The nodes run with umask
+077, so what the cluster's processes write (Ray's logs and sockets, job working dirs, checkpoints, MLflow artifacts)
+is readable by this user only: Ray makes its folders 0777 so that several users' Ray sessions can share
+``/tmp/ray``, but the files in them are 0600.
+
+A process that talks to the cluster (``ray.init``, ``JobSubmissionClient``, ``ray job submit``) needs
+``client_env()`` in its environment before it first imports Ray (``use_client_env()`` does that, also after the
+import), or ``auth_headers()`` on its HTTP requests.
 """
 from __future__ import annotations
 
