@@ -109,6 +109,31 @@ def token_use(token: Optional[str] = typer.Argument(None, help="The token (read 
     console.print(f"token {credentials.Credential(token).token_id} saved to {path} (mode 0600)", highlight=False)
 
 
+@token_app.command("for-job")
+def token_for_job(ttl: str = typer.Option("7d", "--ttl", help="How long the job token lives (at most 7d)."),
+                  note: str = typer.Option("", "--note", help="What the job is.")):
+    """Make a job token (your rights, expiring, revoked with your token) for a plain `ray job submit`, and print the
+    folder to pass as a py_modules entry; its driver finds the token there:
+
+    ray job submit --runtime-env-json "{\"py_modules\": [\"$(raylane token for-job)\"]}" ... -- python -m raylane.run spec.yaml"""
+    import shutil
+
+    from raylane import credentials
+
+    with _errors():
+        tok = connect().job_token(ttl_s=parse_duration(ttl, "--ttl"), note=note or "raylane token for-job")
+    if tok is None:
+        err.print("authentication is off on this control plane: a job needs no credential")
+        raise typer.Exit(1)
+    tmp = Path(credentials.job_credential_dir(tok))
+    dest = credentials.default_file().parent / "job-credentials" / credentials.Credential(tok).token_id
+    dest.mkdir(parents=True, mode=0o700)
+    final = dest / tmp.name
+    shutil.move(str(tmp), final)
+    shutil.rmtree(tmp.parent, ignore_errors=True)
+    print(final)
+
+
 def whoami():
     """Who the control plane takes you for: user, teams, role and token id."""
     with _errors():

@@ -84,6 +84,7 @@ def up(
             os.remove(jpath)
         t0 = time.time()
         st = localcluster.up(spec)
+        localcluster.use_client_env()  # its Ray token, before this process first talks to it
         import ray
 
         ray.init(address=st["address"], namespace="raylane", logging_level="ERROR", log_to_driver=False)
@@ -96,7 +97,7 @@ def up(
 
         from raylane.jobs import wait_ready
 
-        wait_ready(JobSubmissionClient(st["dashboard"]))  # `ray job submit` works from here on
+        wait_ready(JobSubmissionClient(st["dashboard"], headers=localcluster.auth_headers()))  # `ray job submit` works from here on
         console.print(f"Ray cluster [bold]{spec.name}[/bold] up in {time.time() - t0:.1f}s: "
                       f"{1 + sum(g.count for g in spec.nodes)} nodes, {spec.total_gpus} GPUs; "
                       f"dashboard {st['dashboard']}; control actor ready (journal {jpath})")
@@ -160,7 +161,7 @@ def submit(
                 # leases, which takes longer than Ray's default 3 s before SIGKILL.
                 runtime_env=with_credential({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
                     k: v for k, v in os.environ.items()
-                    if k in ("RAY_AUTH_MODE", "RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}}, job_token),
+                    if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}}, job_token),
                 metadata={"raylane.spec": data.get("name", "")},
             )
             console.print(f"ray job {job_id} submitted")

@@ -8,9 +8,10 @@ started by ``raylane submit`` or by plain ``ray job submit``) finds its credenti
    ``--runtime-env-json``: the job's runtime env is shown to everyone in the dashboard's job list);
 2. a module ``raylane_job_credential`` on its Python path, the way ``raylane submit`` sends one: a folder holding
    the file ``token``, uploaded with the job as a ``py_modules`` entry (``job_credential_dir``), which the dashboard
-   lists only as a package URI;
-3. ``.raylane/credentials`` in the job's working directory (what ``ray job submit --working-dir DIR`` uploads; keep
-   ``.raylane/`` out of version control).
+   lists only as a package URI. For plain ``ray job submit``, ``raylane token for-job`` makes one (a job token) and
+   prints its path for ``--runtime-env-json '{"py_modules": [PATH]}'``;
+3. ``.raylane/credentials`` in the job's working directory (only if it is uploaded: Ray leaves out what the
+   folder's ``.gitignore`` names).
 
 Inside a Ray job the driver never reads ``~/.raylane/credentials``: that is the home of the cluster's OS user, and
 its token (often an operator's) is not the submitter's.
@@ -56,7 +57,14 @@ def default_file() -> Path:
 
 
 def in_ray_job() -> bool:
-    return bool(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+    """Inside the cluster: a job's driver, or any Ray worker process (actors, Train workers, tasks). There the
+    home folder is the cluster's OS user's, whose credentials file is not the caller's."""
+    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        return True
+    import sys
+
+    worker = getattr(getattr(sys.modules.get("ray._private.worker"), "global_worker", None), "mode", None)
+    return worker is not None and worker == getattr(sys.modules.get("ray"), "WORKER_MODE", object())
 
 
 def _read(path: Path) -> Optional[str]:

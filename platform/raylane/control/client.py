@@ -264,8 +264,6 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
         name=CONTROL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=1000,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
-        runtime_env={"env_vars": {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "")}}
-        if os.environ.get("RAY_AUTH_MODE") else None,
     )
     handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s, boot)
     client = ControlClient(handle, token if auth_enabled else None)
