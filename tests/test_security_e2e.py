@@ -270,3 +270,39 @@ def test_credentials_appear_nowhere_after_an_end_to_end_run(env, people):
     assert run.data.tags.get("raylane.owner") == "alice"
     submits = [r for r in people["ops"].audit(user="alice") if r["action"] == "submit" and r["target"] == rec.id]
     assert submits and submits[-1]["token_id"] == job_token.split("_")[1]
+
+
+def test_token_commands_whoami_and_audit_from_the_cli(env, people, monkeypatch):
+    """The operator's and a user's view through `raylane token ...`, `whoami` and `audit`."""
+    from typer.testing import CliRunner
+
+    from raylane.cli import app
+
+    monkeypatch.setenv("RAY_ADDRESS", env["cluster"].address)  # this test cluster, not a `raylane up` one
+    ops_tok = people["ops"].credential.token
+
+    def raylane(args, token):
+        return CliRunner().invoke(app, args, env={"RAYLANE_TOKEN": token})
+
+    r = raylane(["token", "create", "--user", "gina", "--team", "team-b", "--role", "team-admin", "--ttl", "1d"],
+                ops_tok)
+    assert r.exit_code == 0, r.output
+    tok = r.output.strip().splitlines()[-1]
+    tid = tok.split("_")[1]
+    assert tok.startswith("rlt_") and f"token {tid} for gina" in " ".join(r.output.split())
+    r = raylane(["whoami"], tok)
+    assert r.exit_code == 0 and "gina (team-admin; teams team-b" in r.output, r.output
+    r = raylane(["token", "list"], tok)
+    assert r.exit_code == 1 and "only operators may" in r.output, r.output
+    r = raylane(["token", "list", "--json"], ops_tok)
+    listed = {t["id"]: t for t in json.loads(r.output)}
+    assert listed[tid]["user"] == "gina" and tok not in r.output and tok.split("_")[2] not in r.output
+    r = raylane(["audit", "--json", "--user", "gina"], ops_tok)
+    rows = json.loads(r.output)
+    assert [x["outcome"] for x in rows if x["action"] == "token_list"] == ["refused"]
+    r = raylane(["token", "revoke", tid], ops_tok)
+    assert r.exit_code == 0 and "revoked" in r.output, r.output
+    r = raylane(["whoami"], tok)
+    assert r.exit_code == 1 and f"token {tid} of gina is revoked" in r.output, r.output
+    r = raylane(["token", "create", "--user", "x", "--ttl", "soon"], ops_tok)
+    assert r.exit_code == 1 and "--ttl: got 'soon'" in r.output, r.output
