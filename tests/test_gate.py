@@ -19,6 +19,7 @@ import pytest
 from raylane import auth
 from raylane.auth import ANONYMOUS, Action, Principal, Role
 from raylane.control import api
+from raylane.control import gate as gate_mod
 from raylane.control.gate import SUMMARY_FIELDS, Gate
 from raylane.control.journal import Journal
 from raylane.errors import AuthenticationError, NotFoundError, PermissionDeniedError, ValidationError
@@ -63,16 +64,13 @@ def well_formed(token: Any) -> bool:
 
 
 def team_of(req: api.Request) -> Tuple[Optional[str], Optional[str]]:
-    """(team, owner) of a call's target, as the control actor answers it."""
-    if isinstance(req, api.Submit):
-        team = req.spec.get("team")
-        return (team if isinstance(team, str) else None), None
-    wid = req.target()
-    if wid is None:
-        return None, None
-    if wid not in WORKLOADS:
-        raise NotFoundError(f"no workload {wid!r}")
-    return WORKLOADS[wid]
+    """(team, owner) of a call's target, as the control actor answers it (the same ``target_team``)."""
+    def find(wid):
+        if wid not in WORKLOADS:
+            raise NotFoundError(f"no workload {wid!r}")
+        return WORKLOADS[wid]
+
+    return gate_mod.target_team(req, find)
 
 
 def audit_rows(gate: Gate) -> List[Dict[str, Any]]:

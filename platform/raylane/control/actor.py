@@ -35,7 +35,7 @@ from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
 from raylane.auth import Principal
 from raylane.control import api
 from raylane.control import checkpoints as ckrefs
-from raylane.control.gate import Gate
+from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal
 from raylane.control.records import Record, State
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
@@ -386,15 +386,11 @@ class ControlActor:
         return out
 
     def _team_of(self, req: api.Request):
-        """(team, owner) of the call's target: the spec's team for a submit, the workload's otherwise."""
-        if isinstance(req, api.Submit):
-            team = req.spec.get("team")
-            return (team if isinstance(team, str) else None), None
-        wid = req.target()
-        if wid is None:
-            return None, None
-        rec = self._get(wid)
-        return rec.team, rec.owner
+        def find(wid):
+            rec = self._get(wid)
+            return rec.team, rec.owner
+
+        return target_team(req, find)
 
     async def _api_submit(self, p: Principal, req: api.Submit) -> Dict[str, Any]:
         """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""

@@ -177,6 +177,16 @@ class Gate:
         return out
 
 
+def target_team(req: api.Request, find) -> tuple:
+    """(team, owner) of a call's target: the spec's team for a submit (no owner yet), ``find(workload_id)`` for a
+    call on a workload (it raises ``NotFoundError`` for an unknown one), (None, None) for a call on none."""
+    if isinstance(req, api.Submit):
+        team = req.spec.get("team")
+        return (team if isinstance(team, str) else None), None
+    wid = req.target()
+    return (None, None) if wid is None else find(wid)
+
+
 def _target(req, args) -> Optional[str]:
     if req is not None:
         return req.target()
