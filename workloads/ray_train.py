@@ -163,7 +163,8 @@ class RayTrainHooks(TrainHooks):
             # then stays on the CPU and DDP runs over gloo instead of asking CUDA for a device.
             device = True if torch.cuda.is_available() else torch.device("cpu")
             return ray.train.torch.prepare_model(model, move_to_device=device)
-        return model
+        # One worker: no DDP wrapper, but a worker given a real GPU must train on it (the GPU Ray assigned it).
+        return model.to(ray.train.torch.get_device()) if torch.cuda.is_available() else model
 
     def close(self) -> None:
         if self._resume_dir is not None:
