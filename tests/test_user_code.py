@@ -63,7 +63,10 @@ def test_raylane_spec_check_accepts_the_example(name, isolated_imports, tmp_path
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_readme_gives_the_plain_ray_job_submit_line(name):
     readme = (USER_CODE / name / "README.md").read_text()
-    assert f"ray job submit --working-dir examples/user-code/{name} -- python -m raylane.run spec.yaml" in readme
+    assert (f"ray job submit --working-dir examples/user-code/{name} \\\n"
+            f"    --runtime-env-json \"{{\\\"py_modules\\\": [\\\"$(raylane token for-job)\\\"]}}\" -- "
+            f"python -m raylane.run spec.yaml") in readme
+    assert "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.raylane/ray_auth_token" in readme
 
 
 @pytest.mark.parametrize("name,config,field", [
