@@ -238,6 +238,10 @@ def test_a_local_cluster_refuses_callers_without_the_token_and_serves_its_dashbo
         assert _listening(port) == {"127.0.0.1"}
         procs = localcluster.marked_processes(localcluster.MARKER, st["marker"])
         assert len(procs) >= 4  # GCS, dashboard, two raylets and their agents
+        # Ray's agents retitle themselves, which can erase the marker from their /proc environ: they are found as
+        # their raylet's children, and `down` must stop every one of them (a CI run's demo once left a pair alive).
+        agents = {pid: localcluster._started(pid) for pid, cmd in procs if cmd.startswith("ray::") and "Agent" in cmd}
+        assert len(agents) >= 4, procs  # a DashboardAgent and a RuntimeEnvAgent per node
         secret = CALLERS_SECRETS["RAYLANE_TOKEN"].encode()
         intact = 0
         for pid, cmd in procs:
@@ -254,3 +258,5 @@ def test_a_local_cluster_refuses_callers_without_the_token_and_serves_its_dashbo
     finally:
         localcluster.down(grace_s=5.0)
     assert localcluster.marked_processes(localcluster.MARKER, st["marker"]) == []
+    alive = [pid for pid, started in agents.items() if localcluster._started(pid) == started]
+    assert alive == [], f"agents of the stopped cluster still running: {alive}"

@@ -200,9 +200,16 @@ def down(grace_s: float = 10.0) -> None:
         grace_end = time.time() + grace_s
         give_up = grace_end + 15.0
         asked = set()
+        # Every process seen once is followed until it is gone, also after its raylet died and it lost its place
+        # in the process tree (an agent whose marker setproctitle erased is found as a raylet's child only).
+        seen: Dict[int, Tuple[str, Optional[bytes]]] = {}
         quiet_since = None
         while time.time() < give_up:
-            left = marked_processes(MARKER, st["marker"])
+            for pid, cmd in marked_processes(MARKER, st["marker"]):
+                if pid not in seen:
+                    seen[pid] = (cmd, _started(pid))
+            seen = {pid: v for pid, v in seen.items() if v[1] is not None and _started(pid) == v[1]}
+            left = sorted((pid, v[0]) for pid, v in seen.items())
             if not left:
                 quiet_since = quiet_since or time.time()
                 if time.time() - quiet_since >= QUIET_S:
@@ -222,30 +229,76 @@ def down(grace_s: float = 10.0) -> None:
         _run([_ray_bin(), "stop", "--force"], ray_env(), check=False)
     for node_tmp in st.get("temp_dirs") or []:  # the worker nodes' own temp dirs (logs, sockets, working dirs)
         shutil.rmtree(node_tmp, ignore_errors=True)
+    _forget_address(st.get("address"))
     STATE_FILE.unlink(missing_ok=True)
+
+
+def _forget_address(address: Optional[str]) -> None:
+    """Remove Ray's record of the current cluster (``<temp dir>/ray/ray_current_cluster``, written by ``ray start
+    --head``) when it names the cluster just stopped, as ``ray stop`` does: a later plain ``ray.init()`` would
+    otherwise try to join a cluster that is gone instead of starting its own."""
+    if not address:
+        return
+    path = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    try:
+        named = path.read_text().strip()
+    except OSError:
+        return
+    if named.rsplit(":", 1)[-1] == address.rsplit(":", 1)[-1]:
+        path.unlink(missing_ok=True)
 
 
 def marked_processes(key: str, value: str) -> List[Tuple[int, str]]:
     """(pid, command line) of the live processes, other than this one, started with ``key=value`` in their
-    environment (Linux ``/proc``; an empty list elsewhere)."""
+    environment, and their descendants (Linux ``/proc``; an empty list elsewhere).
+
+    Descendants count because a marker can vanish from ``/proc/PID/environ``: Ray's agents rename themselves
+    (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) with setproctitle, which zeroes the start of the memory the
+    kernel shows as their environment. Measured with Ray 2.60: one node's agent pair of three had lost the marker,
+    and `raylane down` left such a pair alive after a clean-clone CI run's demo."""
     if not os.path.isdir("/proc"):
         return []
     marker = f"{key}={value}".encode()
-    found = []
+    me = os.getpid()
+    marked, parent, cmds = set(), {}, {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) == me:
             continue
+        pid = int(entry)
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().rsplit(b")", 1)[1].split()
+            if stat[0] in (b"Z", b"X"):  # a zombie is dead, only not yet reaped
+                continue
+            parent[pid] = int(stat[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if cmd or not _zombie(entry):  # a zombie is dead, only not yet reaped; an empty line may be mid-exec
-            found.append((int(entry), cmd or f"[pid {entry}]"))
-    return found
+                cmds[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    marked.add(pid)
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+            parent.pop(pid, None)
+            cmds.pop(pid, None)
+    found = []
+    for pid in parent:
+        p, seen = pid, set()
+        while p not in marked and p in parent and p not in seen and p != me:
+            seen.add(p)
+            p = parent[p]
+        if p in marked:
+            found.append((pid, cmds.get(pid) or f"[pid {pid}]"))
+    return sorted(found)
+
+
+def _started(pid: int) -> Optional[bytes]:
+    """When ``pid`` started (clock ticks since boot, from /proc), or None if it is gone or a zombie: with the pid
+    it names one process, whatever later reuses the pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in (b"Z", b"X") else fields[19]
 
 
 def _zombie(pid: str) -> bool:
