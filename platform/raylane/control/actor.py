@@ -716,10 +716,14 @@ class ControlActor:
         return {"user": p.user, "teams": list(p.teams), "role": p.role.value, "token_id": p.token_id,
                 "job": p.job, "auth": self.gate.enabled}
 
+    def _token_reply(self, token: str) -> Dict[str, Any]:
+        """A new token (its only copy, for the caller) with its record."""
+        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+
     async def _api_token_create(self, p: Principal, req: api.TokenCreate) -> Dict[str, Any]:
         token = self.gate.add_token(user=req.user, teams=req.teams, role=req.role, created_by=p.user,
                                     ttl_s=req.ttl_s, note=req.note)
-        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+        return self._token_reply(token)
 
     async def _api_job_token(self, p: Principal, req: api.JobToken) -> Dict[str, Any]:
         if not self.gate.enabled:
@@ -728,11 +732,11 @@ class ControlActor:
             raise PermissionDeniedError(f"job-token: refused for {p.user}: a job token cannot create tokens")
         token = self.gate.add_token(user=p.user, teams=p.teams, role=p.role, created_by=p.user, ttl_s=req.ttl_s,
                                     parent=p.token_id, note=req.note or "job token")
-        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+        return self._token_reply(token)
 
     async def _api_token_rotate(self, p: Principal, req: api.TokenRotate) -> Dict[str, Any]:
         token = self.gate.rotate(req.token_id, p)
-        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}
+        return self._token_reply(token)
 
     async def _api_token_revoke(self, p: Principal, req: api.TokenRevoke) -> Dict[str, Any]:
         return self.gate.revoke(req.token_id, p)

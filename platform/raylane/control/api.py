@@ -14,7 +14,7 @@ import enum
 import json
 from typing import Any, ClassVar, Dict, List, Optional, Type
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 from pydantic import ValidationError as PydanticValidationError
 from typing_extensions import Annotated
 

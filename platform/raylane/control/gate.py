@@ -17,7 +17,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional
 
 from raylane import auth
-from raylane.auth import ANONYMOUS, Action, Principal, Role, TokenRecord, TokenStore
+from raylane.auth import ANONYMOUS, Principal, Role, TokenRecord, TokenStore
 from raylane.control import api
 from raylane.control.journal import Entry, Journal
 from raylane.errors import AuthenticationError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError

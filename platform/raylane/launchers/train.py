@@ -16,7 +16,6 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
-import ray
 import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
