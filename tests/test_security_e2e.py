@@ -300,9 +300,17 @@ def test_token_commands_whoami_and_audit_from_the_cli(env, people, monkeypatch):
     r = raylane(["audit", "--json", "--user", "gina"], ops_tok)
     rows = json.loads(r.output)
     assert [x["outcome"] for x in rows if x["action"] == "token_list"] == ["refused"]
+    r = raylane(["token", "for-job", "--ttl", "1h"], tok)
+    assert r.exit_code == 0, r.output
+    folder = Path(r.output.strip().splitlines()[-1])
+    assert folder.name == "raylane_job_credential" and oct((folder / "token").stat().st_mode & 0o777) == "0o600"
+    job_client = people["ops"].as_user((folder / "token").read_text())
+    assert job_client.whoami()["job"] and job_client.whoami()["user"] == "gina"
     r = raylane(["token", "revoke", tid], ops_tok)
     assert r.exit_code == 0 and "revoked" in r.output, r.output
     r = raylane(["whoami"], tok)
     assert r.exit_code == 1 and f"token {tid} of gina is revoked" in r.output, r.output
+    with pytest.raises(AuthenticationError, match="parent token"):
+        job_client.whoami()  # revoked with its parent
     r = raylane(["token", "create", "--user", "x", "--ttl", "soon"], ops_tok)
     assert r.exit_code == 1 and "--ttl: got 'soon'" in r.output, r.output

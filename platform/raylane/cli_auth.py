@@ -116,8 +116,6 @@ def token_for_job(ttl: str = typer.Option("7d", "--ttl", help="How long the job 
     folder to pass as a py_modules entry; its driver finds the token there:
 
     ray job submit --runtime-env-json "{\"py_modules\": [\"$(raylane token for-job)\"]}" ... -- python -m raylane.run spec.yaml"""
-    import shutil
-
     from raylane import credentials
 
     with _errors():
@@ -125,13 +123,8 @@ def token_for_job(ttl: str = typer.Option("7d", "--ttl", help="How long the job 
     if tok is None:
         err.print("authentication is off on this control plane: a job needs no credential")
         raise typer.Exit(1)
-    tmp = Path(credentials.job_credential_dir(tok))
-    dest = credentials.default_file().parent / "job-credentials" / credentials.Credential(tok).token_id
-    dest.mkdir(parents=True, mode=0o700)
-    final = dest / tmp.name
-    shutil.move(str(tmp), final)
-    shutil.rmtree(tmp.parent, ignore_errors=True)
-    print(final)
+    root = credentials.default_file().parent / "job-credentials" / credentials.Credential(tok).token_id
+    print(credentials.job_credential_dir(tok, root))
 
 
 def whoami():

@@ -104,11 +104,12 @@ def save(token: str, path: Optional[Path] = None) -> Path:
     return path
 
 
-def job_credential_dir(token: str) -> str:
-    """A temp folder ``.../raylane_job_credential`` holding ``token`` (0600), for a job's ``py_modules``. The caller
-    removes its parent when the job is submitted (Ray has uploaded it by then)."""
-    root = tempfile.mkdtemp(prefix="raylane-cred-")
-    mod = Path(root) / JOB_MODULE
+def job_credential_dir(token: str, root: Optional[Path] = None) -> str:
+    """A folder ``ROOT/raylane_job_credential`` holding ``token`` (0600), for a job's ``py_modules``; ``root``
+    defaults to a new temp folder, which the caller removes once the job is submitted (Ray has uploaded it)."""
+    root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="raylane-cred-"))
+    root.mkdir(parents=True, mode=0o700, exist_ok=True)
+    mod = root / JOB_MODULE
     mod.mkdir(mode=0o700)
     (mod / "__init__.py").write_text('"""A Raylane job credential (raylane.credentials); read by the driver."""\n')
     fd = os.open(mod / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
