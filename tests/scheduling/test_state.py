@@ -106,8 +106,42 @@ def test_snapshot_omits_empty_queues_and_reflects_node_changes():
     assert st.snapshot().queues == {}
     st.add_node(obj(node("n9").gpus(4)))
     assert {n.id for n in st.snapshot().nodes} == {"n1", "n9"}
-    st.remove_node("n9")
+    assert st.remove_node("n9", now=5) == []
     assert {n.id for n in st.snapshot().nodes} == {"n1"}
+
+
+def test_removing_a_node_ends_every_lease_with_a_worker_there():
+    # gang a spans n1 and n2; b sits on n2 alone; c on n3 is untouched.
+    st = make_state(nodes(3), [team("nlp", gpu=24)],
+                    running=[running(wl("a").gpus(2).workers(2), on=["n1", "n2"], since=0),
+                             running(wl("b").gpus(4), on=["n2"], since=0),
+                             running(wl("c").gpus(1), on=["n3"], since=0)])
+    lost = st.remove_node("n2", now=100)
+    assert sorted(l.id for l in lost) == ["a", "b"]
+    assert set(st.leases) == {"c"}
+    # n1 gets a's share back; n2 is gone with what it held; usage counts only c.
+    assert free_gpus(st) == {"n1": 8, "n3": 7} and st.usage["nlp"].gpu == 1
+    # fair share is charged for the time the lost leases ran (2 x 2 GPUs x 100 s + 4 GPUs x 100 s).
+    assert st.teams["nlp"].decayed_usage == pytest.approx(800.0)
+    for lease in lost:  # the driver requeues them at their original place
+        st.requeue(lease, now=100)
+    assert sorted(w.id for w in st.pending()) == ["a", "b"]
+
+
+def test_cordoned_node_keeps_its_leases_and_gets_nothing_new():
+    from raylane.scheduling import cycle
+
+    st = make_state(nodes(2, gpus=4), [team("nlp", gpu=8)],
+                    running=[running(wl("r").gpus(2), on=["n1"], since=0)], pending=[wl("p").gpus(2)])
+    st.set_schedulable("n2", False)
+    st.set_schedulable("n1", False)
+    res = cycle(st.snapshot(), now=10)
+    assert not res.admitted and set(st.leases) == {"r"}
+    st.set_schedulable("n2", True)
+    res = cycle(st.snapshot(), now=11)
+    assert [(a.workload.id, a.placement) for a in res.admitted] == [("p", ("n2",))]
+    with pytest.raises(NotFoundError):
+        st.set_schedulable("n9", False)
 
 
 def test_many_random_operations_keep_the_books_balanced():

@@ -16,6 +16,7 @@ from raylane.scheduling.types import Node, Resources
 
 
 _GPU, _CPU, _MEMORY = attrgetter("gpu"), attrgetter("cpu"), attrgetter("memory")
+_NOTHING = Resources()
 
 
 class Capacity:
@@ -23,7 +24,9 @@ class Capacity:
 
     def __init__(self, nodes: Iterable[Node]):
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
-        self.free: Dict[str, Resources] = {nid: n.free for nid, n in self.nodes.items()}
+        # An unschedulable (cordoned) node offers nothing: no placement lands there, and a preemption search that
+        # gives back a victim's share on it frees nothing usable.
+        self.free: Dict[str, Resources] = {nid: n.free if n.schedulable else _NOTHING for nid, n in self.nodes.items()}
         self._buckets: Dict[float, Dict[str, None]] = {}
         self._log: Optional[List[Tuple[str, Resources]]] = None
         buckets = self._buckets
@@ -77,7 +80,7 @@ class Capacity:
 
     def give_placement(self, placement: Tuple[str, ...], per_worker: Resources) -> None:
         for nid in placement:
-            if nid in self.free:
+            if nid in self.free and self.nodes[nid].schedulable:
                 self.give(nid, per_worker)
 
     # -- trial changes (remove-and-undo, as Kueue's preemption search does) -----------------------------------

@@ -52,9 +52,25 @@ class ClusterState:
         self.nodes[node.id] = node
         self._nodes_cache = None
 
-    def remove_node(self, node_id: str) -> None:
+    def remove_node(self, node_id: str, now: float) -> List[Lease]:
+        """The node is gone: every lease with a worker on it is over (an all-or-nothing gang cannot run short of
+        a worker). Those leases are finished in the ledger and returned, for the driver to requeue; their other
+        nodes get their share back."""
+        lost = [lease for lease in self.leases.values() if node_id in lease.placement]
+        for lease in lost:
+            self.finish(lease.id, now)
         self.nodes.pop(node_id, None)
         self._nodes_cache = None
+        return lost
+
+    def set_schedulable(self, node_id: str, schedulable: bool) -> None:
+        """Cordon (False) or uncordon (True) a node: leases there keep running, new ones are not placed there."""
+        n = self.nodes.get(node_id)
+        if n is None:
+            raise NotFoundError(f"no node {node_id!r}")
+        if n.schedulable != schedulable:
+            self.nodes[node_id] = replace(n, schedulable=schedulable)
+            self._nodes_cache = None
 
     def _adjust(self, placement: Tuple[str, ...], per_worker: Resources, sign: int) -> None:
         for nid in placement:

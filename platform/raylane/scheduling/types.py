@@ -84,6 +84,8 @@ class Node:
     node_type: str = ""
     # Datasets cached on this node's local disk, for data-locality placement.
     datasets: frozenset = frozenset()
+    # False while the node is cordoned, draining or quarantined: what runs there stays, nothing new is placed.
+    schedulable: bool = True
 
 
 class Strategy(str, enum.Enum):
