@@ -57,6 +57,7 @@ class Action(str, enum.Enum):
     TOKEN_ADMIN = "token-admin"
     POLICY_RELOAD = "policy-reload"
     AUDIT_READ = "audit-read"
+    NODE_ADMIN = "node-admin"  # cordon, uncordon and drain nodes
 
 
 @dataclass(frozen=True)
@@ -205,16 +206,16 @@ def authorize(p: Principal, action: Action, *, team: Optional[str] = None, owner
     """Raise ``PermissionDeniedError`` (naming who, what and why) unless ``p`` may do ``action``.
 
     ``team`` and ``owner`` describe the target workload (or, for a submit, the spec's team)."""
-    if p.job and action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD):
+    if p.job and action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD, Action.NODE_ADMIN):
         # Code inside a job must not mint long-lived tokens or change the policy, even an operator's job.
         raise PermissionDeniedError(f"{action.value}: refused for {p.user}'s job token {p.token_id}: job tokens "
-                                    f"may not manage tokens or the policy")
+                                    f"may not manage tokens, nodes or the policy")
     if p.operator:
         return
     who = f"{p.user} ({p.role.value} of {', '.join(p.teams) or 'no team'})"
     if action in (Action.QUEUE,):
         return
-    if action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD, Action.AUDIT_READ):
+    if action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD, Action.AUDIT_READ, Action.NODE_ADMIN):
         raise PermissionDeniedError(f"{action.value}: refused for {who}: only operators may")
     if action is Action.SUBMIT and (team is None or team not in p.teams):
         raise PermissionDeniedError(f"submit: refused for {who}: the spec's team {team!r} is not one of the caller's "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from raylane import cli_auth, cli_cluster, cli_config
+from raylane import cli_auth, cli_cluster, cli_config, cli_nodes
 
 app = typer.Typer(
     name="raylane",
@@ -23,6 +23,7 @@ app.add_typer(cli_config.policy_app, name="policy")
 app.add_typer(cli_config.spec_app, name="spec")
 cli_cluster.register(app)
 cli_auth.register(app, cli_config.policy_app)
+cli_nodes.register(app)
 from raylane.sim.cli import register as _register_sim; _register_sim(app)  # noqa: E402,E702
 
 

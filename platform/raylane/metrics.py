@@ -201,8 +201,25 @@ QUEUE_WAIT = Metric(
     ("team", "workload_class"),
     (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 4 * 3600.0))
 
+# ------------------------------------------------------------------------------------------------- nodes
+NODE_STATE = Metric(
+    "raylane_node_state", "gauge",
+    "1 for a node's service state, 0 for the others (raylane.control.nodes). Labels: node (Ray node id), node_type, "
+    "state (ready, cordoned, draining, drained, quarantined).",
+    ("node", "node_type", "state"))
+NODE_QUARANTINES = Metric(
+    "raylane_node_quarantines_total", "counter",
+    "Nodes taken out of service automatically (failed probes, or gangs of several workloads failing there). "
+    "Labels: node_type.",
+    ("node_type",))
+NODE_PROBES = Metric(
+    "raylane_node_probes_total", "counter",
+    "Node probes run by the control plane. Labels: outcome (ok, failed).",
+    ("outcome",))
+
 ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
     QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT,
+    NODE_STATE, NODE_QUARANTINES, NODE_PROBES,
 )

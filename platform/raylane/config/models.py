@@ -303,6 +303,37 @@ class TeamSpec(_Model):
         return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight)
 
 
+class HealthSpec(_Model):
+    """How the control plane checks nodes and when it takes one out of service (``raylane.health``)."""
+
+    # ``module:function`` run as a Ray task on every node; it raises (or returns False) when the node is unhealthy.
+    probe: str = "raylane.health:default_probe"
+    probe_interval: Duration = 30.0
+    probe_timeout: Duration = 20.0
+    # Consecutive failed probes that quarantine a node (0: probes never quarantine).
+    probe_failures: int = Field(default=2, ge=0)
+    # Gang failures attributed to one node within ``gang_failure_window`` that quarantine it (0: never).
+    gang_failures: int = Field(default=3, ge=0)
+    gang_failure_window: Duration = 3600.0
+    # Where the default probe looks for condition files (``<node id>`` or ``all``; their text is the reason), as
+    # node-problem-detector's custom plugins do. ``~`` is the home of the user the cluster runs as, on that node.
+    conditions_dir: str = "~/.raylane/node-conditions"
+
+    @field_validator("probe")
+    @classmethod
+    def _entrypoint(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
+            raise _err("probe", "module:function, like raylane.health:default_probe")
+        return v
+
+    @field_validator("probe_interval", "probe_timeout", "gang_failure_window")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise _err("positive", "a duration > 0, like 30s or 1h")
+        return v
+
+
 class ClusterPolicy(_Model):
     """Everything an operator decides for one cluster. Loaded from ``policies/*.yaml`` by ``raylane.config.loader``."""
 
@@ -313,6 +344,7 @@ class ClusterPolicy(_Model):
     node_features: Dict[Name, str] = Field(default_factory=dict)
     # Node type -> price of one GPU-hour (for CPU-only nodes: of one node-hour), in any one currency.
     prices: Dict[Name, NonNegative] = Field(default_factory=dict)
+    health: HealthSpec = Field(default_factory=HealthSpec)
 
     def to_scheduler_config(self) -> SchedulerConfig:
         s = self.scheduler

@@ -37,6 +37,7 @@ from raylane.control import api
 from raylane.control import checkpoints as ckrefs
 from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal
+from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
 from raylane.control.records import Record, State
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
@@ -50,6 +51,11 @@ GiB = 1024 ** 3
 FEATURE_LABEL_PREFIX = "feature.raylane.io/"
 NODE_TYPE_LABEL = "raylane.io/node-type"
 DATASETS_LABEL = "raylane.io/datasets"
+
+
+def health_rules(policy) -> HealthRules:
+    h = policy.health
+    return HealthRules(h.probe_failures, h.gang_failures, h.gang_failure_window)
 
 
 def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
@@ -100,7 +106,14 @@ class ControlActor:
         self.journal = Journal(journal_path)
         self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
         self.records: Dict[str, Record] = {}
+        self.nodes = NodeBook(health_rules(self.policy))
         self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
+        self._addresses: Dict[str, str] = {}
+        self._probing: Optional[asyncio.Task] = None
+        self._probed_at = 0.0
+        # Workloads requeued because a node they ran on was lost: their pending reason says the capacity is gone
+        # while the nodes in service could never hold them.
+        self._lost_capacity: set = set()
         self._node_ids: set = set()
         self._wake: Optional[asyncio.Event] = None
         self._admitted: Dict[str, asyncio.Event] = {}
@@ -126,6 +139,9 @@ class ControlActor:
             if e.kind == "policy":
                 self._set_policy(e.data["policy"])
                 continue
+            if e.kind == "node":
+                self.nodes.apply(e)
+                continue
             if e.kind == "submitted":
                 self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
                                                      job_id=e.data.get("job_id"))
@@ -137,6 +153,7 @@ class ControlActor:
     def _set_policy(self, data: Dict[str, Any]) -> None:
         self.policy = load_policy_from_dict(data, "control policy")
         self.gate.teams = set(self.policy.teams.keys())
+        self.nodes.rules = health_rules(self.policy)
 
     def _rebuild_state(self, recovering: bool = False) -> None:
         """The scheduler's state from the records: pending work queued, leases held (on restart, a lease whose
@@ -156,6 +173,15 @@ class ControlActor:
             w = self._core(rec)
             self.state.enqueue(w)
             if rec.state.holds_lease:
+                gone = [nid for nid in rec.placement if nid not in self._node_ids]
+                if gone:
+                    self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s, lost_node=gone[0],
+                                 note=f"node {gone[0][:12]} was lost while the control plane was down; back in "
+                                      f"the queue")
+                    self._lost_capacity.add(rec.id)
+                    self.state.dequeue(rec.id)
+                    self.state.enqueue(self._core(rec))
+                    continue
                 if not recovering or rec.pg_name in existing or rec.job_id:
                     self.state.start(Admit(w, rec.placement), rec.admitted_at or time.time())
                     if rec.state is State.PREEMPTING:
@@ -204,27 +230,70 @@ class ControlActor:
                 log.exception("control loop tick failed")
 
     def _refresh_nodes(self) -> bool:
-        nodes = nodes_from_ray(ray.nodes())
+        """Bring the scheduler's nodes up to date with Ray's: a new node joins (journaled the first time), a dead
+        one is lost with every lease that had a worker on it (``_lose_node``), and each node's service state
+        (``raylane.control.nodes``) decides whether it is schedulable."""
+        raw = ray.nodes()
+        nodes = nodes_from_ray(raw)
+        self._addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in raw}
         ids = {n.id for n in nodes}
-        if ids == self._node_ids:
-            return False
-        for gone in self._node_ids - ids:
-            self.state.remove_node(gone)
-        used: Dict[str, Resources] = {}
-        for lease in self.state.leases.values():
-            for nid in lease.placement:
-                used[nid] = used.get(nid, Resources()) + lease.workload.gang.per_worker
-        from dataclasses import replace
-
+        now = time.time()
         for n in nodes:
-            if n.id not in self._node_ids:
-                self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources())))
-        self._node_ids = ids
-        return True
+            if self.nodes.get(n.id) is None:
+                self._node_event(n.id, "joined", node_type=n.node_type, gpus=n.capacity.gpu,
+                                 address=self._addresses.get(n.id, ""))
+        # Nodes the book holds alive that Ray no longer lists alive (also those lost while the control plane was
+        # down): lost.
+        for nid, st in list(self.nodes.nodes.items()):
+            if st.state is not NodeState.LOST and nid not in ids:
+                self._lose_node(nid, now)
+        changed = ids != self._node_ids
+        if changed:
+            used: Dict[str, Resources] = {}
+            for lease in self.state.leases.values():
+                for nid in lease.placement:
+                    used[nid] = used.get(nid, Resources()) + lease.workload.gang.per_worker
+            from dataclasses import replace
+
+            for n in nodes:
+                if n.id not in self._node_ids:
+                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources())))
+            self._node_ids = ids
+        for nid in ids:
+            self.state.set_schedulable(nid, self.nodes.schedulable(nid))
+        return changed
+
+    def _node_event(self, node_id: str, event: str, **data) -> None:
+        """Journal a node event, then apply it to the book (journal first, then act)."""
+        e = self.journal.append("node", NODES_ID, node=node_id, event=event, **data)
+        self.nodes.apply(e)
+        if event == "quarantined":
+            metrics.NODE_QUARANTINES.inc(node_type=self.nodes.get(node_id).node_type or "-")
+            log.warning("node %s quarantined: %s", node_id, data.get("reason", ""))
+
+    def _lose_node(self, node_id: str, now: float) -> None:
+        """A node died: journal it, then every lease with a worker there goes back to the queue at once, keeping
+        its submit time; its gang is stopped (an all-or-nothing gang cannot go on short of a worker) and resumes
+        from its last checkpoint wherever the core places it next."""
+        self._node_event(node_id, "lost", reason="Ray reports the node dead")
+        lost = self.state.remove_node(node_id, now) if node_id in self.state.nodes else []
+        self._node_ids.discard(node_id)
+        for lease in lost:
+            rec = self.records[lease.id]
+            attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
+            self._append("requeued", rec, attained_gpu_s=attained, step=rec.step, lost_node=node_id,
+                         note=f"node {node_id[:12]} was lost; back in the queue, resumes from its last checkpoint")
+            self._lost_capacity.add(rec.id)
+            self.state.requeue(lease, now, attained)
+            self._preemptor_cls.pop(rec.id, None)
+            # At once, before this tick may admit it again under the same reservation name.
+            self._kill_gang(rec)
+        self._poke()
 
     async def _tick(self) -> None:
         now = time.time()
         self._refresh_nodes()
+        self._service_nodes(now)
         self._watch_jobs(now)
         for wid in list(self._waiting):
             self._release_if_ready(self.records[wid])
@@ -237,11 +306,81 @@ class ControlActor:
                 self._preempt(vid, p.reason, now, p.preemptor.cls.name)
         for a in result.admitted:
             self._admit(a, now)
+        for a in result.admitted:
+            self._lost_capacity.discard(a.workload.id)
+        in_service = [n for n in self.state.nodes.values() if n.schedulable]
         for p in result.pending:
             rec = self.records[p.workload.id]
             rec.reason, rec.position = str(p.reason), p.position
             rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
+            if rec.id in self._lost_capacity:
+                why = check_feasible(p.workload, in_service, self.state.teams, self.state.config.admission)
+                if why is not None:
+                    rec.reason = (f"the capacity it ran on is gone (a node was lost) and the nodes in service "
+                                  f"could never hold it: {why.detail}; it "
+                                  f"waits for nodes to join or return to service")
+                    rec.reason_data = {"type": "CapacityLost", "detail": str(why)}
         self._export_gauges()
+
+    # ------------------------------------------------------------------------------------------ node service
+    def _service_nodes(self, now: float) -> None:
+        """Ray's drain notices become drains; leases on draining and quarantined nodes are preempted gracefully;
+        a draining node with no lease left is drained; probes run every ``health.probe_interval``."""
+        try:
+            from ray._private.state import state as ray_state
+
+            draining = ray_state.get_draining_nodes()
+        except Exception:  # noqa: BLE001 - an older GCS without drain support: nothing is draining
+            draining = {}
+        for ev in self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}):
+            self._node_event(ev.pop("node"), ev.pop("event"), **ev)
+        for st in self.nodes.evicting():
+            on_node = [l for l in self.state.leases.values() if st.id in l.placement]
+            for lease in on_node:
+                if self.records[lease.id].state is not State.PREEMPTING:
+                    self._preempt(lease.id, f"node {st.id[:12]} is {st.state.value}: {st.reason}", now, "node")
+            if st.state is NodeState.DRAINING and not on_node:
+                self._node_event(st.id, "drained", by=st.by, reason=f"drained ({st.reason})")
+        for nid in self._node_ids:
+            self.state.set_schedulable(nid, self.nodes.schedulable(nid))
+        if now - self._probed_at >= self.policy.health.probe_interval and (
+                self._probing is None or self._probing.done()):
+            self._probed_at = now
+            self._probing = asyncio.get_event_loop().create_task(self._probe_all())
+
+    async def _probe_all(self) -> None:
+        """Run the policy's probe on every live node at once, pinned there, within ``health.probe_timeout``."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from raylane.health import run_probe
+
+        h = self.policy.health
+        task = ray.remote(num_cpus=0, max_retries=0)(run_probe)
+        refs = {}
+        for nid in list(self._node_ids):
+            node = self.state.nodes.get(nid)
+            refs[nid] = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+                                     name=f"raylane-probe-{nid[:8]}").remote(
+                h.probe, h.conditions_dir, node.capacity.gpu if node else 0.0)
+
+        async def one(nid, ref):
+            try:
+                return nid, await asyncio.wait_for(ref, timeout=h.probe_timeout)
+            except asyncio.TimeoutError:
+                ray.cancel(ref, force=True)
+                return nid, (False, f"the probe did not finish within {h.probe_timeout:g}s")
+            except Exception as exc:  # noqa: BLE001 - the task could not run there: the node's verdict
+                return nid, (False, f"the probe could not run: {type(exc).__name__}: {str(exc)[:200]}")
+
+        for nid, (ok, message) in await asyncio.gather(*(one(n, r) for n, r in refs.items())):
+            st = self.nodes.get(nid)
+            if st is None or nid not in self._node_ids:
+                continue  # lost meanwhile: its loss is the verdict
+            metrics.NODE_PROBES.inc(outcome="ok" if ok else "failed")
+            for ev in self.nodes.on_probe(nid, ok, message):
+                self._node_event(ev.pop("node"), ev.pop("event"), **ev)
+            st.probe_ok, st.probe_at, st.probe_message = ok, time.time(), message
+        self._poke()
 
     def _export_gauges(self) -> None:
         waiting: Dict[tuple, int] = {}
@@ -255,6 +394,11 @@ class ControlActor:
             metrics.QUEUE_LENGTH.set(n, team=team, workload_class=cls)
         for (team, cls), n in self._gauge_keys(held, "_last_held").items():
             metrics.LEASES_RUNNING.set(n, team=team, workload_class=cls)
+        states = {(st.id, st.node_type or "-", s.value): float(st.state is s)
+                  for st in self.nodes.nodes.values() if st.state is not NodeState.LOST for s in NodeState
+                  if s is not NodeState.LOST}
+        for (nid, ntype, sv), v in self._gauge_keys(states, "_last_node_states").items():
+            metrics.NODE_STATE.set(v, node=nid, node_type=ntype, state=sv)
         for name, team in self.state.teams.items():
             q = team.quotas.get("gpu")
             metrics.GPUS_HELD.set(self.state.usage.get(name, Resources()).gpu, team=name, what="held")
@@ -333,6 +477,10 @@ class ControlActor:
                 self._release_lease(rec, now, outcome="stopped by force after the grace period")
 
     async def _force_stop(self, rec: Record) -> None:
+        self._kill_gang(rec)
+
+    def _kill_gang(self, rec: Record) -> None:
+        """Kill the gang's registered workers and remove its reservation."""
         for h in self._workers.pop(rec.id, []):
             try:
                 ray.kill(h, no_restart=True)
@@ -588,6 +736,10 @@ class ControlActor:
         if kind == "running" and rec.state is not State.ADMITTED:
             return {"stop": True, "state": rec.state.value}  # preempted or cancelled before the gang started
         self._append(kind, rec, **data)
+        if req.restart and rec.placement:
+            # A crash the driver retries: attributed to every node the gang ran on (raylane.control.nodes).
+            for ev in self.nodes.on_gang_failure(rec.placement, wid, time.time()):
+                self._node_event(ev.pop("node"), ev.pop("event"), **ev)
         if kind == "running":
             # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
             # counting the capacity, so nothing else is admitted into it meanwhile.
@@ -769,6 +921,61 @@ class ControlActor:
         self._rebuild_state()
         self._poke()
         return {"teams": sorted(new.teams), "classes": sorted(new.classes)}
+
+    # ---------------------------------------------------------------------------------------------- nodes
+    async def _api_node_list(self, p: Principal, req: api.NodeList) -> List[Dict[str, Any]]:
+        """Every node with its service state, probe, GPUs and the leases on it (teams' work, not its specs)."""
+        self._refresh_nodes()
+        rows = []
+        for st in self.nodes.nodes.values():
+            if st.state is NodeState.LOST and not req.include_lost:
+                continue
+            node = self.state.nodes.get(st.id)
+            leases = []
+            for lease in self.state.leases.values():
+                n = sum(1 for nid in lease.placement if nid == st.id)
+                if n:
+                    rec = self.records[lease.id]
+                    leases.append({"workload": lease.id, "team": rec.team, "class": rec.cls, "workers": n,
+                                   "gpus": n * lease.workload.gang.per_worker.gpu, "state": rec.state.value})
+            rows.append({**st.public(), "address": self._addresses.get(st.id, st.address),
+                         "gpus_free": node.free.gpu if node else 0.0,
+                         "features": sorted(node.features) if node else [], "leases": leases})
+        rows.sort(key=lambda r: (r["state"] == "lost", r["node_type"], r["id"]))
+        return rows
+
+    def _node_ref(self, ref: str) -> str:
+        found = self.nodes.resolve(ref)
+        if len(found) != 1:
+            known = ", ".join(sorted(n[:12] for n in self.nodes.resolve(""))) or "none"
+            raise ValidationError("node", [("node", ref, ("a unique prefix (it matches " + ", ".join(
+                f[:12] for f in found) + ")") if found else f"the id (or a unique prefix) of a live node: {known}")])
+        return found[0]
+
+    async def _api_node_cordon(self, p: Principal, req: api.NodeCordon) -> Dict[str, Any]:
+        nid = self._node_ref(req.node)
+        if self.nodes.get(nid).state is NodeState.READY:
+            self._node_event(nid, "cordoned", by=p.user, reason=req.reason or f"cordoned by {p.user}")
+        self.state.set_schedulable(nid, False)
+        return self.nodes.get(nid).public()
+
+    async def _api_node_uncordon(self, p: Principal, req: api.NodeUncordon) -> Dict[str, Any]:
+        nid = self._node_ref(req.node)
+        if self.nodes.get(nid).state is not NodeState.READY:
+            self._node_event(nid, "uncordoned", by=p.user, reason=req.reason or f"uncordoned by {p.user}")
+        self.state.set_schedulable(nid, True)
+        self._poke()
+        return self.nodes.get(nid).public()
+
+    async def _api_node_drain(self, p: Principal, req: api.NodeDrain) -> Dict[str, Any]:
+        """Cordon the node and preempt what runs there gracefully (checkpoint, requeue, resume elsewhere); the
+        node is ``drained`` once no lease is left (``node_list`` shows it)."""
+        nid = self._node_ref(req.node)
+        if self.nodes.get(nid).state in (NodeState.READY, NodeState.CORDONED):
+            self._node_event(nid, "draining", by=p.user, reason=req.reason or f"drained by {p.user}")
+        self.state.set_schedulable(nid, False)
+        self._service_nodes(time.time())
+        return self.nodes.get(nid).public()
 
     async def ping(self) -> bool:
         self._ensure_loop()

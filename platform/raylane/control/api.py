@@ -243,6 +243,34 @@ class ReloadPolicy(Request):
     audited: ClassVar[bool] = True
 
 
+class NodeList(Request):
+    include_lost: StrictBool = False
+
+
+class NodeAdmin(Request):
+    """A node by its Ray node id (hex) or a unique prefix of it (6 characters or more)."""
+
+    node: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{6,56}$")]
+    reason: Annotated[StrictStr, Field(max_length=200)] = ""
+    action: ClassVar[Optional[Action]] = Action.NODE_ADMIN
+    audited: ClassVar[bool] = True
+
+    def target(self) -> Optional[str]:
+        return f"node {self.node}"
+
+
+class NodeCordon(NodeAdmin):
+    pass
+
+
+class NodeUncordon(NodeAdmin):
+    pass
+
+
+class NodeDrain(NodeAdmin):
+    pass
+
+
 CALLS: Dict[str, Type[Request]] = {
     "submit": Submit, "cancel": Cancel, "release": Release, "report": Report, "checkpoint_saved": CheckpointSaved,
     "register_workers": RegisterWorkers, "should_stop": ShouldStop, "resolve_checkpoint": ResolveCheckpoint,
@@ -250,6 +278,7 @@ CALLS: Dict[str, Type[Request]] = {
     "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "token_create": TokenCreate, "job_token": JobToken,
     "token_rotate": TokenRotate, "token_revoke": TokenRevoke, "token_list": TokenList, "audit": Audit,
     "reload_policy": ReloadPolicy,
+    "node_list": NodeList, "node_cordon": NodeCordon, "node_uncordon": NodeUncordon, "node_drain": NodeDrain,
 }
 CALL_NAMES: Dict[Type[Request], str] = {v: k for k, v in CALLS.items()}
 

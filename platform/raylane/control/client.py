@@ -228,6 +228,24 @@ class ControlClient:
     def reload_policy(self, policy: Union[str, Path, Dict[str, Any]]) -> Dict[str, Any]:
         return self._call("reload_policy", policy=policy_dict(policy))
 
+    # ----------------------------------------------------------------------------------------------- nodes
+    def nodes(self, include_lost: bool = False) -> List[Dict[str, Any]]:
+        """Every node: service state (ready, cordoned, draining, drained, quarantined, lost), reason, last probe,
+        GPUs and the leases on it."""
+        return self._call("node_list", include_lost=include_lost)
+
+    def node_cordon(self, node: str, reason: str = "") -> Dict[str, Any]:
+        """No new leases on ``node`` (its id or a unique prefix); what runs there keeps running. Operators only."""
+        return self._call("node_cordon", node=node, reason=reason)
+
+    def node_uncordon(self, node: str, reason: str = "") -> Dict[str, Any]:
+        """Back in service (from cordoned, draining, drained or quarantined). Operators only."""
+        return self._call("node_uncordon", node=node, reason=reason)
+
+    def node_drain(self, node: str, reason: str = "") -> Dict[str, Any]:
+        """Cordon ``node`` and preempt its leases gracefully; ``nodes()`` shows it ``drained`` once empty."""
+        return self._call("node_drain", node=node, reason=reason)
+
     def ping(self) -> bool:
         return bool(ray.get(self.handle.ping.remote(), timeout=self.timeout))
 

@@ -183,7 +183,7 @@ def target_team(req: api.Request, find) -> tuple:
     if isinstance(req, api.Submit):
         team = req.spec.get("team")
         return (team if isinstance(team, str) else None), None
-    wid = req.target()
+    wid = getattr(req, "workload_id", None)  # target() may name something else (a node)
     return (None, None) if wid is None else find(wid)
 
 

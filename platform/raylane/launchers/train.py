@@ -171,6 +171,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
         loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=tracker.tracking_uri,
                                             fault=fault, marker_dir=os.path.join(storage_path, wid, "_faults"),
                                             control=ctl))
+        bound_train_waits()
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl)
         error: Optional[BaseException] = None
@@ -202,6 +203,12 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
                               detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
             _say(f"{wid} finished at step {step}")
             return rec
+        if _lease_lost(ctl, wid, rec["placement"]):
+            # A node of the lease died: the control actor takes the lease back and requeues the workload; that is
+            # not the gang's failure, and a restart must not be pinned to the dead node again.
+            tracker.event("node lost", f"a node of its lease was lost at step {step}; waiting for a new lease")
+            _say(f"{wid}: a node of its lease was lost; it resumes from its last checkpoint on a new lease")
+            continue
         fatal = _fatal_cause(error)
         if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
             return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
@@ -215,6 +222,41 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
                   restart=True)
         _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
         time.sleep(backoff)
+
+
+def _dead_nodes(placement) -> set:
+    import ray
+
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return set(placement) - alive
+
+
+def _lease_lost(ctl, wid: str, placement, wait_s: float = 60.0, poll_s: float = 1.0) -> bool:
+    """Whether the failed attempt's lease is gone: the control actor requeued it, or Ray reports one of its nodes
+    dead (then wait, bounded, for the actor to requeue it)."""
+    from raylane.control.client import State
+
+    if ctl.status(wid).state is not State.RUNNING:
+        return True
+    if not _dead_nodes(placement):
+        return False
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        if ctl.status(wid).state is not State.RUNNING:
+            return True
+        time.sleep(poll_s)
+    return True
+
+
+# Ray Train waits this long for a worker group to start (default 60 s) and for a worker's health check (default
+# 10 min); a gang pinned to a node that has just died would sit in those waits. The driver's environment reaches
+# Train's controller and workers (Train propagates these variables), so a user's own setting wins.
+TRAIN_WAITS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "45", "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": "120"}
+
+
+def bound_train_waits() -> None:
+    for k, v in TRAIN_WAITS.items():
+        os.environ.setdefault(k, v)
 
 
 def _resolved_init(ctl, wid: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
