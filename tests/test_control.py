@@ -152,6 +152,41 @@ def test_metrics_reach_the_nodes_prometheus_endpoint(ctl):
     assert "# HELP ray_raylane_team_gpus GPUs a team's leases hold, and its quota. Labels: team, what" in text
 
 
+
+def test_stranded_gpus_reach_info_metrics_and_the_queue_footer(ctl):
+    """One GPU taken on each 2-GPU node and a 1 x 2-GPU gang waiting: the two free GPUs are stranded (info, the
+    queue footer, /metrics); once a node empties the gang runs and nothing is stranded."""
+    import urllib.request
+
+    from raylane.cli_cluster import stranded_footer
+
+    drain(ctl)
+    holes = [ctl.submit(spec(f"hole-{f}", "team-a", "pretrain", features=[f])).id for f in ("nvlink", "ssd")]
+    wait_for(lambda: all(ctl.status(i).state is State.ADMITTED for i in holes), what="one GPU taken on each node")
+    big = ctl.submit(spec("two-gpus", "team-a", "pretrain", gpu=2)).id
+    info = wait_for(lambda: (i := ctl.info()) and sum(i["stranded_gpus"].values()) == 2 and i,
+                    what="2 stranded GPUs in info")
+    assert sum(info["free_gpus"].values()) == 2 and ctl.status(big).state is State.PENDING
+    assert stranded_footer(info).startswith("stranded GPUs: 2 of 2 free (")
+    ports = {n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]}
+
+    def scraped():
+        values = []
+        for port in ports:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                continue
+            values += [float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+                       if l.startswith("ray_raylane_stranded_gpus{")]
+        return sum(values) == 2 and values
+    wait_for(scraped, timeout=60, every=1.0, what="ray_raylane_stranded_gpus summing to 2 on /metrics")
+    ctl.cancel(holes[0])
+    wait_for(lambda: ctl.status(big).state is State.ADMITTED, what="the 2-GPU gang admitted on the emptied node")
+    info = wait_for(lambda: (i := ctl.info()) and sum(i["stranded_gpus"].values()) == 0 and i,
+                    what="nothing stranded")
+    assert stranded_footer(info).startswith("stranded GPUs: 0 of ")
+
 def _checkpoint(run_dir, step):
     d = run_dir / f"checkpoint_{step:08d}"
     d.mkdir(parents=True)

@@ -199,11 +199,27 @@ def queue(
     """The queue: id, team, class, state, resources, waited, position, reason."""
 
     with _errors():
-        rows = connect().queue(all_)
+        h = connect()
+        rows = h.queue(all_)
+        info = {} if as_json else h.info()
     if as_json:
         console.print_json(json.dumps(rows))
         return
     console.print(queue_table(rows))
+    footer = stranded_footer(info)
+    if footer:
+        console.print(footer, highlight=False)
+
+
+def stranded_footer(info) -> str:
+    """The queue's footer line from the ``info`` reply: free GPUs that no waiting gang can use (fragmentation)."""
+    stranded, free = info.get("stranded_gpus"), info.get("free_gpus") or {}
+    if stranded is None:
+        return ""  # a control actor from before the figure existed
+    total = sum(stranded.values())
+    parts = ", ".join(f"{t}: {v:g}" for t, v in sorted(stranded.items()) if v > 0)
+    return (f"stranded GPUs: {total:g} of {sum(free.values()):g} free" + (f" ({parts})" if parts else "")
+            + " — free but unusable by any waiting gang")
 
 
 def queue_table(rows) -> Table:

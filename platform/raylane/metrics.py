@@ -38,6 +38,7 @@ __all__ = [
     "LEASES_RUNNING",
     "GPUS_HELD",
     "QUEUE_WAIT",
+    "STRANDED_GPUS",
 ]
 
 _KINDS = ("counter", "gauge", "histogram")
@@ -217,9 +218,17 @@ NODE_PROBES = Metric(
     "Node probes run by the control plane. Labels: outcome (ok, failed).",
     ("outcome",))
 
+# ------------------------------------------------------------------------------------------ fragmentation
+STRANDED_GPUS = Metric(
+    "raylane_stranded_gpus", "gauge",
+    "Free GPUs on nodes in service that no waiting gang (one its team's quota would admit now) could use, counted "
+    "while some waiting gang is blocked by where the free GPUs are rather than by their number "
+    "(raylane.scheduling.fragmentation); 0 when nothing GPU-bound waits. Labels: node_type ('-' when unset).",
+    ("node_type",))
+
 ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
     QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT,
-    NODE_STATE, NODE_QUARANTINES, NODE_PROBES,
+    NODE_STATE, NODE_QUARANTINES, NODE_PROBES, STRANDED_GPUS,
 )

@@ -41,6 +41,7 @@ from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
 from raylane.control.records import Record, State
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
+from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.types import Lease, NotReached, QuotaExceeded, Reserved, Resources
 
 log = logging.getLogger("raylane.control")
@@ -114,6 +115,7 @@ class ControlActor:
         # Workloads requeued because a node they ran on was lost: their pending reason says the capacity is gone
         # while the nodes in service could never hold them.
         self._lost_capacity: set = set()
+        self._stranded, self._stranded_memo = None, {}  # the last tick's stranded GPUs; pending_gangs' memo
         self._node_ids: set = set()
         self._wake: Optional[asyncio.Event] = None
         self._admitted: Dict[str, asyncio.Event] = {}
@@ -399,6 +401,9 @@ class ControlActor:
                   if s is not NodeState.LOST}
         for (nid, ntype, sv), v in self._gauge_keys(states, "_last_node_states").items():
             metrics.NODE_STATE.set(v, node=nid, node_type=ntype, state=sv)
+        self._stranded = stranded_gpus(self.state.snapshot(), self._stranded_memo)
+        for ntype, v in self._gauge_keys(dict(self._stranded.stranded), "_last_stranded").items():
+            metrics.STRANDED_GPUS.set(v, node_type=ntype)
         for name, team in self.state.teams.items():
             q = team.quotas.get("gpu")
             metrics.GPUS_HELD.set(self.state.usage.get(name, Resources()).gpu, team=name, what="held")
@@ -861,6 +866,8 @@ class ControlActor:
     async def _api_info(self, p: Principal, req: api.Info) -> Dict[str, Any]:
         return {"auth": self.gate.enabled, "cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
                 "leases": len(self.state.leases), "journal": self.journal.path, "started": self._started,
+                "stranded_gpus": dict(self._stranded.stranded) if self._stranded else {},
+                "free_gpus": dict(self._stranded.free) if self._stranded else {},
                 "scheduler": self.state.config.__dict__ if hasattr(self.state.config, "__dict__") else
                 {k: getattr(self.state.config, k) for k in self.state.config.__dataclass_fields__}}
 
