@@ -298,6 +298,10 @@ class TeamSpec(_Model):
     weight: float = Field(default=_TEAM["weight"], gt=0)
     # A resource with no entry is not limited for this team.
     quotas: Dict[ResourceName, QuotaSpec] = Field(default_factory=dict)
+    # What the team may spend in a calendar month (UTC), in the currency of ``prices``; null: no budget. Read by
+    # cost reports and the budget alert (raylane.cost), never by admission.
+    budget: Optional[Annotated[float, Field(gt=0), Allowed("a number > 0 (a month's budget, in the currency "
+                                                           "of prices)")]] = None
 
     def to_core(self, name: str) -> Team:
         return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight)
@@ -344,6 +348,9 @@ class ClusterPolicy(_Model):
     node_features: Dict[Name, str] = Field(default_factory=dict)
     # Node type -> price of one GPU-hour (for CPU-only nodes: of one node-hour), in any one currency.
     prices: Dict[Name, NonNegative] = Field(default_factory=dict)
+    # The share of its monthly budget past which a team's spend raises an alert (raylane_rules.yml).
+    budget_alert_share: Annotated[float, Field(gt=0, le=1), Allowed("a share of the budget: a number > 0 and <= 1, "
+                                                                    "like 0.8")] = 0.8
     health: HealthSpec = Field(default_factory=HealthSpec)
 
     def to_scheduler_config(self) -> SchedulerConfig:
