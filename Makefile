@@ -20,8 +20,10 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 # promtool (from Debian's prometheus package) checks and unit-tests the alerting rules in deploy/prometheus.
+# Chromium (from Debian's chromium package) runs the web console's browser tests.
 test: $(STAMP)
 	bash deploy/prometheus/install_promtool.sh
+	bash deploy/console/install_chromium.sh
 	$(BIN)/python -m pytest -q -ra --durations=10
 
 test-fast: $(STAMP)

@@ -875,6 +875,22 @@ class ControlActor:
         return {"user": p.user, "teams": list(p.teams), "role": p.role.value, "token_id": p.token_id,
                 "job": p.job, "auth": self.gate.enabled}
 
+    async def _api_teams(self, p: Principal, req: api.Teams) -> List[Dict[str, Any]]:
+        counts: Dict[tuple, int] = {}
+        for rec in self.records.values():
+            if not rec.state.terminal:
+                key = (rec.team, "running" if rec.state.holds_lease else "pending")
+                counts[key] = counts.get(key, 0) + 1
+        rows = []
+        for name, team in sorted(self.state.teams.items()):
+            used = self.state.usage.get(name, Resources())
+            rows.append({"team": name, "weight": team.weight, "used": dict(used.items()),
+                         "pending": counts.get((name, "pending"), 0), "running": counts.get((name, "running"), 0),
+                         "quotas": {r: {"used": used.get(r), "nominal": q.nominal,
+                                        "borrowing_limit": q.borrowing_limit, "lending_limit": q.lending_limit}
+                                    for r, q in team.quotas.items()}})
+        return rows
+
     def _token_reply(self, token: str) -> Dict[str, Any]:
         """A new token (its only copy, for the caller) with its record."""
         return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(time.time())}

@@ -192,6 +192,11 @@ class WhoAmI(Request):
     pass
 
 
+class Teams(Request):
+    """Every team's quota per resource (nominal, borrowing and lending limits), what it uses now and how many of its
+    workloads wait and run. Any caller may read it, as ``explain`` shows any workload's team quota."""
+
+
 class TokenCreate(Request):
     user: StrictStr
     teams: List[StrictStr] = Field(default_factory=list, max_length=64)
@@ -275,7 +280,8 @@ CALLS: Dict[str, Type[Request]] = {
     "submit": Submit, "cancel": Cancel, "release": Release, "report": Report, "checkpoint_saved": CheckpointSaved,
     "register_workers": RegisterWorkers, "should_stop": ShouldStop, "resolve_checkpoint": ResolveCheckpoint,
     "status": Status, "explain": Explain, "wait_admission": WaitAdmission, "find_job": FindJob, "queue": Queue,
-    "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "token_create": TokenCreate, "job_token": JobToken,
+    "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "teams": Teams,
+    "token_create": TokenCreate, "job_token": JobToken,
     "token_rotate": TokenRotate, "token_revoke": TokenRevoke, "token_list": TokenList, "audit": Audit,
     "reload_policy": ReloadPolicy,
     "node_list": NodeList, "node_cordon": NodeCordon, "node_uncordon": NodeUncordon, "node_drain": NodeDrain,

@@ -200,6 +200,12 @@ class ControlClient:
     def whoami(self) -> Dict[str, Any]:
         return self._call("whoami")
 
+    def teams(self) -> List[Dict[str, Any]]:
+        """Every team: ``team``, ``weight``, ``used`` (per resource), ``pending`` and ``running`` workload counts,
+        and ``quotas`` (per resource: ``used``, ``nominal``, ``borrowing_limit``, ``lending_limit``; a limit of None
+        is unlimited)."""
+        return self._call("teams")
+
     # -------------------------------------------------------------------------------- operators: tokens, policy
     def token_create(self, user: str, teams: Sequence[str] = (), role: str = "member",
                      ttl_s: Optional[float] = None, note: str = "") -> Dict[str, Any]:

@@ -1,0 +1,298 @@
+// The Raylane console's pages. One shell (index.html) for every page; the path picks the view, a Server-Sent
+// Events stream (/api/stream) brings a new snapshot of it every few seconds, and the view is drawn again from it.
+// Everything shown comes from the control plane as the logged-in user sees it. Text goes in with textContent only
+// (workload ids, reasons and notes are other users' input): no innerHTML anywhere.
+"use strict";
+
+const ROUTES = [
+  [/^\/(queue)?$/, "queue", "Queue"],
+  [/^\/teams$/, "teams", "Teams"],
+  [/^\/nodes$/, "nodes", "Nodes"],
+  [/^\/cost$/, "cost", "Cost"],
+  [/^\/workload\/([A-Za-z0-9][A-Za-z0-9._-]{0,159})$/, "workload", "Workload"],
+];
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    else if (k === "style") Object.assign(e.style, v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function fmtNum(x) {
+  if (x === null || x === undefined) return "unlimited";
+  return Number.isInteger(x) ? String(x) : x.toFixed(2).replace(/\.?0+$/, "");
+}
+
+function fmtWait(s) {
+  s = Math.max(0, Math.round(s || 0));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  if (h) return `${h}h ${String(m).padStart(2, "0")}m`;
+  if (m) return `${m}m ${String(sec).padStart(2, "0")}s`;
+  return `${sec}s`;
+}
+
+function fmtTime(ts) {
+  if (!ts) return "-";
+  const d = new Date(ts * 1000);
+  return d.toLocaleTimeString([], {hour12: false}) + (Date.now() - d > 86400000 ? " " + d.toLocaleDateString() : "");
+}
+
+// One color per team, the same on every page.
+function teamColor(team) {
+  let h = 0;
+  for (const ch of String(team)) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+  return `hsl(${h % 360}, 62%, 52%)`;
+}
+
+function teamTag(team) {
+  return el("span", {class: "team", "data-team": team}, el("i", {class: "swatch", style: {background: teamColor(team)}}), team);
+}
+
+function table(headers, rows, attrs) {
+  return el("table", attrs || {},
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {text: h})))),
+    el("tbody", {}, rows));
+}
+
+function banner(text, kind) {
+  const b = document.getElementById("banner");
+  b.hidden = !text;
+  b.textContent = text || "";
+  b.className = "banner " + (kind || "");
+}
+
+function setLive(state, at) {
+  const l = document.getElementById("live");
+  l.dataset.state = state;
+  l.textContent = state === "live" ? `live · ${fmtTime(at)}` : state;
+}
+
+// ---------------------------------------------------------------------------------------------------- views
+const VIEWS = {};
+
+VIEWS.queue = function (snap) {
+  const counts = Object.entries(snap.counts).map(([s, n]) => `${n} ${s.toLowerCase()}`).join(", ") || "empty";
+  const rows = snap.rows.map((r) => el("tr", {class: `state-${r.state.toLowerCase()}` + (r.redacted ? " redacted" : ""),
+                                              "data-id": r.id},
+    el("td", {class: "pos", text: r.position ?? "-"}),
+    el("td", {}, el("a", {href: `/workload/${encodeURIComponent(r.id)}`, text: r.id})),
+    el("td", {}, teamTag(r.team)),
+    el("td", {text: r.class}),
+    el("td", {}, el("span", {class: "state", text: r.state})),
+    el("td", {text: r.resources}),
+    el("td", {class: "num", text: fmtWait(r.waited_s)}),
+    el("td", {class: "owner", title: r.redacted ? "another team's workload: its owner, spec and journal are shown to its team only" : null,
+              text: r.redacted ? "hidden" : (r.owner || "-")}),
+    el("td", {class: "reason", text: [r.reason, r.detail].filter(Boolean).join("; ")})));
+  return [
+    el("div", {class: "toolbar"},
+      el("span", {id: "counts", text: counts}),
+      el("label", {}, el("input", {type: "checkbox", id: "show-done", checked: snap.include_done ? "" : null}),
+         " show finished, cancelled and rejected")),
+    rows.length ? table(["Pos", "Workload", "Team", "Class", "State", "Resources", "Waited", "Owner", "Reason"], rows,
+                        {id: "queue", class: "grid"})
+                : el("p", {class: "empty", id: "queue-empty", text: "The queue is empty."}),
+  ];
+};
+
+function quotaBar(q) {
+  const ceiling = q.borrowing_limit === null ? Math.max(q.nominal, q.used) * 1.5 || 1 : q.nominal + q.borrowing_limit || 1;
+  const pct = (x) => `${Math.min(100, (100 * x) / ceiling)}%`;
+  return el("div", {class: "bar" + (q.used > q.nominal ? " borrowing" : ""),
+                    title: `uses ${fmtNum(q.used)} of ${fmtNum(q.nominal)} nominal; may borrow ${fmtNum(q.borrowing_limit)}`},
+    el("div", {class: "fill", style: {width: pct(q.used)}}),
+    el("div", {class: "nominal", style: {left: pct(q.nominal)}}));
+}
+
+VIEWS.teams = function (snap) {
+  if (!snap.available) return [el("p", {class: "unavailable", text: `Team usage is not available: ${snap.why}`})];
+  const rows = [];
+  for (const t of snap.teams) {
+    const spend = snap.spend[t.team];
+    const resources = Object.entries(t.quotas);
+    if (!resources.length) resources.push(["gpu", {used: t.used.gpu, nominal: 0, borrowing_limit: null, lending_limit: null, unlimited: true}]);
+    resources.forEach(([res, q], i) => rows.push(el("tr", {"data-team": t.team, "data-resource": res},
+      el("td", {}, i === 0 ? teamTag(t.team) : ""),
+      el("td", {text: res.toUpperCase()}),
+      el("td", {class: "num used", text: fmtNum(q.used)}),
+      el("td", {class: "num", text: q.unlimited ? "no quota" : fmtNum(q.nominal)}),
+      el("td", {class: "num", text: fmtNum(q.borrowing_limit)}),
+      el("td", {class: "num", text: q.lending_limit === null ? "all unused" : fmtNum(q.lending_limit)}),
+      el("td", {class: "barcell"}, q.unlimited ? "" : quotaBar(q)),
+      el("td", {class: "num", text: i === 0 ? `${t.running} / ${t.pending}` : ""}),
+      el("td", {class: "num budget", text: i === 0 ? (spend ? `${fmtNum(spend.cost)} of ${spend.budget == null ? "no budget" : fmtNum(spend.budget)}${spend.currency ? " " + spend.currency : ""}` : "n/a") : ""}))));
+  }
+  return [
+    el("p", {class: "hint", text: "Use against quota: the bar is the team's ceiling (nominal + borrowing limit), the mark its nominal quota; past the mark the team borrows."}),
+    table(["Team", "Resource", "Used", "Nominal", "Borrowing limit", "Lending limit", "", "Running / pending", "Spend of budget"],
+          rows, {id: "teams", class: "grid"}),
+  ];
+};
+
+const NODE_STATES = ["ready", "cordoned", "draining", "drained", "quarantined", "lost"];
+
+VIEWS.nodes = function (snap) {
+  if (!snap.available) return [el("p", {class: "unavailable", text: `Node state is not available: ${snap.why}`})];
+  const teams = new Set();
+  let total = 0, free = 0;
+  const cards = snap.nodes.map((n) => {
+    const cells = [];
+    for (const l of n.leases) {
+      teams.add(l.team);
+      for (let i = 0; i < Math.max(1, Math.ceil(l.gpus - 1e-9)) && l.gpus > 0; i++) {
+        cells.push(el("div", {class: "gpu held", "data-team": l.team, "data-workload": l.workload,
+                              title: `${l.workload} (${l.team}, ${l.class}): ${fmtNum(l.gpus)} GPU on this node, ${l.workers} worker(s)`,
+                              style: {background: teamColor(l.team)}}, el("span", {text: l.team})));
+      }
+    }
+    const gpus = Math.round(n.gpus_total || 0);
+    while (cells.length < gpus) cells.push(el("div", {class: "gpu free", title: "free"}));
+    if (n.state !== "lost") { total += n.gpus_total || 0; free += n.gpus_free || 0; }
+    const probe = n.probe && n.probe.at ? `probe ${n.probe.ok ? "ok" : "failed"} at ${fmtTime(n.probe.at)}${n.probe.message && !n.probe.ok ? ": " + n.probe.message : ""}` : "not probed yet";
+    return el("div", {class: `node state-${n.state}`, "data-node": n.id, "data-state": n.state},
+      el("div", {class: "node-head"},
+        el("strong", {text: n.node_type || "node"}),
+        el("code", {text: n.id.slice(0, 12), title: n.id}),
+        el("span", {class: "addr", text: n.address || ""}),
+        el("span", {class: `badge ${n.state}`, text: n.state})),
+      n.reason && n.state !== "ready" ? el("div", {class: "node-reason", text: `${n.reason}${n.since ? " (since " + fmtTime(n.since) + ")" : ""}`}) : null,
+      gpus ? el("div", {class: "gpus"}, cells) : el("div", {class: "cpu-only", text: "no GPUs"}),
+      el("div", {class: "node-foot", text: `${fmtNum(n.gpus_free)} of ${fmtNum(n.gpus_total)} GPUs free · ${(n.features || []).join(", ") || "no features"} · ${probe}`}));
+  });
+  return [
+    el("div", {class: "toolbar"},
+      el("span", {id: "gpu-summary", text: `${fmtNum(total - free)} of ${fmtNum(total)} GPUs leased`}),
+      el("span", {class: "legend"}, [...teams].sort().map(teamTag),
+         NODE_STATES.slice(1).map((s) => el("span", {class: `badge ${s}`, text: s})))),
+    el("div", {id: "nodes", class: "nodes"}, cards),
+  ];
+};
+
+function genericTable(rows) {
+  const cols = [...new Set(rows.flatMap((r) => Object.keys(r)))];
+  return table(cols, rows.map((r) => el("tr", {}, cols.map((c) => el("td", {text: typeof r[c] === "number" ? fmtNum(r[c]) : (r[c] ?? "")})))),
+               {class: "grid"});
+}
+
+VIEWS.cost = function (snap) {
+  if (!snap.available) return [el("p", {id: "cost-unavailable", class: "unavailable", text: `Cost accounting is not available: ${snap.why}`})];
+  const c = snap.cost;
+  const out = [];
+  if (Array.isArray(c)) out.push(genericTable(c));
+  else if (c && typeof c === "object") {
+    const scalars = Object.entries(c).filter(([, v]) => v === null || typeof v !== "object");
+    if (scalars.length) out.push(el("dl", {class: "facts"}, scalars.map(([k, v]) => [el("dt", {text: k}), el("dd", {text: typeof v === "number" ? fmtNum(v) : String(v)})])));
+    for (const [k, v] of Object.entries(c)) {
+      if (Array.isArray(v) && v.length && typeof v[0] === "object") out.push(el("h2", {text: k}), genericTable(v));
+    }
+  }
+  return [el("div", {id: "cost"}, out)];
+};
+
+VIEWS.workload = function (snap) {
+  const w = snap.workload;
+  document.getElementById("title").textContent = `Workload ${w.id}`;
+  const facts = [
+    ["Team", teamTag(w.team)], ["Class", w.class], ["State", el("span", {class: "state", text: w.state})],
+    ["Position", w.position ?? "-"], ["Reason", w.reason || "-"], ["Now", w.detail || "-"],
+    ["Owner", w.redacted ? "hidden" : (w.owner || "-")], ["Submitted", fmtTime(w.submit_time)],
+    ["Admitted", fmtTime(w.admitted_at)], ["Step", w.step ?? "-"],
+    ["Preemptions / restarts", `${w.preemptions ?? 0} / ${w.restarts ?? 0}`],
+  ];
+  const out = [
+    w.redacted ? el("p", {id: "redacted", class: "banner warn", text: "Another team's workload: its spec, config, owner and journal are shown to its team only."}) : null,
+    el("dl", {class: "facts", id: "facts"}, facts.map(([k, v]) => [el("dt", {text: k}), el("dd", {}, v)])),
+  ];
+  const quota = Object.entries(w.team_quota || {});
+  if (quota.length) {
+    const rows = quota.map(([r, q]) => el("tr", {},
+      el("td", {text: r.toUpperCase()}), el("td", {class: "num", text: fmtNum(q.used)}),
+      el("td", {class: "num", text: fmtNum(q.nominal)}), el("td", {class: "num", text: fmtNum(q.borrowing_limit)}),
+      el("td", {class: "barcell"}, quotaBar(q))));
+    out.push(el("h2", {text: `Team ${w.team}'s quota`}),
+             table(["Resource", "Used", "Nominal", "Borrowing limit", ""], rows, {id: "quota", class: "grid"}));
+  }
+  if (snap.journal_visible) {
+    out.push(el("h2", {text: "MLflow"}));
+    if (!snap.mlflow_runs.length) out.push(el("p", {class: "hint", text: "No MLflow run yet."}));
+    for (const r of snap.mlflow_runs) {
+      out.push(el("p", {class: "mlflow"}, r.url ? el("a", {href: r.url, target: "_blank", rel: "noopener noreferrer", id: `mlflow-${r.id}`, text: `MLflow run ${r.id}`})
+                                               : `MLflow run ${r.id} (start the console with --mlflow-url to link it)`));
+    }
+    out.push(el("h2", {text: "Journal"}), table(["Time", "Event", "Note"],
+      snap.journal.map((e) => el("tr", {"data-kind": e.kind}, el("td", {class: "num", text: fmtTime(e.ts)}),
+                                 el("td", {text: e.kind}), el("td", {text: e.note || ""}))), {id: "journal", class: "grid"}));
+  }
+  return out;
+};
+
+// ---------------------------------------------------------------------------------------------------- wiring
+function route() {
+  for (const [re, view, title] of ROUTES) {
+    const m = location.pathname.match(re);
+    if (m) return {view, title, id: view === "workload" ? decodeURIComponent(m[1]) : null};
+  }
+  return {view: "queue", title: "Queue", id: null};
+}
+
+let stream = null;
+
+function open(r, extra) {
+  if (stream) stream.close();
+  const params = new URLSearchParams({view: r.view, ...(r.id ? {id: r.id} : {}), ...(extra || {})});
+  stream = new EventSource(`/api/stream?${params}`);
+  setLive("connecting");
+  stream.addEventListener("snapshot", (ev) => {
+    const snap = JSON.parse(ev.data);
+    const content = document.getElementById("content");
+    const focus = document.activeElement && document.activeElement.id;
+    content.replaceChildren(...VIEWS[r.view](snap).filter(Boolean));
+    banner("");
+    setLive("live", snap.at);
+    document.body.dataset.updated = String(snap.at);
+    const box = document.getElementById("show-done");
+    if (box) {
+      box.addEventListener("change", () => open(r, box.checked ? {all: "1"} : {}));
+      if (focus === "show-done") box.focus();
+    }
+  });
+  stream.addEventListener("failure", (ev) => { banner(JSON.parse(ev.data).error, "error"); setLive("error"); });
+  stream.addEventListener("logout", () => { stream.close(); location.assign("/login"); });
+  stream.onerror = () => setLive("reconnecting");
+}
+
+async function whoami() {
+  const r = await fetch("/api/whoami", {credentials: "same-origin"});
+  if (r.status === 401) { location.assign("/login"); return; }
+  const who = document.getElementById("who");
+  if (!r.ok) { who.textContent = "?"; return; }
+  const me = await r.json();
+  if (me.auth === false) {
+    who.textContent = "authentication off";
+  } else {
+    who.textContent = `${me.user} · ${me.role}${me.teams.length ? " · " + me.teams.join(", ") : ""}`;
+    document.getElementById("logout").hidden = false;
+  }
+}
+
+function main() {
+  const r = route();
+  document.getElementById("title").textContent = r.id ? `Workload ${r.id}` : r.title;
+  document.title = `Raylane · ${r.id || r.title}`;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === r.view);
+  whoami();
+  open(r);
+}
+
+document.addEventListener("DOMContentLoaded", main);
