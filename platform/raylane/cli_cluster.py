@@ -64,17 +64,26 @@ def up(
     fresh: bool = typer.Option(False, help="Start with an empty journal."),
     no_auth: bool = typer.Option(False, "--no-auth", help="Run the control plane without authentication "
                                  "(every caller is an operator; for a single-user laptop only)."),
+    no_console: bool = typer.Option(False, "--no-console", help="Do not start the web console."),
+    console_port: int = typer.Option(8780, "--console-port", help="The web console's port on 127.0.0.1."),
+    mlflow_url: Optional[str] = typer.Option(None, "--mlflow-url", help="The MLflow UI the console links runs to "
+                                             "(default: the tracking URI when it is an http(s) server)."),
 ):
-    """Start a local Ray cluster with logical GPUs and feature-tagged nodes, and the control actor.
+    """Start a local Ray cluster with logical GPUs and feature-tagged nodes, the control actor and the web console.
 
     With authentication on (the default) an operator token is created and written to ~/.raylane/credentials (mode
-    0600): this user is the cluster's operator and creates the other users' tokens with `raylane token create`."""
+    0600): this user is the cluster's operator and creates the other users' tokens with `raylane token create`.
+    The web console (`raylane console`) runs in the background on http://127.0.0.1:8780 until `raylane down`."""
     from raylane import localcluster
     from raylane.config.cluster import load_cluster
     from raylane.config.loader import _REPO_ROOT, default_policy_path, load_policy
     from raylane.control.client import journal_path, start_control
 
     with _errors():
+        if not no_console:
+            from raylane.cli_console import check_options
+
+            check_options(console_port, mlflow_url, 1.0, source="raylane up", port_flag="--console-port")
         spec = load_cluster(cluster)
         local = _REPO_ROOT / "policies" / "local.yaml"
         pol_path = policy or (local if local.is_file() else default_policy_path())
@@ -106,10 +115,27 @@ def up(
         elif ops.credential is not None:
             console.print(f"operator token {ops.credential.token_id} written to {where} (mode 0600); create "
                           f"users' tokens with `raylane token create --user NAME --team TEAM`")
+        if not no_console:
+            _start_console(st, console_port, mlflow_url)
+
+
+def _start_console(st, port: int, mlflow_url: Optional[str]) -> None:
+    """The web console in the background, stopped by `raylane down` with the cluster (it carries its marker). A
+    console that does not start is reported; the cluster stays up."""
+    from raylane.cli_console import default_mlflow_url
+    from raylane.console.server import LOG_FILE, start_background
+
+    try:
+        url = start_background(st, port, mlflow_url or default_mlflow_url())
+    except RetryableError as exc:
+        err.print(f"[yellow]web console not started[/yellow] (start it with `raylane console --port PORT`): {exc}",
+                  highlight=False)
+        return
+    console.print(f"web console {url} (log in with a Raylane token; log {LOG_FILE})")
 
 
 def down():
-    """Stop the local Ray cluster (and with it the control actor)."""
+    """Stop the local Ray cluster (and with it the control actor and the web console)."""
     from raylane import localcluster
 
     localcluster.down()

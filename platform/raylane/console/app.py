@@ -194,6 +194,11 @@ def _params(request: Request) -> Tuple[Optional[Dict[str, Any]], Optional[Respon
         if done not in ("0", "1"):
             return None, _bad("all", done, "0 or 1")
         args["include_done"] = done == "1"
+    if view == "cost":
+        window = q.get("window", "all")
+        if window not in views.COST_WINDOWS:
+            return None, _bad("window", window[:100], f"one of {', '.join(views.COST_WINDOWS)}")
+        args["window"] = window
     if view == "workload":
         wid = q.get("id", "")
         if not re.fullmatch(views.WORKLOAD_ID, wid):

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from raylane.control.api import WORKLOAD_ID
 from raylane.errors import ValidationError
 
-__all__ = ["VIEWS", "BUILDERS", "WORKLOAD_ID", "build", "mlflow_run_url"]
+__all__ = ["VIEWS", "BUILDERS", "COST_WINDOWS", "WORKLOAD_ID", "build", "mlflow_run_url"]
 
 
 def build(client, settings, view: str, **args) -> Dict[str, Any]:
@@ -59,19 +59,17 @@ def teams(client, settings) -> Dict[str, Any]:
 
 
 def _team_spend(client) -> Dict[str, Any]:
-    """team -> {"cost", "budget"} from the control plane's cost call, or {} without one."""
-    try:
-        out, why = _optional(client, "cost", by="team")
-    except TypeError:  # a cost call of another shape: no spend column
+    """team -> its month's spend against its budget (``spent``, ``budget``, ``share``, ``alerting``), for the teams
+    the caller may see the cost of (an operator: all; anyone else: their own), or {} without cost accounting."""
+    out, why = _optional(client, "cost", by="team")
+    if why is not None:
         return {}
-    if why is not None or out is None:
-        return {}
-    rows = out.get("rows") if isinstance(out, dict) else out
-    spend = {}
-    for r in rows or []:
-        if isinstance(r, dict) and r.get("team"):
-            spend[r["team"]] = {"cost": r.get("cost"), "budget": r.get("budget"), "currency": r.get("currency")}
-    return spend
+    return {b["team"]: b for b in _as_dict(out).get("budgets", [])}
+
+
+def _as_dict(report: Any) -> Dict[str, Any]:
+    """A cost report (``raylane.cost.CostReport``, or its dict) as a dict."""
+    return report.to_dict() if hasattr(report, "to_dict") else dict(report or {})
 
 
 def nodes(client, settings) -> Dict[str, Any]:
@@ -80,10 +78,23 @@ def nodes(client, settings) -> Dict[str, Any]:
     return {"available": why is None, "why": why, "nodes": rows or []}
 
 
-def cost(client, settings) -> Dict[str, Any]:
-    """What the control plane's cost accounting reports (GPU-hours times prices) by team, class and workload."""
-    out, why = _optional(client, "cost")
-    return {"available": why is None, "why": why, "cost": out}
+COST_WINDOWS = {"all": None, "24h": 86400.0, "7d": 7 * 86400.0, "month": "month"}
+
+
+def cost(client, settings, window: str = "all") -> Dict[str, Any]:
+    """Spend from the control plane's cost accounting (GPU-hours times each node type's price) in ``window`` (a key
+    of ``COST_WINDOWS``): totals, idle GPUs, per node type, team, class, sweep, pipeline and workload, and each team's
+    month against its budget; for the teams the caller may see."""
+    span = COST_WINDOWS[window]
+    if span == "month":
+        from raylane.cost import month_start
+
+        since = month_start(time.time())
+    else:
+        since = time.time() - span if span else None
+    out, why = _optional(client, "cost", since=since)
+    return {"available": why is None, "why": why, "window": window, "windows": list(COST_WINDOWS),
+            "cost": _as_dict(out) if why is None else None}
 
 
 def workload(client, settings, workload_id: str) -> Dict[str, Any]:

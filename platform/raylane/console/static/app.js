@@ -48,11 +48,12 @@ function fmtTime(ts) {
   return d.toLocaleTimeString([], {hour12: false}) + (Date.now() - d > 86400000 ? " " + d.toLocaleDateString() : "");
 }
 
-// One color per team, the same on every page.
+// One color per team, the same on every page: an FNV-1a hash of the name, spread round the hue circle by the golden
+// angle, so names that differ in one letter (team-a, team-b) get far-apart hues.
 function teamColor(team) {
-  let h = 0;
-  for (const ch of String(team)) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
-  return `hsl(${h % 360}, 62%, 52%)`;
+  let h = 2166136261;
+  for (const ch of String(team)) h = Math.imul(h ^ ch.charCodeAt(0), 16777619) >>> 0;
+  return `hsl(${Math.round((h % 997) * 137.508) % 360}, 62%, 50%)`;
 }
 
 function teamTag(team) {
@@ -89,7 +90,7 @@ VIEWS.queue = function (snap) {
     el("td", {}, el("a", {href: `/workload/${encodeURIComponent(r.id)}`, text: r.id})),
     el("td", {}, teamTag(r.team)),
     el("td", {text: r.class}),
-    el("td", {}, el("span", {class: "state", text: r.state})),
+    el("td", {}, el("span", {class: "state", "data-state": r.state, text: r.state})),
     el("td", {text: r.resources}),
     el("td", {class: "num", text: fmtWait(r.waited_s)}),
     el("td", {class: "owner", title: r.redacted ? "another team's workload: its owner, spec and journal are shown to its team only" : null,
@@ -106,11 +107,11 @@ VIEWS.queue = function (snap) {
   ];
 };
 
-function quotaBar(q) {
+function quotaBar(q, title) {
   const ceiling = q.borrowing_limit === null ? Math.max(q.nominal, q.used) * 1.5 || 1 : q.nominal + q.borrowing_limit || 1;
   const pct = (x) => `${Math.min(100, (100 * x) / ceiling)}%`;
   return el("div", {class: "bar" + (q.used > q.nominal ? " borrowing" : ""),
-                    title: `uses ${fmtNum(q.used)} of ${fmtNum(q.nominal)} nominal; may borrow ${fmtNum(q.borrowing_limit)}`},
+                    title: title || `uses ${fmtNum(q.used)} of ${fmtNum(q.nominal)} nominal; may borrow ${fmtNum(q.borrowing_limit)}`},
     el("div", {class: "fill", style: {width: pct(q.used)}}),
     el("div", {class: "nominal", style: {left: pct(q.nominal)}}));
 }
@@ -131,11 +132,12 @@ VIEWS.teams = function (snap) {
       el("td", {class: "num", text: q.lending_limit === null ? "all unused" : fmtNum(q.lending_limit)}),
       el("td", {class: "barcell"}, q.unlimited ? "" : quotaBar(q)),
       el("td", {class: "num", text: i === 0 ? `${t.running} / ${t.pending}` : ""}),
-      el("td", {class: "num budget", text: i === 0 ? (spend ? `${fmtNum(spend.cost)} of ${spend.budget == null ? "no budget" : fmtNum(spend.budget)}${spend.currency ? " " + spend.currency : ""}` : "n/a") : ""}))));
+      el("td", {class: "num budget", title: spend ? null : "cost accounting shows a member the spend of their own teams only",
+                text: i === 0 ? budgetCell(spend) : ""}))));
   }
   return [
     el("p", {class: "hint", text: "Use against quota: the bar is the team's ceiling (nominal + borrowing limit), the mark its nominal quota; past the mark the team borrows."}),
-    table(["Team", "Resource", "Used", "Nominal", "Borrowing limit", "Lending limit", "", "Running / pending", "Spend of budget"],
+    table(["Team", "Resource", "Used", "Nominal", "Borrowing limit", "Lending limit", "", "Running / pending", "Spent this month"],
           rows, {id: "teams", class: "grid"}),
   ];
 };
@@ -173,29 +175,65 @@ VIEWS.nodes = function (snap) {
   return [
     el("div", {class: "toolbar"},
       el("span", {id: "gpu-summary", text: `${fmtNum(total - free)} of ${fmtNum(total)} GPUs leased`}),
-      el("span", {class: "legend"}, [...teams].sort().map(teamTag),
+      el("span", {class: "legend"}, [...teams].sort().map(teamTag), el("span", {text: "node states:"}),
          NODE_STATES.slice(1).map((s) => el("span", {class: `badge ${s}`, text: s})))),
     el("div", {id: "nodes", class: "nodes"}, cards),
   ];
 };
 
-function genericTable(rows) {
-  const cols = [...new Set(rows.flatMap((r) => Object.keys(r)))];
-  return table(cols, rows.map((r) => el("tr", {}, cols.map((c) => el("td", {text: typeof r[c] === "number" ? fmtNum(r[c]) : (r[c] ?? "")})))),
-               {class: "grid"});
+function money(x) { return x === null || x === undefined ? "-" : Number(x).toFixed(2); }
+function hours(x) { return x === null || x === undefined ? "-" : `${Number(x).toFixed(2)} h`; }
+
+function budgetCell(b) {
+  if (!b) return "n/a";
+  if (b.budget === null || b.budget === undefined) return `${money(b.spent)} (no budget)`;
+  return `${money(b.spent)} of ${money(b.budget)} (${Math.round(100 * b.share)}%)${b.alerting ? " · over alert share" : ""}`;
 }
 
-VIEWS.cost = function (snap) {
+const COST_GROUPS = [["team", "By team"], ["class", "By class"], ["workload", "By workload"], ["sweep", "By sweep"],
+                     ["pipeline", "By pipeline"]];
+
+VIEWS.cost = function (snap, r) {
   if (!snap.available) return [el("p", {id: "cost-unavailable", class: "unavailable", text: `Cost accounting is not available: ${snap.why}`})];
   const c = snap.cost;
-  const out = [];
-  if (Array.isArray(c)) out.push(genericTable(c));
-  else if (c && typeof c === "object") {
-    const scalars = Object.entries(c).filter(([, v]) => v === null || typeof v !== "object");
-    if (scalars.length) out.push(el("dl", {class: "facts"}, scalars.map(([k, v]) => [el("dt", {text: k}), el("dd", {text: typeof v === "number" ? fmtNum(v) : String(v)})])));
-    for (const [k, v] of Object.entries(c)) {
-      if (Array.isArray(v) && v.length && typeof v[0] === "object") out.push(el("h2", {text: k}), genericTable(v));
-    }
+  const select = el("select", {id: "cost-window"}, snap.windows.map((w) => el("option", {value: w, selected: w === snap.window ? "" : null,
+                                                                                         text: {all: "whole journal", "24h": "last 24 hours", "7d": "last 7 days", month: "this month (UTC)"}[w] || w})));
+  select.addEventListener("change", () => open(r, {window: select.value}));
+  const out = [
+    el("div", {class: "toolbar"}, el("label", {}, "Window ", select),
+       el("span", {text: `${c.since ? fmtTime(c.since) : "from the start"} to ${fmtTime(c.until)}${c.teams ? " · teams " + c.teams.join(", ") : " · all teams"}`})),
+    el("dl", {class: "facts", id: "cost-totals"}, [
+      ["Leased", `${money(c.leased_cost)} for ${hours(c.leased_gpu_hours)} of GPU`],
+      ["Idle GPUs", `${money(c.idle_cost)} for ${hours(c.idle_gpu_hours)} (the whole cluster)`],
+      ["CPU-only nodes", money(c.cpu_node_cost)],
+      ["Total", el("strong", {text: money(c.total_cost)})],
+      c.unpriced && c.unpriced.length ? ["Unpriced", `no price for ${c.unpriced.join(", ")} (counted in GPU-hours at no cost)`] : null,
+    ].filter(Boolean).map(([k, v]) => [el("dt", {text: k}), el("dd", {}, v)])),
+  ];
+  if ((c.budgets || []).length) {
+    const rows = c.budgets.map((b) => el("tr", {"data-team": b.team},
+      el("td", {}, teamTag(b.team)), el("td", {class: "num", text: budgetCell(b)}),
+      // The bar's mark is the alert share of the budget, its end the budget.
+      el("td", {class: "barcell"}, b.budget ? quotaBar({used: b.spent, nominal: b.budget * b.alert_share,
+                                                         borrowing_limit: b.budget * (1 - b.alert_share)},
+                                                        `spent ${money(b.spent)} of ${money(b.budget)}; the mark: the alert share`) : "")));
+    out.push(el("h2", {text: "Budgets this month"}), table(["Team", "Spent of budget", ""], rows, {id: "budgets", class: "grid"}));
+  }
+  if ((c.node_types || []).length) {
+    out.push(el("h2", {text: "By node type"}), table(["Node type", "Price / GPU-h", "Nodes", "Leased", "Idle", "Leased cost", "Idle cost"],
+      c.node_types.map((n) => el("tr", {}, el("td", {text: n.node_type}), el("td", {class: "num", text: n.price === null ? "unpriced" : money(n.price)}),
+        el("td", {class: "num", text: n.nodes}), el("td", {class: "num", text: hours(n.leased_gpu_hours)}),
+        el("td", {class: "num", text: hours(n.idle_gpu_hours)}), el("td", {class: "num", text: money(n.leased_cost)}),
+        el("td", {class: "num", text: money(n.idle_cost)}))), {class: "grid"}));
+  }
+  for (const [g, title] of COST_GROUPS) {
+    const rows = (c.groups || {})[g] || [];
+    if (!rows.length) continue;
+    out.push(el("h2", {text: title}), table([g[0].toUpperCase() + g.slice(1), "GPU-hours", "Cost", ...(g === "workload" ? ["Team", "Class"] : [])],
+      rows.map((x) => el("tr", {"data-key": x.key},
+        el("td", {}, g === "team" ? teamTag(x.key) : g === "workload" ? el("a", {href: `/workload/${encodeURIComponent(x.key)}`, text: x.key}) : x.key),
+        el("td", {class: "num", text: hours(x.gpu_hours)}), el("td", {class: "num", text: money(x.cost)}),
+        g === "workload" ? [el("td", {}, teamTag(x.team)), el("td", {text: x.class || ""})] : null)), {id: `cost-${g}`, class: "grid"}));
   }
   return [el("div", {id: "cost"}, out)];
 };
@@ -204,7 +242,7 @@ VIEWS.workload = function (snap) {
   const w = snap.workload;
   document.getElementById("title").textContent = `Workload ${w.id}`;
   const facts = [
-    ["Team", teamTag(w.team)], ["Class", w.class], ["State", el("span", {class: "state", text: w.state})],
+    ["Team", teamTag(w.team)], ["Class", w.class], ["State", el("span", {class: "state", "data-state": w.state, text: w.state})],
     ["Position", w.position ?? "-"], ["Reason", w.reason || "-"], ["Now", w.detail || "-"],
     ["Owner", w.redacted ? "hidden" : (w.owner || "-")], ["Submitted", fmtTime(w.submit_time)],
     ["Admitted", fmtTime(w.admitted_at)], ["Step", w.step ?? "-"],
@@ -231,7 +269,7 @@ VIEWS.workload = function (snap) {
                                                : `MLflow run ${r.id} (start the console with --mlflow-url to link it)`));
     }
     out.push(el("h2", {text: "Journal"}), table(["Time", "Event", "Note"],
-      snap.journal.map((e) => el("tr", {"data-kind": e.kind}, el("td", {class: "num", text: fmtTime(e.ts)}),
+      snap.journal.map((e) => el("tr", {"data-kind": e.kind}, el("td", {class: "time", text: fmtTime(e.ts)}),
                                  el("td", {text: e.kind}), el("td", {text: e.note || ""}))), {id: "journal", class: "grid"}));
   }
   return out;
@@ -257,7 +295,7 @@ function open(r, extra) {
     const snap = JSON.parse(ev.data);
     const content = document.getElementById("content");
     const focus = document.activeElement && document.activeElement.id;
-    content.replaceChildren(...VIEWS[r.view](snap).filter(Boolean));
+    content.replaceChildren(...VIEWS[r.view](snap, r).filter(Boolean));
     banner("");
     setLive("live", snap.at);
     document.body.dataset.updated = String(snap.at);
