@@ -53,8 +53,9 @@ def spec(name: str, team: str, cls: str, *, workers: int = 1, gpu: float = 1, cp
 
 
 def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-sim", "ssd"])), gpus: int = 2,
-                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False):
+                  cpus: int = 4, head_cpus: int = 2, dashboard: bool = False, node_types=None):
     """A head (no GPUs) and one node per entry with logical GPUs and feature labels; stop it with ``stop_cluster``.
+    ``node_types``: node name -> its node type (the ``raylane.io/node-type`` label; default none).
 
     The dashboard and the agents listen on free ports, not Ray's defaults (8265, 52365), which another Ray session
     on the machine may hold. A cluster that fails to come up is stopped before the error is raised.
@@ -85,7 +86,8 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     try:
         c.add_node(**head, runtime_env_dir_name="runtime_resources_head")
         for name, feats in gpu_nodes:
-            c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(NodeGroup(name=name, features=feats)),
+            group = NodeGroup(name=name, features=feats, node_type=(node_types or {}).get(name, ""))
+            c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(group),
                        temp_dir=temp_dir, dashboard_agent_listen_port=free_port(),
                        runtime_env_dir_name=f"runtime_resources_{name}")
         c.wait_for_nodes()

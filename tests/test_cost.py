@@ -187,9 +187,17 @@ def test_a_cpu_node_costs_its_node_hours_unattributed():
     assert rep.node_types[0].node_hours == 2.0 and rep.groups["workload"] == []
 
 
-def test_only_named_workloads():
-    rep = busy().ledger().report(PRICES, now=NOW, workloads={"lr-slot-0", "lr-slot-1"})
+def test_only_named_workloads_or_the_workloads_of_an_mlflow_run():
+    j = busy()
+    # Drivers name their MLflow run in the journal; a sweep's slots (of every driver) name the sweep's parent run.
+    j.add(10, "event", "lr-slot-0", mlflow_run_id="run-lr").add(3700, "event", "lr-slot-1", mlflow_run_id="run-lr")
+    j.add(5, "event", "w1", mlflow_run_id="run-w1")
+    led = j.ledger()
+    rep = led.report(PRICES, now=NOW, workloads={"lr-slot-0", "lr-slot-1"})
     assert (rep.leased_cost, [r.key for r in rep.groups["sweep"]]) == (2.75, ["lr"])
+    assert led.report(PRICES, now=NOW, runs={"run-lr"}).leased_cost == 2.75
+    assert led.report(PRICES, now=NOW, runs={"run-w1"}).leased_cost == 5.5
+    assert led.report(PRICES, now=NOW, runs={"run-w1"}, teams={"team-b"}).leased_cost == 0.0
 
 
 def test_counters_accrue_by_window_and_add_up_to_the_whole():
@@ -298,3 +306,32 @@ def test_budgets_are_optional_and_read_from_the_policy():
     assert (p.teams["team-a"].budget, p.teams["team-b"].budget, p.budget_alert_share) == (200.0, None, 0.8)
     default = load_policy(REPO / "policies" / "default.yaml")
     assert all(t.budget for t in default.teams.values()) and set(default.prices) >= {"a100-8x", "h100-8x"}
+
+
+# ------------------------------------------------------------------------------------------------ MLflow
+
+
+def test_a_finished_run_records_its_cost_as_a_metric_and_a_tag(uri):
+    from mlflow import MlflowClient
+
+    from raylane.tracking import RunTracker
+
+    spec = {"name": "w", "team": "team-a", "class": "pretrain", "run": {"intent": "cost", "code_version": "x"}}
+    asked = []
+    t = RunTracker(workload_id="w-1", spec=spec, tracking_uri=uri,
+                   cost_of=lambda run_id: asked.append(run_id) or 12.345678)
+    run_id = t.start()
+    t.finish("SUCCEEDED")
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert asked == [run_id]
+    assert (run.data.metrics["cost"], run.data.tags["raylane.cost"], run.info.status) == (12.345678, "12.345678",
+                                                                                           "FINISHED")
+
+    def unreachable(run_id):
+        raise ConnectionError("control plane gone")
+
+    t2 = RunTracker(workload_id="w-2", spec=spec, tracking_uri=uri, cost_of=unreachable)
+    t2.start()
+    t2.finish("FAILED")  # a cost it cannot have does not keep the run from ending
+    run2 = MlflowClient(tracking_uri=uri).get_run(t2.run_id)
+    assert run2.info.status == "FAILED" and "cost" not in run2.data.metrics

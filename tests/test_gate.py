@@ -325,6 +325,12 @@ RULES = [
     case("operator reads any workload", OPS, Action.READ, "w-bob"),
     # the queue (positions and reasons of all work): everyone
     case("member reads the queue", BOB, Action.QUEUE),
+    # spend: one's own teams (no team named: the actor leaves other teams' rows out), operators any team
+    case("member reads its teams' cost", ALICE, Action.COST_READ),
+    case("member reads its team's cost", ALICE, Action.COST_READ, "team-a"),
+    case("member reads another team's cost", ALICE, Action.COST_READ, "team-b", ok=False, why=NOT_MY_TEAM),
+    case("team-admin reads another team's cost", CAROL, Action.COST_READ, "team-b", ok=False, why=NOT_MY_TEAM),
+    case("operator reads any team's cost", OPS, Action.COST_READ, "team-b"),
     # tokens, policy, audit trail: operators only
     *[row for action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD, Action.AUDIT_READ) for row in (
         case(f"member: {action.value}", ALICE, action, ok=False, why=OPERATORS_ONLY),
@@ -373,6 +379,11 @@ CALLS = [
     ("member reads another team's status (redacted)", "bob", "status", {"workload_id": "w-alice"}, None, ""),
     ("member explains another team's (redacted)", "bob", "explain", {"workload_id": "w-alice"}, None, ""),
     ("member reads the queue", "bob", "queue", {}, None, ""),
+    ("member reads its teams' cost", "bob", "cost", {}, None, ""),
+    ("member reads its team's cost", "bob", "cost", {"team": "team-b", "by": "workload"}, None, ""),
+    ("member reads another team's cost", "bob", "cost", {"team": "team-a"}, PermissionDeniedError,
+     "cost-read: refused"),
+    ("operator reads any team's cost", "root", "cost", {"team": "team-a"}, None, ""),
     ("member asks who it is", "bob", "whoami", {}, None, ""),
     ("member reads every team's quota and usage", "bob", "teams", {}, None, ""),
     ("member makes a job token", "bob", "job_token", {}, None, ""),
@@ -565,6 +576,8 @@ VALID: Dict[str, Dict[str, Any]] = {
     "token_list": {"include_revoked": True},
     "audit": {"since": 0.0, "user": "alice", "team": "team-a", "limit": 10},
     "reload_policy": {"policy": {}},
+    "cost": {"since": 0.0, "until": 10.0, "team": "team-a", "by": "team", "workload_ids": ["w-1"],
+             "mlflow_run_id": "abc123"},
 }
 
 HUGE_INT = 10 ** 5000  # more digits than Python will print
@@ -602,6 +615,9 @@ WRONG: Dict[Any, List[Any]] = {
     ("job_token", "ttl_s"): [0, -5, 8 * 86400, float("nan"), [], "x"],
     "token_id": ["", "ABCDEFGHIJKL", "short", "x" * 13, 1, None, "abcdefghijk!"],
     "since": [-1, 1e12, float("nan"), "x", []],
+    "until": [-1, 1e12, float("nan"), "x", []],
+    "by": ["node", "Team", 1, [], "team "],
+    "workload_ids": ["w-1", [""], ["a b"], [1], ["w"] * 4097, {}],
     "limit": [0, 100001, 10 ** 30, "10", 1.5, None, True],
     "policy": ["policy.yaml", 1, [], None, {1: 2}],
 }

@@ -58,6 +58,7 @@ class Action(str, enum.Enum):
     POLICY_RELOAD = "policy-reload"
     AUDIT_READ = "audit-read"
     NODE_ADMIN = "node-admin"  # cordon, uncordon and drain nodes
+    COST_READ = "cost-read"  # spend: the whole cluster's rows (operators), a team's (its members), or one's own teams'
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,11 @@ def authorize(p: Principal, action: Action, *, team: Optional[str] = None, owner
     who = f"{p.user} ({p.role.value} of {', '.join(p.teams) or 'no team'})"
     if action in (Action.QUEUE,):
         return
+    if action is Action.COST_READ:
+        # No team named: the caller's own teams' spend (the control actor leaves the other teams' rows out).
+        if team is None or team in p.teams:
+            return
+        raise PermissionDeniedError(f"cost-read: refused for {who}: team {team!r} is not one of the caller's teams")
     if action in (Action.TOKEN_ADMIN, Action.POLICY_RELOAD, Action.AUDIT_READ, Action.NODE_ADMIN):
         raise PermissionDeniedError(f"{action.value}: refused for {who}: only operators may")
     if action is Action.SUBMIT and (team is None or team not in p.teams):

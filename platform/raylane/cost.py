@@ -20,6 +20,8 @@ Words
 - *groups* (``GROUPS``): ``workload`` (its id), ``sweep`` (a ``kind: tune`` slot's sweep: its name without the
   ``-slot-<i>`` suffix, raylane.launchers.tune), ``pipeline`` (a spec's ``pipeline`` name, when it has one),
   ``team``, ``class``.
+- *run*: the MLflow run a workload's driver named in the journal (``mlflow_run_id`` of its ``running`` or ``event``
+  entries); a sweep's slots all name the sweep's parent run, so a run's cost is its sweep's, across drivers.
 - *month*: a calendar month in UTC; budgets are per month (``month_start``).
 """
 from __future__ import annotations
@@ -36,8 +38,9 @@ __all__ = ["GROUPS", "KINDS", "Ledger", "CostRow", "NodeTypeCost", "TeamBudget",
 
 GROUPS: Tuple[str, ...] = ("workload", "sweep", "pipeline", "team", "class")
 ENDS = ("requeued", "finished", "cancelled", "rejected")
-# The journal kinds a ledger reads (the actor selects these when it feeds one).
-KINDS: Tuple[str, ...] = ("submitted", "admitted", *ENDS, "node")
+# The journal kinds a ledger reads (the actor selects these when it feeds one); ``running`` and ``event`` entries
+# may name the workload's MLflow run (``mlflow_run_id``).
+KINDS: Tuple[str, ...] = ("submitted", "admitted", "running", "event", *ENDS, "node")
 # How reports name a node with no node-type label, and a node the journal never described.
 UNTYPED = "(no type)"
 UNKNOWN_NODE = "(unknown node)"
@@ -246,6 +249,7 @@ class Ledger:
         self.workloads: Dict[str, WorkloadInfo] = {}
         self.leases: List[LeaseSpan] = []
         self.nodes: Dict[str, List[NodeSpan]] = {}
+        self.runs: Dict[str, str] = {}  # workload id -> MLflow run id
         self.seq = 0
         self._open: Dict[str, LeaseSpan] = {}
 
@@ -271,6 +275,9 @@ class Ledger:
             self._open[e.workload_id] = span
         elif e.kind in ENDS:
             self._end(e.workload_id, e.ts)
+        elif e.kind in ("running", "event"):
+            if isinstance(d.get("mlflow_run_id"), str):
+                self.runs[e.workload_id] = d["mlflow_run_id"]
         elif e.kind == "node":
             node = d.get("node", "")
             spans = self.nodes.setdefault(node, [])
@@ -325,10 +332,12 @@ class Ledger:
 
     def report(self, prices: Mapping[str, float], *, now: float, since: Optional[float] = None,
                until: Optional[float] = None, teams: Optional[Collection[str]] = None,
-               workloads: Optional[Collection[str]] = None, groups: Collection[str] = GROUPS,
+               workloads: Optional[Collection[str]] = None, runs: Optional[Collection[str]] = None,
+               groups: Collection[str] = GROUPS,
                budgets: Optional[Mapping[str, Optional[float]]] = None, alert_share: float = 0.8) -> CostReport:
         """The window's spend. ``teams``: the teams whose leases are reported (None: all); ``workloads``: only these
-        workloads' leases (None: all); ``groups``: which of ``GROUPS`` to sum; ``budgets``: team -> monthly budget
+        workloads' leases (None: all); ``runs``: only the leases of workloads that named one of these MLflow runs
+        (None: all); ``groups``: which of ``GROUPS`` to sum; ``budgets``: team -> monthly budget
         (None: no budget), for the ``budgets`` section: each team's spend in the month of ``until``, whatever the
         window. Idle and CPU-node cost are always the whole cluster's."""
         lo, hi = _window(now, since, until)
@@ -339,7 +348,7 @@ class Ledger:
         unpriced = set()
         for p in pieces:
             w = p.workload
-            if (teams is not None and w.team not in teams) or (workloads is not None and w.id not in workloads):
+            if not self._in_scope(w, teams, workloads, runs):
                 continue
             hours, cost = p.gpu_s / HOUR, p.cost
             rep.leased_gpu_hours += hours
@@ -382,6 +391,10 @@ class Ledger:
             rep.budgets = [TeamBudget(t, b, spent.get(t, 0.0), alert_share) for t, b in sorted(budgets.items())
                            if teams is None or t in teams]
         return rep
+
+    def _in_scope(self, w: WorkloadInfo, teams, workloads, runs) -> bool:
+        return ((teams is None or w.team in teams) and (workloads is None or w.id in workloads)
+                and (runs is None or self.runs.get(w.id) in runs))
 
     def _node_types(self, prices: Mapping[str, float], pieces: List[Piece], *, now: float,
                     since: Optional[float], until: Optional[float]) -> List[NodeTypeCost]:

@@ -38,6 +38,10 @@ __all__ = [
     "LEASES_RUNNING",
     "GPUS_HELD",
     "QUEUE_WAIT",
+    "COST",
+    "IDLE_COST",
+    "TEAM_SPEND",
+    "TEAM_BUDGET",
     "STRANDED_GPUS",
 ]
 
@@ -226,9 +230,34 @@ STRANDED_GPUS = Metric(
     "(raylane.scheduling.fragmentation); 0 when nothing GPU-bound waits. Labels: node_type ('-' when unset).",
     ("node_type",))
 
+# ---------------------------------------------------------------------------------------------------- cost
+# The control actor records these from its journal (raylane.cost), every COST_EXPORT_TICKS ticks: the counters by
+# the spend since its last export (from its own start: a restarted actor's counters start again at 0), the gauges
+# from the whole journal.
+COST = Metric(
+    "raylane_cost_total", "counter",
+    "Spend on leased GPUs: GPU-hours times the price of the node type (policy prices), in the prices' currency. "
+    "Labels: team, workload_class, node_type (unpriced node types are not counted).",
+    ("team", "workload_class", "node_type"))
+IDLE_COST = Metric(
+    "raylane_idle_cost_total", "counter",
+    "What GPUs that no lease held cost (present nodes, cordoned and drained ones included), in the prices' "
+    "currency. Labels: node_type.",
+    ("node_type",))
+TEAM_SPEND = Metric(
+    "raylane_team_spend", "gauge",
+    "A team's spend in the current calendar month (UTC), from the journal, in the prices' currency. Labels: team.",
+    ("team",))
+TEAM_BUDGET = Metric(
+    "raylane_team_budget", "gauge",
+    "A team's monthly budget (policy teams.<team>.budget) and the spend that raises the budget alert "
+    "(budget_alert_share of it); -1 for a team with no budget. Labels: team, what (monthly, alert).",
+    ("team", "what"))
+
 ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
     QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT,
     NODE_STATE, NODE_QUARANTINES, NODE_PROBES, STRANDED_GPUS,
+    COST, IDLE_COST, TEAM_SPEND, TEAM_BUDGET,
 )

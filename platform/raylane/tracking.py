@@ -52,7 +52,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 import yaml
 from mlflow import MlflowClient
@@ -82,6 +82,8 @@ TAG_LAST_EVENT = "raylane.last_event"
 TAG_METRICS_STEP = "raylane.metrics_step"
 TAG_INITIALISED = "raylane.initialised"  # set last, once params and artifacts of a new run are all logged
 TAG_SNAPSHOT_SEEN = "raylane.data_snapshot.observed"  # a snapshot other than the logged param was trained on
+TAG_COST = "raylane.cost"  # what the run's leases cost (raylane.cost), also its metric METRIC_COST
+METRIC_COST = "cost"
 PARAM_CODE_VERSION = "raylane.code_version"
 PARAM_DATA_SNAPSHOT = "raylane.data_snapshot"
 EVENTS_ARTIFACT = "events.jsonl"
@@ -386,7 +388,9 @@ class RunTracker:
         spec: Mapping[str, Any],
         tracking_uri: Optional[str] = None,
         experiment: Optional[str] = None,
+        cost_of: Optional[Callable[[str], float]] = None,
     ):
+        """``cost_of(run_id)``: what the run's leases cost (``ControlClient.run_cost``); ``finish`` records it."""
         spec = _spec_dict(spec)
         errors: list[tuple[str, object, str]] = []
         if not isinstance(workload_id, str) or not workload_id.strip() or re.search(r"['\"\\\x00-\x1f]", workload_id):
@@ -401,6 +405,7 @@ class RunTracker:
         self.tracking_uri = _resolve_uri(tracking_uri)
         self.experiment = experiment or f"raylane/{spec['team']}"
         self.resumed = False  # True once start() found a run of this workload that already existed
+        self.cost_of = cost_of
         self._client: Optional[MlflowClient] = None
         self._run_id: Optional[str] = None
         self._events: Optional[list[dict[str, Any]]] = None  # the event log, loaded on first use
@@ -563,14 +568,27 @@ class RunTracker:
             raise NotFoundError(f"model directory {str(path)!r} does not exist or is not a directory")
         self.client.log_artifacts(self.run_id, str(path), artifact_path)
 
+    def log_cost(self, cost: float) -> None:
+        """What the run's leases cost (GPU-hours x the node types' prices, ``raylane.cost``), as the metric
+        ``cost`` and the tag ``raylane.cost``."""
+        self.client.log_batch(self.run_id, metrics=[Metric(METRIC_COST, float(cost), int(time.time() * 1000), 0)],
+                              tags=[RunTag(TAG_COST, f"{cost:.6f}")])
+
     def finish(self, status: str) -> None:
         """End the run as ``FINISHED``, ``FAILED`` or ``KILLED``; the control plane's terminal states are taken
         too (``STATE_TO_STATUS``: ``SUCCEEDED`` -> ``FINISHED``, ``CANCELLED`` -> ``KILLED``, ``REJECTED`` ->
-        ``FAILED``). Between attempts, do not call it (see the module docstring): a preemption is an ``event``."""
+        ``FAILED``). Between attempts, do not call it (see the module docstring): a preemption is an ``event``.
+        With ``cost_of``, the run's cost is recorded first (``log_cost``); a cost that cannot be had is logged as a
+        warning and does not keep the run from ending."""
         mlflow_status = STATE_TO_STATUS.get(status, status)
         if mlflow_status not in TERMINAL_STATUSES:
             allowed = f"one of {', '.join(TERMINAL_STATUSES)}, or of the workload states {', '.join(STATE_TO_STATUS)}"
             raise ValidationError("run status", [("status", status, allowed)])
+        if self.cost_of is not None:
+            try:
+                self.log_cost(self.cost_of(self.run_id))
+            except Exception as exc:  # noqa: BLE001 - the cost is a record; ending the run matters more
+                logger.warning("run %s: its cost could not be recorded: %s", self.run_id, exc)
         self.client.set_terminated(self.run_id, mlflow_status)
 
 

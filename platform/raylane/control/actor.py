@@ -39,6 +39,7 @@ from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal
 from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
 from raylane.control.records import Record, State
+from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, month_start
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
 from raylane.scheduling.fragmentation import stranded_gpus
@@ -52,6 +53,8 @@ GiB = 1024 ** 3
 FEATURE_LABEL_PREFIX = "feature.raylane.io/"
 NODE_TYPE_LABEL = "raylane.io/node-type"
 DATASETS_LABEL = "raylane.io/datasets"
+# The cost counters and budget gauges are brought up to date every this many ticks (raylane.cost).
+COST_EXPORT_TICKS = 15
 
 
 def health_rules(policy) -> HealthRules:
@@ -128,6 +131,11 @@ class ControlActor:
         self._started = time.time()
         self.cycles = 0
         self._recover()
+        # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
+        # since the last export, from this start on.
+        self._ledger = Ledger()
+        self._cost_sync()
+        self._cost_exported_at = self._started
         boot = auth.get("bootstrap")
         if boot:
             self.gate.bootstrap(boot["user"], boot["id"], boot["salt"], boot["digest"])
@@ -323,6 +331,7 @@ class ControlActor:
                                   f"waits for nodes to join or return to service")
                     rec.reason_data = {"type": "CapacityLost", "detail": str(why)}
         self._export_gauges()
+        self._export_costs(now)
 
     # ------------------------------------------------------------------------------------------ node service
     def _service_nodes(self, now: float) -> None:
@@ -918,6 +927,57 @@ class ControlActor:
 
     async def _api_token_list(self, p: Principal, req: api.TokenList) -> List[Dict[str, Any]]:
         return self.gate.token_list(req.include_revoked)
+
+    # ----------------------------------------------------------------------------------------------- cost
+    def _cost_sync(self) -> None:
+        """Feed the ledger what the journal holds that it has not seen."""
+        self._ledger.feed(self.journal.entries_after(self._ledger.seq, COST_KINDS))
+
+    def _export_costs(self, now: float) -> None:
+        """Every ``COST_EXPORT_TICKS`` ticks: the spend accrued since the last export into the cost counters, and each
+        team's spend this month and its budget into the gauges (raylane.metrics)."""
+        if now - self._cost_exported_at < COST_EXPORT_TICKS * self.tick_s:
+            return
+        since, self._cost_exported_at = self._cost_exported_at, now
+        self._cost_sync()
+        prices = self.policy.prices
+        leased, idle = self._ledger.spend(prices, now=now, since=since, until=now)
+        for (team, cls, ntype), v in leased.items():
+            if v > 0:
+                metrics.COST.inc(v, team=team, workload_class=cls, node_type=ntype)
+        for ntype, v in idle.items():
+            if v > 0:
+                metrics.IDLE_COST.inc(v, node_type=ntype)
+        month = self._ledger.report(prices, now=now, since=month_start(now), groups=("team",))
+        spent = {r.key: r.cost for r in month.groups["team"]}
+        for (team,), v in self._gauge_keys({(t,): spent.get(t, 0.0) for t in self.policy.teams},
+                                           "_last_spend").items():
+            metrics.TEAM_SPEND.set(v, team=team)
+        share = self.policy.budget_alert_share
+        budgets = {}
+        for name, t in self.policy.teams.items():
+            budgets[(name, "monthly")] = t.budget if t.budget else -1
+            budgets[(name, "alert")] = t.budget * share if t.budget else -1
+        for (team, what), v in self._gauge_keys(budgets, "_last_budgets").items():
+            metrics.TEAM_BUDGET.set(v if (team, what) in budgets else -1, team=team, what=what)
+
+    async def _api_cost(self, p: Principal, req: api.Cost) -> Dict[str, Any]:
+        """Spend from the journal (``raylane.cost.CostReport`` as a dict): the teams in the caller's scope (an
+        operator's: all, or ``team``; anyone else's: their own teams, or ``team``, one of them, as the gate
+        checked), the cluster's idle cost, each team in scope's month against its budget."""
+        if req.team is not None and req.team not in self.policy.teams:
+            raise ValidationError("call cost", [("team", req.team, "a team of the policy: one of "
+                                                                   + ", ".join(sorted(self.policy.teams)))])
+        teams = {req.team} if req.team else (None if p.operator else set(p.teams))
+        self._cost_sync()
+        rep = self._ledger.report(
+            self.policy.prices, now=time.time(), since=req.since, until=req.until, teams=teams,
+            workloads=set(req.workload_ids) if req.workload_ids is not None else None,
+            runs={req.mlflow_run_id} if req.mlflow_run_id is not None else None,
+            groups=(req.by.value,) if req.by is not None else COST_GROUPS,
+            budgets={name: t.budget for name, t in self.policy.teams.items()},
+            alert_share=self.policy.budget_alert_share)
+        return rep.to_dict()
 
     async def _api_audit(self, p: Principal, req: api.Audit) -> List[Dict[str, Any]]:
         def team_of(wid):

@@ -242,6 +242,43 @@ class Audit(Request):
     action: ClassVar[Optional[Action]] = Action.AUDIT_READ
 
 
+class CostGroup(str, enum.Enum):
+    """What ``cost`` sums by (``raylane.cost.GROUPS``)."""
+
+    WORKLOAD = "workload"
+    SWEEP = "sweep"
+    PIPELINE = "pipeline"
+    TEAM = "team"
+    CLASS = "class"
+
+
+Timestamp = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
+
+
+class Cost(Request):
+    """Spend in ``[since, until)`` (``raylane.cost``): per workload, sweep, pipeline, team and class (``by``: only
+    that group), per node type, idle GPUs, and each team's month against its budget. Operators see every team;
+    anyone else sees their own teams (``team``: one of them) and the cluster's idle cost. ``workload_ids``: only
+    these workloads' leases; ``mlflow_run_id``: only those of the workloads that named this MLflow run (a driver
+    asking what its run cost)."""
+
+    since: Optional[Timestamp] = None
+    until: Optional[Timestamp] = None
+    team: Optional[Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]] = None
+    by: Optional[CostGroup] = None
+    workload_ids: Optional[Annotated[List[WorkloadId], Field(max_length=4096)]] = None
+    mlflow_run_id: Optional[Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = None
+    action: ClassVar[Optional[Action]] = Action.COST_READ
+
+    @field_validator("until")
+    @classmethod
+    def _after_since(cls, v, info):
+        since = info.data.get("since")
+        if v is not None and since is not None and v <= since:
+            raise ValueError(f"a time after since ({since:g})")
+        return v
+
+
 class ReloadPolicy(Request):
     policy: Dict[StrictStr, Any]
     action: ClassVar[Optional[Action]] = Action.POLICY_RELOAD
@@ -283,7 +320,7 @@ CALLS: Dict[str, Type[Request]] = {
     "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "teams": Teams,
     "token_create": TokenCreate, "job_token": JobToken,
     "token_rotate": TokenRotate, "token_revoke": TokenRevoke, "token_list": TokenList, "audit": Audit,
-    "reload_policy": ReloadPolicy,
+    "reload_policy": ReloadPolicy, "cost": Cost,
     "node_list": NodeList, "node_cordon": NodeCordon, "node_uncordon": NodeUncordon, "node_drain": NodeDrain,
 }
 CALL_NAMES: Dict[Type[Request], str] = {v: k for k, v in CALLS.items()}

@@ -21,14 +21,15 @@ import ray
 from raylane import auth, credentials
 from raylane.config.loader import default_policy_path, read_yaml
 from raylane.control.actor import CONTROL_NAME, NAMESPACE, ControlActor
-from raylane.control.api import EndState, Outcome, ReportKind
+from raylane.control.api import CostGroup, EndState, Outcome, ReportKind
 from raylane.control.records import State
+from raylane.cost import CostReport
 from raylane.credentials import Credential
 from raylane.errors import AuthenticationError, ControlPlaneUnavailable, RaylaneError
 
 DEFAULT_JOURNAL = os.path.join(os.path.expanduser("~"), ".raylane", "journal.db")
 
-__all__ = ["ControlClient", "WorkloadView", "Reply", "State", "Outcome", "EndState", "ReportKind", "start_control",
+__all__ = ["ControlClient", "WorkloadView", "Reply", "CostReport", "State", "Outcome", "EndState", "ReportKind", "start_control",
            "get_control", "stop_control", "journal_path"]
 
 
@@ -230,6 +231,23 @@ class ControlClient:
     def audit(self, *, since: Optional[float] = None, user: Optional[str] = None, team: Optional[str] = None,
               limit: int = 1000) -> List[Dict[str, Any]]:
         return self._call("audit", since=since, user=user, team=team, limit=limit)
+
+    def cost(self, *, since: Optional[float] = None, until: Optional[float] = None, team: Optional[str] = None,
+             by: Optional[str] = None, workload_ids: Optional[Sequence[str]] = None,
+             mlflow_run_id: Optional[str] = None) -> CostReport:
+        """Spend in ``[since, until)`` (epoch seconds; default: all of the journal, to now): per workload, sweep,
+        pipeline, team and class (``by``: only that group), per node type, idle, and each team's month against its
+        budget. Operators see every team (or ``team``); anyone else their own teams (``team``: one of them).
+        ``workload_ids`` / ``mlflow_run_id``: only these workloads' leases / those of the workloads that named
+        this MLflow run."""
+        return CostReport.from_dict(self._call(
+            "cost", since=since, until=until, team=team, by=CostGroup(by) if by is not None else None,
+            workload_ids=list(workload_ids) if workload_ids is not None else None, mlflow_run_id=mlflow_run_id))
+
+    def run_cost(self, mlflow_run_id: str) -> float:
+        """What the leases of an MLflow run's workloads cost so far (a workload's run; a sweep's parent run, all its
+        slots): what ``RunTracker`` records when the run ends."""
+        return self.cost(by="workload", mlflow_run_id=mlflow_run_id).leased_cost
 
     def reload_policy(self, policy: Union[str, Path, Dict[str, Any]]) -> Dict[str, Any]:
         return self._call("reload_policy", policy=policy_dict(policy))

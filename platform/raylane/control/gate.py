@@ -183,6 +183,8 @@ def target_team(req: api.Request, find) -> tuple:
     if isinstance(req, api.Submit):
         team = req.spec.get("team")
         return (team if isinstance(team, str) else None), None
+    if isinstance(req, api.Cost):  # the team whose spend is asked for, if one is named
+        return req.team, None
     wid = getattr(req, "workload_id", None)  # target() may name something else (a node)
     return (None, None) if wid is None else find(wid)
 

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, Optional
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,17 @@ class Journal:
             (kind, since or 0.0),
         ):
             yield Entry(seq, ts, k, wid, json.loads(data))
+
+    def entries_after(self, seq: int, kinds: Optional[Iterable[str]] = None) -> Iterator[Entry]:
+        """Entries past ``seq`` (of ``kinds`` only, if given), oldest first: what a reader that keeps up with the
+        journal has not seen yet (``raylane.cost.Ledger``)."""
+        kinds = list(kinds) if kinds is not None else None
+        where = f" AND kind IN ({', '.join('?' * len(kinds))})" if kinds else ""
+        for s, ts, k, wid, data in self._db.execute(
+            "SELECT seq, ts, kind, workload_id, data FROM journal WHERE seq > ?" + where + " ORDER BY seq",
+            (seq, *(kinds or ())),
+        ):
+            yield Entry(s, ts, k, wid, json.loads(data))
 
     def close(self) -> None:
         self._db.close()

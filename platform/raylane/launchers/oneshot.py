@@ -512,7 +512,7 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
     from raylane.run import _fail_now, _fatal_cause, _say, _short, _wait_admitted
     from raylane.tracking import RunTracker
 
-    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri)
+    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
     run_id = tracker.start()
     ctl.event(wid, mlflow_run_id=run_id, note=f"MLflow run {run_id}")
     budget = int(ctl.class_info(spec["class"])["retry_budget"])

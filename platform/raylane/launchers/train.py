@@ -147,7 +147,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
     from raylane.tracking import RunTracker
 
     storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
-    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri)
+    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
     run_id = tracker.start()
     ctl.event(wid, f"MLflow run {run_id}", mlflow_run_id=run_id)
     retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])

@@ -428,6 +428,7 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
     state, resumed = _sweep_state(ctl, parsed.name, exp_dir)
     # 3. The MLflow parent run, keyed by the sweep id.
     tracker = _parent_run(parsed, state, exp_dir, resumed, tracking_uri)
+    tracker.cost_of = ctl.run_cost  # every slot of every driver names the parent run: the sweep's cost
     # 4. The slots, and the thread that turns their states into the grant.
     grant = quota.register(state.sweep_id, quota.Grant(sweep.concurrency))
     manager = _submit_slots(ctl, parsed, state, exp_dir, grant, tracker, job_id, resumed, poll_s)
