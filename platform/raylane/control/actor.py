@@ -136,6 +136,7 @@ class ControlActor:
         self._ledger = Ledger()
         self._cost_sync()
         self._cost_exported_at = self._started
+        self._month_spend: Optional[tuple] = None  # (month start, prices, team -> spend this month)
         boot = auth.get("bootstrap")
         if boot:
             self.gate.bootstrap(boot["user"], boot["id"], boot["salt"], boot["digest"])
@@ -948,8 +949,16 @@ class ControlActor:
         for ntype, v in idle.items():
             if v > 0:
                 metrics.IDLE_COST.inc(v, node_type=ntype)
-        month = self._ledger.report(prices, now=now, since=month_start(now), groups=("team",))
-        spent = {r.key: r.cost for r in month.groups["team"]}
+        # The month's spend: summed from the journal once (at the first export, a new month, new prices), then
+        # kept up by each export's window, which partition the month.
+        if (self._month_spend is None or self._month_spend[0] != month_start(now)
+                or self._month_spend[1] != prices):
+            month = self._ledger.report(prices, now=now, since=month_start(now), groups=("team",))
+            self._month_spend = (month_start(now), dict(prices), {r.key: r.cost for r in month.groups["team"]})
+        else:
+            for (team, _, _), v in leased.items():
+                self._month_spend[2][team] = self._month_spend[2].get(team, 0.0) + v
+        spent = self._month_spend[2]
         for (team,), v in self._gauge_keys({(t,): spent.get(t, 0.0) for t in self.policy.teams},
                                            "_last_spend").items():
             metrics.TEAM_SPEND.set(v, team=team)
