@@ -3,7 +3,9 @@
 Each scenario is drawn from a seeded ``random.Random`` and driven to completion by ``driver.Driver``; every cycle of
 the run is checked (``check_cycle``). Whatever the policies, a cycle must never over-commit a node, split a gang,
 exceed a quota under ``quota`` admission, stop work it may not stop, leave an examined workload without a reason,
-depend on anything but its input, or change its input; and a small finite scenario must run to the end.
+depend on anything but its input, or change its input, or place anything on a cordoned (unschedulable) node; and a
+small finite scenario must run to the end, also when a node is lost under running work (its leases go back to the
+queue) or cordoned for a while.
 """
 from __future__ import annotations
 
@@ -176,6 +178,7 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
         assert len(a.placement) == g.workers
         for nid in a.placement:
             assert nid in nodes and g.features <= nodes[nid].features
+            assert nodes[nid].schedulable, f"{a.workload.id} placed on cordoned {nid}"
             free[nid] = free[nid] - g.per_worker
     for nid, f in free.items():
         assert f.gpu >= -EPS and f.cpu >= -EPS and f.memory >= -EPS, (nid, f)
@@ -294,3 +297,127 @@ def test_registries_have_defaults_that_exist():
     for reg in list(AXES.values()) + [PLACEMENTS]:
         assert reg.default in reg.names()
         assert reg.get() is reg.get(reg.default)
+
+
+# ----------------------------------------------------------------------------------------- nodes lost, cordoned
+
+
+class NodeDriver(Driver):
+    """``Driver`` with node events: ``fail`` removes a node now (its leases go back to their queue) and adds it back,
+    empty, ``down_for`` later; ``cordon`` makes a node unschedulable now and schedulable again ``for_s`` later."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.node_events: List[tuple] = []  # (time, action, node)
+
+    def fail(self, nid: str, down_for: float) -> list:
+        st = self.state
+        node = st.nodes[nid]
+        before = {l.id: l for l in st.leases.values()}
+        lost = st.remove_node(nid, self.now)
+        # Exactly the leases with a worker there, none other.
+        assert sorted(l.id for l in lost) == sorted(i for i, l in before.items() if nid in l.placement)
+        for lease in lost:
+            self.ends.pop(lease.id, None)
+            self.stops.pop(lease.id, None)
+            w = st.requeue(lease, self.now)
+            # Back in its queue at its old place: the submit time is kept.
+            assert st.is_pending(w.id) and w.submit_time == lease.workload.submit_time
+        assert nid not in {n.id for n in st.snapshot().nodes}
+        assert_books_balance(st)
+        self.node_events.append((self.now + down_for, "add", replace(node, free=node.capacity)))
+        return lost
+
+    def cordon(self, nid: str, for_s: float) -> None:
+        self.state.set_schedulable(nid, False)
+        self.node_events.append((self.now + for_s, "uncordon", nid))
+
+    def advance(self) -> bool:
+        moved = super().advance()
+        if not self.node_events:
+            return moved
+        nxt = min(t for t, _, _ in self.node_events)
+        if moved and self.now < nxt:
+            return True
+        self.now = max(self.now, nxt)
+        for ev in [e for e in self.node_events if e[0] <= self.now]:
+            self.node_events.remove(ev)
+            _, action, what = ev
+            if action == "add":
+                self.state.add_node(what)
+            else:
+                self.state.set_schedulable(what, True)
+        return True
+
+    def done(self) -> bool:
+        return super().done() and not self.node_events
+
+
+def assert_books_balance(st: ClusterState) -> None:
+    """Every node's free resources are its capacity less what the leases on it hold; usage is what leases hold."""
+    held: Dict[str, Resources] = {}
+    for lease in st.leases.values():
+        for nid in lease.placement:
+            held[nid] = held.get(nid, Resources()) + lease.workload.gang.per_worker
+    for nid, n in st.nodes.items():
+        want = n.capacity - held.get(nid, Resources())
+        assert abs(n.free.gpu - want.gpu) < EPS and abs(n.free.cpu - want.cpu) < EPS, (nid, n.free, want)
+    assert set(held) <= set(st.nodes), "a lease holds a removed node"
+    usage = team_usage(st.leases.values())
+    for team, u in st.usage.items():
+        assert abs(u.gpu - usage.get(team, Resources()).gpu) < EPS, team
+
+
+def busiest_node(st: ClusterState) -> str | None:
+    counts = Counter(nid for lease in st.leases.values() for nid in set(lease.placement))
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _outage_scenario(label: str, seed: int, **fixed):
+    rng = random.Random(f"{label}/{seed}")
+    cfg = random_config(rng, **{k: v for k, v in fixed.items() if k != "strategy"})
+    scn = random_scenario(rng.randint(0, 10**6), cfg, strategy=fixed.get("strategy"))
+    return rng, scn, NodeDriver(ClusterState(scn.nodes, scn.teams, cfg), scn.workloads, scn.durations,
+                                check=check_cycle)
+
+
+OUTAGE_CASES = [(a, n) for a, reg in AXES.items() for n in reg.names()] + [("strategy", s) for s in PLACEMENTS.names()]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("axis,name", OUTAGE_CASES, ids=[f"{a}={n}" for a, n in OUTAGE_CASES])
+def test_a_lost_node_requeues_its_leases_and_the_rest_runs_to_completion(axis, name, seed):
+    """A node is lost under running work: its leases (whole gangs, wherever their other workers ran) go back to
+    their queues with their submit time; the books balance; no cycle places anything on the missing node or
+    over-commits the rest (check_cycle); once the node is back, everything runs to the end."""
+    rng, scn, d = _outage_scenario(f"lost/{axis}/{name}", seed, **{axis: name})
+    victim = None
+    for _ in range(rng.randint(1, 4)):
+        d.step()
+        victim = busiest_node(d.state) or victim
+        if not d.advance():
+            break
+    victim = busiest_node(d.state)
+    if victim is None:  # nothing runs at this point of this scenario: lose any node
+        victim = rng.choice(sorted(d.state.nodes))
+    d.fail(victim, down_for=rng.choice([30.0, 400.0]))
+    d.run(max_cycles=3000)
+    assert_all_ran(scn, d)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("strategy", PLACEMENTS.names())
+def test_a_cordoned_node_gets_no_new_lease_under_every_placement(strategy, seed):
+    """Some nodes are cordoned, one of them under running work: what runs there runs on, nothing new is placed
+    there while cordoned (check_cycle), and after the uncordon everything runs to the end."""
+    rng, scn, d = _outage_scenario(f"cordon/{strategy}", seed, strategy=strategy)
+    d.step()
+    d.advance()
+    ids = sorted(d.state.nodes)
+    cordoned = {busiest_node(d.state) or ids[0], rng.choice(ids)}
+    running_there = {l.id for l in d.state.leases.values() if cordoned & set(l.placement)}
+    for nid in cordoned:
+        d.cordon(nid, for_s=rng.choice([100.0, 500.0]))
+    assert all(l in d.state.leases for l in running_there)
+    d.run(max_cycles=3000)
+    assert_all_ran(scn, d)
