@@ -47,8 +47,8 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console")
-    cluster = start_cluster()
-    marker = secrets.token_hex(8)
+    cluster = start_cluster(node_types={"gpu-a": "local", "gpu-b": "local"})  # priced in policies/local.yaml
+    state = {"address": cluster.address, "marker": secrets.token_hex(8), "auth_token_path": None}
     state_file = tmp / "local.json"
     try:
         ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
@@ -59,20 +59,19 @@ def env(tmp_path_factory):
 
         people = {"ops": ops, "alice": user("alice", "team-a"), "bob": user("bob", "team-b")}
         port = free_port()
-        state = {"address": cluster.address, "marker": marker, "auth_token_path": None}
         url = start_background(state, port, mlflow_url=MLFLOW_UI, log_path=tmp / "console.log")
-        state_file.write_text(json.dumps(state))
-        yield {"url": url, "port": port, "marker": marker, "state_file": state_file, **people}
+        yield {"url": url, "port": port, "state": state, "state_file": state_file, "log": tmp / "console.log",
+               **people}
     finally:
-        stop_console(state_file, marker)
+        stop_console(state_file, state)
         stop_control()
         stop_cluster(cluster)
 
 
-def stop_console(state_file: Path, marker: str) -> None:
-    """What ``raylane down`` does, for the cluster whose state is ``state_file`` (here: only the console)."""
-    if not state_file.exists() and not localcluster.marked_processes(localcluster.MARKER, marker):
-        return
+def stop_console(state_file: Path, state: dict) -> None:
+    """What ``raylane down`` does for the cluster ``state`` describes, with ``state_file`` as its state file: here it
+    stops only the console, the one process with the cluster's marker (the test cluster's nodes have none)."""
+    state_file.write_text(json.dumps({"marker": state["marker"]}))  # no address: Ray's own files are left alone
     before = localcluster.STATE_FILE
     localcluster.STATE_FILE = state_file
     try:
@@ -156,8 +155,13 @@ def test_a_forged_or_malformed_token_is_refused(browser, env):
     assert not [c for c in ctx.cookies() if c["name"] == COOKIE]
     assert page.request.get(env["url"] + "/api/view?view=queue").status == 401
     assert status_of(env["url"] + "/api/view?view=queue", cookie="made-up") == 401
-    # The page of another site that rebinds its name to 127.0.0.1 is refused by the Host check.
+    # The page of another site that rebinds its name to 127.0.0.1 is refused by the Host check, and a login form
+    # posted from another origin is refused whatever its token.
     assert page.request.get(env["url"] + "/healthz", headers={"Host": "evil.example"}).status == 400
+    forged = page.request.post(env["url"] + "/login", form={"token": real},
+                               headers={"Origin": "http://evil.example"})
+    assert forged.status == 403 and "another site" in forged.text()
+    assert not [c for c in ctx.cookies() if c["name"] == COOKIE]
     ctx.close()
 
 
@@ -178,6 +182,13 @@ def test_a_members_pages_load(alice, env):
     for team in ("team-a", "team-b"):
         expect(alice.locator(f'#teams tr[data-team="{team}"][data-resource="gpu"]')).to_be_visible()
     expect(alice.locator('#teams tr[data-team="team-a"] td').nth(3)).to_have_text("2")  # nominal GPUs
+    # Spend this month against the budget (policies/local.yaml: 200): shown for one's own teams only.
+    expect(alice.locator('#teams tr[data-team="team-a"] td.budget')).to_contain_text("of 200.00", timeout=UPDATE_S)
+    expect(alice.locator('#teams tr[data-team="team-b"] td.budget')).to_have_text("n/a")
+    alice.goto(env["url"] + "/cost")
+    expect(alice.locator("#cost-totals")).to_contain_text("Idle GPUs", timeout=UPDATE_S)
+    alice.select_option("#cost-window", "month")
+    expect(alice.locator("#cost-window")).to_have_value("month", timeout=UPDATE_S)
     bad = alice.request.get(env["url"] + "/api/view?view=secrets")
     assert bad.status == 400 and "view" in bad.json()["error"] and "queue" in bad.json()["error"]
 
@@ -200,7 +211,10 @@ def test_the_queue_follows_a_submit_and_a_cancel_without_a_reload(alice, env):
     expect(waiting.locator(".state")).to_have_text("PENDING", timeout=UPDATE_S)
     expect(waiting.locator(".pos")).to_have_text("1")
     expect(waiting.locator(".reason")).to_contain_text("team-a", timeout=UPDATE_S)
+    theirs = env["bob"].submit(spec("bob-finetune", "team-b", "finetune", workers=1, gpu=1)).id
+    expect(alice.locator(f'#queue tr[data-id="{theirs}"] .owner')).to_have_text("hidden", timeout=UPDATE_S)
     shot(alice, "queue")
+    env["bob"].cancel(theirs)
     a.cancel(first)
     expect(row).to_have_count(0, timeout=UPDATE_S)
     expect(waiting.locator(".state")).to_have_text("ADMITTED", timeout=UPDATE_S)
@@ -246,11 +260,13 @@ def test_the_nodes_page_draws_every_gpu_and_marks_a_cordoned_node(alice, env):
 
     ops = env["ops"]
     held = env["alice"].submit(spec("alice-gang", "team-a", "pretrain", workers=2, gpu=1))
-    wait_for(lambda: ops.status(held.id).state is State.ADMITTED, what="the gang admitted")
+    theirs = env["bob"].submit(spec("bob-serve", "team-b", "finetune", workers=1, gpu=1))
+    wait_for(lambda: all(ops.status(w.id).state is State.ADMITTED for w in (held, theirs)), what="both admitted")
     alice.goto(env["url"] + "/nodes")
     expect(alice.locator("#nodes .gpu")).to_have_count(4, timeout=UPDATE_S)  # two nodes of two logical GPUs
     expect(alice.locator('#nodes .gpu.held[data-team="team-a"]')).to_have_count(2, timeout=UPDATE_S)
-    expect(alice.locator("#gpu-summary")).to_have_text("2 of 4 GPUs leased")
+    expect(alice.locator('#nodes .gpu.held[data-team="team-b"]')).to_have_count(1, timeout=UPDATE_S)
+    expect(alice.locator("#gpu-summary")).to_have_text("3 of 4 GPUs leased")
     node = next(n["id"] for n in ops.nodes() if n["gpus_total"])
     ops.node_cordon(node, reason="console test: cordoned")  # no new leases there; what runs there goes on
     try:
@@ -262,7 +278,16 @@ def test_the_nodes_page_draws_every_gpu_and_marks_a_cordoned_node(alice, env):
     finally:
         ops.node_uncordon(node)
     expect(card).to_have_attribute("data-state", "ready", timeout=UPDATE_S)
+    alice.goto(env["url"] + "/teams")
+    expect(alice.locator('#teams tr[data-team="team-a"] td.used')).to_have_text("2", timeout=UPDATE_S)
+    expect(alice.locator('#teams tr[data-team="team-b"] td.used')).to_have_text("1")
+    shot(alice, "teams")
+    alice.goto(env["url"] + "/cost")
+    expect(alice.locator('#cost-team tr[data-key="team-a"]')).to_be_visible(timeout=UPDATE_S)
+    expect(alice.locator('#cost-team tr[data-key="team-b"]')).to_have_count(0)  # a member sees their teams' spend
+    shot(alice, "cost")
     env["alice"].cancel(held.id)
+    env["bob"].cancel(theirs.id)
 
 
 def test_a_revoked_token_sends_the_browser_back_to_the_login_page(browser, env):
@@ -277,8 +302,17 @@ def test_a_revoked_token_sends_the_browser_back_to_the_login_page(browser, env):
     page.context.close()
 
 
-def test_raylane_down_stops_the_console(env):
-    assert localcluster.marked_processes(localcluster.MARKER, env["marker"])
-    stop_console(env["state_file"], env["marker"])
+def test_raylane_down_stops_the_console_and_after_a_restart_the_page_asks_for_a_login(alice, env):
+    from playwright.sync_api import expect
+
+    alice.goto(env["url"] + "/")
+    expect(alice.locator("#live")).to_have_attribute("data-state", "live", timeout=UPDATE_S)
+    marker = env["state"]["marker"]
+    assert localcluster.marked_processes(localcluster.MARKER, marker)
+    stop_console(env["state_file"], env["state"])
     assert not healthy(env["port"])
-    assert localcluster.marked_processes(localcluster.MARKER, env["marker"]) == []
+    assert localcluster.marked_processes(localcluster.MARKER, marker) == []
+    expect(alice.locator("#live")).not_to_have_attribute("data-state", "live", timeout=UPDATE_S)
+    # `raylane up` again: the page reconnects by itself; its session died with the old console, so it logs in again.
+    start_background(env["state"], env["port"], mlflow_url=MLFLOW_UI, log_path=env["log"])
+    expect(alice).to_have_url(env["url"] + "/login", timeout=UPDATE_S)

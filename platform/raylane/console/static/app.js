@@ -181,8 +181,14 @@ VIEWS.nodes = function (snap) {
   ];
 };
 
-function money(x) { return x === null || x === undefined ? "-" : Number(x).toFixed(2); }
-function hours(x) { return x === null || x === undefined ? "-" : `${Number(x).toFixed(2)} h`; }
+// Two decimals, or two significant digits for what is smaller than 0.01 (a few GPU-minutes are not "0.00").
+function small(x) {
+  if (x === null || x === undefined) return "-";
+  x = Number(x);
+  return x === 0 || Math.abs(x) >= 0.01 ? x.toFixed(2) : x.toPrecision(2);
+}
+function money(x) { return small(x); }
+function hours(x) { return x === null || x === undefined ? "-" : `${small(x)} h`; }
 
 function budgetCell(b) {
   if (!b) return "n/a";
@@ -307,7 +313,20 @@ function open(r, extra) {
   });
   stream.addEventListener("failure", (ev) => { banner(JSON.parse(ev.data).error, "error"); setLive("error"); });
   stream.addEventListener("logout", () => { stream.close(); location.assign("/login"); });
-  stream.onerror = () => setLive("reconnecting");
+  stream.onerror = () => {
+    setLive("reconnecting");
+    // A stream the server refused (the session is gone: a console restart, a logout elsewhere) is not retried by
+    // the browser: ask who we are, then log in again or try again.
+    if (stream.readyState === EventSource.CLOSED) setTimeout(() => recover(r, extra), 2000);
+  };
+}
+
+async function recover(r, extra) {
+  try {
+    const who = await fetch("/api/whoami", {credentials: "same-origin"});
+    if (who.status === 401) { location.assign("/login"); return; }
+  } catch (e) { /* the console is away: try again */ }
+  open(r, extra);
 }
 
 async function whoami() {
