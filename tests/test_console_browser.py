@@ -299,6 +299,9 @@ def test_a_revoked_token_sends_the_browser_back_to_the_login_page(browser, env):
     page = login(browser, env, "carol")
     ops.token_revoke(made["id"])
     expect(page).to_have_url(env["url"] + "/login", timeout=UPDATE_S)
+    # The session ended with its token: its cookie now opens nothing (not even a refusal naming the token).
+    after = page.request.get(env["url"] + "/api/view?view=queue")
+    assert after.status == 401 and after.json()["error"] == "not logged in"
     page.context.close()
 
 

@@ -21,6 +21,7 @@ import html
 import json
 import re
 import secrets
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -79,33 +80,38 @@ class Session:
 
 class Sessions:
     """Logins of this console: session id -> the user's credential, in memory only (a restart logs everyone out).
-    A session unused for ``idle_s`` is gone; past ``limit`` sessions the least recently used one is dropped."""
+    A session unused for ``idle_s`` (no page open, no request) is gone; past ``limit`` sessions the least recently
+    used one is dropped. Thread-safe: the app reads it from its event loop and from its worker threads."""
 
     def __init__(self, idle_s: float = SESSION_IDLE_S, limit: int = MAX_SESSIONS):
         self.idle_s, self.limit = idle_s, limit
         self._by_id: Dict[str, Session] = {}
+        self._lock = threading.Lock()
 
     def create(self, session: Session) -> str:
         sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = session
-        while len(self._by_id) > self.limit:
-            oldest = min(self._by_id, key=lambda k: self._by_id[k].last_seen)
-            del self._by_id[oldest]
+        with self._lock:
+            self._by_id[sid] = session
+            while len(self._by_id) > self.limit:
+                oldest = min(self._by_id, key=lambda k: self._by_id[k].last_seen)
+                del self._by_id[oldest]
         return sid
 
     def get(self, sid: Optional[str], now: Optional[float] = None) -> Optional[Session]:
         now = time.time() if now is None else now
-        s = self._by_id.get(sid or "")
-        if s is None:
-            return None
-        if now - s.last_seen > self.idle_s:
-            del self._by_id[sid]
-            return None
-        s.last_seen = now
-        return s
+        with self._lock:
+            s = self._by_id.get(sid or "")
+            if s is None:
+                return None
+            if now - s.last_seen > self.idle_s:
+                del self._by_id[sid]
+                return None
+            s.last_seen = now
+            return s
 
     def drop(self, sid: Optional[str]) -> None:
-        self._by_id.pop(sid or "", None)
+        with self._lock:
+            self._by_id.pop(sid or "", None)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -231,6 +237,11 @@ def create_app(console: Console) -> Starlette:
         client = await call(console.client_for, request)
         return await call(views.build, client, console.settings, **params)
 
+    def failed(request: Request, exc: BaseException) -> Response:
+        if isinstance(exc, AuthenticationError):  # revoked or expired since the login: the session ends with it
+            console.sessions.drop(request.cookies.get(COOKIE))
+        return _error(exc)
+
     # ----------------------------------------------------------------------------------------- pages
     async def page(request: Request) -> Response:
         try:
@@ -267,8 +278,8 @@ def create_app(console: Console) -> Starlette:
         except Exception as exc:  # noqa: BLE001 - the control plane is away
             return _page("login.html", 503, f"the control plane cannot be reached: {type(exc).__name__}")
         out = RedirectResponse("/", status_code=303)
-        out.set_cookie(COOKIE, sid, httponly=True, samesite="strict", path="/",
-                       max_age=int(console.settings.session_idle_s))
+        # A browser-session cookie (no max-age): the console forgets an idle session itself (Sessions).
+        out.set_cookie(COOKIE, sid, httponly=True, samesite="strict", path="/")
         return out
 
     async def logout(request: Request) -> Response:
@@ -283,7 +294,7 @@ def create_app(console: Console) -> Starlette:
             client = await call(console.client_for, request)
             who = await call(client.whoami)
         except Exception as exc:  # noqa: BLE001
-            return _error(exc)
+            return failed(request, exc)
         who.pop("token_id", None)
         return _json({**who, "mlflow_url": console.settings.mlflow_url, "refresh_s": console.settings.refresh_s})
 
@@ -294,7 +305,7 @@ def create_app(console: Console) -> Starlette:
         try:
             return _json(await snapshot(request, params))
         except Exception as exc:  # noqa: BLE001
-            return _error(exc)
+            return failed(request, exc)
 
     async def stream(request: Request) -> Response:
         params, bad = _params(request)
@@ -312,6 +323,7 @@ def create_app(console: Console) -> Starlette:
                     snap = await snapshot(request, params)
                     yield f"event: snapshot\ndata: {json.dumps(snap, default=str)}\n\n"
                 except (NotLoggedIn, AuthenticationError) as exc:
+                    failed(request, exc)
                     yield f"event: logout\ndata: {json.dumps({'error': str(exc) or 'not logged in'})}\n\n"
                     return
                 except Exception as exc:  # noqa: BLE001 - shown on the page; the stream goes on
