@@ -91,3 +91,43 @@ def test_ctrl_c_keeps_partial_figures(tmp_path):
     assert report["partial"] is True and report["runs"]["fifo"]["partial"] is True
     assert 0 < report["runs"]["fifo"]["jobs"]["finished"] < 82247
     assert json.loads((tmp_path / "summary.json").read_text())["partial"] is True
+
+
+def test_outage_flags_add_the_outage_figures(tmp_path):
+    events = tmp_path / "events.csv"
+    events.write_text("time,node,event,duration\n300,node-001,fail,10m\n")
+    args = [TIRESIAS, "--nodes", "4", "--gpus-per-node", "4", "--preset", "fifo", "--drain", "node-002@600+30m",
+            "--node-events", str(events), "--drain-deadline", "5m", "--no-plots", "--no-progress"]
+    res = runner.invoke(app, args + ["--json"])
+    assert res.exit_code == 0, res.output
+    run = json.loads(res.stdout)["runs"]["fifo"]
+    assert run["outages"]["failures"] == 1 and run["outages"]["drains"] == 1
+    assert run["outages"]["down_gpu_hours"] == 4 * 600 / 3600
+    assert run["fragmentation"]["stranded_mean"] >= 0
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    for row in ("stranded GPUs avg", "node failures", "lost GPU-h (failures)", "drain time avg"):
+        assert row in res.stdout
+
+
+def test_bad_outage_flags_are_all_reported():
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "2", "--fail", "node-000", "--drain", "node-001@soon",
+                              "--mtbf", "0", "--drain-deadline", "later"])
+    assert res.exit_code == 1
+    for part in ("--fail: got 'node-000'; NODE@TIME", "--drain: got 'soon'", "--mtbf: got '0'; a duration > 0",
+                 "--drain-deadline: got 'later'"):
+        assert part in res.stderr, res.stderr
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "2", "--fail", "node-007@1h"])
+    assert res.exit_code == 1 and "got 'node-007'; a node of the cluster, e.g. node-000, node-001" in res.stderr
+
+
+def test_placement_flag_makes_one_run_per_placement():
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "4", "--gpus-per-node", "4", "--preset", "greedy",
+                              "--placement", "pack", "--placement", "spread", "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(res.stdout)["runs"]
+    assert set(runs) == {"greedy pack", "greedy spread"}
+    assert runs["greedy spread"]["options"]["placement"] == "spread"
+    assert "stranded_p95" in runs["greedy pack"]["fragmentation"]
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "2", "--placement", "scatter"])
+    assert res.exit_code == 1 and "--placement: got 'scatter'; one of balanced" in res.stderr

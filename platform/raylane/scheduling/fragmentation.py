@@ -47,8 +47,8 @@ from raylane.scheduling.cycle import team_usage
 from raylane.scheduling.placement import slots
 from raylane.scheduling.types import Gang, Node, Resources, Snapshot, Team, Workload
 
-__all__ = ["Fragmentation", "PendingMemo", "UNTYPED", "FILL_STEPS", "admissible", "best_fill", "fragmentation", "pending_gangs",
-           "stranded_gpus"]
+__all__ = ["Fragmentation", "PendingMemo", "UNTYPED", "FILL_STEPS", "admissible", "best_fill", "fragmentation",
+           "pending_gangs", "stranded_gpus", "takes_any_gpu"]
 
 # The node-type key of nodes whose type is not set.
 UNTYPED = "-"
@@ -152,18 +152,22 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
     # 1. Node classes: nodes in service with free GPUs, by type, free resources, features (and group labels).
     free: Dict[str, float] = {}
     fine: Dict[Tuple, _Class] = {}
+    whole = True  # every free GPU count is a whole number
     for n in nodes:
-        if not n.schedulable or n.free.gpu <= _EPS:
+        f = n.free
+        if not n.schedulable or f.gpu <= _EPS:
             continue
         t = n.node_type or UNTYPED
-        free[t] = free.get(t, 0.0) + n.free.gpu
+        free[t] = free.get(t, 0.0) + f.gpu
+        whole = whole and f.gpu % 1 == 0
         labels = tuple(n.labels.get(k) for k in label_keys) if label_keys else ()
-        key = (t, n.free, n.features, labels)
+        key = (t, f.gpu, f.cpu, f.memory, n.features, labels)  # floats: hashed faster than a Resources
         c = fine.get(key)
         if c is None:
-            c = fine[key] = _Class(t, n.free, n.features, labels)
+            c = fine[key] = _Class(t, f, n.features, labels)
         c.count += 1
-    if not gangs or not fine:
+    if not gangs or not fine or (whole and any(map(takes_any_gpu, gangs))):
+        # Nothing waits, nothing is free, or a waiting single 1-GPU worker could take any free GPU.
         return Fragmentation({t: 0.0 for t in free}, free, len(gangs), 0)
     room = _Slots()
     # Gangs of one worker shape and feature set share their per-class room; what differs between them (workers,
@@ -253,6 +257,13 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
         if left > _EPS:
             stranded[c.node_type] += left * c.count
     return Fragmentation({t: round(v, 6) for t, v in stranded.items()}, free, len(gangs), blocked)
+
+
+def takes_any_gpu(g: Gang) -> bool:
+    """One worker of one GPU and nothing else, on any node: it can be placed wherever a whole GPU is free."""
+    pw = g.per_worker
+    return (g.workers == 1 and pw.gpu == 1 and pw.cpu == 0 and pw.memory == 0 and not g.features
+            and g.strategy != "group")
 
 
 class _Slots:

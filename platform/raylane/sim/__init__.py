@@ -4,16 +4,18 @@ The simulator imports ``raylane.scheduling`` and has no copy of it: ``engine.Sim
 calls ``cycle`` on its snapshots and plays the executor (leases run until their work is done or they are stopped).
 
 Modules: ``traces`` (Philly, Tiresias and generic CSV), ``cluster`` (cluster files and flags), ``engine`` (the event
-loop), ``presets`` (named policies), ``metrics`` (the figures), ``plots`` (PNG), ``cli`` (``raylane sim``).
+loop), ``outages`` (node failures and drains), ``presets`` (named policies), ``metrics`` (the figures), ``plots``
+(PNG), ``cli`` (``raylane sim``).
 """
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, SimulationError, Simulator, simulate
 from raylane.sim.metrics import summarize
+from raylane.sim.outages import NodeDrain, NodeFailure, Outages
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import Trace, TraceJob, load_trace
 
 __all__ = [
     "ClusterSpec", "cluster_from_flags", "load_cluster", "DEFAULT_CLASS", "ESTIMATES", "SimOptions", "SimResult",
-    "SimulationError", "Simulator", "simulate", "summarize", "COMPARISON", "PRESETS", "apply_preset", "get_preset",
-    "Trace", "TraceJob", "load_trace",
+    "SimulationError", "Simulator", "simulate", "summarize", "NodeDrain", "NodeFailure", "Outages", "COMPARISON",
+    "PRESETS", "apply_preset", "get_preset", "Trace", "TraceJob", "load_trace",
 ]

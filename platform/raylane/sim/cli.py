@@ -30,7 +30,8 @@ from raylane.errors import FatalError, ValidationError
 from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, Simulator
-from raylane.sim.metrics import FIGURES, get, summarize
+from raylane.sim.metrics import FIGURES, OUTAGE_FIGURES, get, summarize
+from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
 
@@ -124,6 +125,8 @@ def _fmt(key: str, v: Any) -> str:
         return "-"
     if key.startswith("utilization"):
         return f"{v:.1%}"
+    if key.startswith("fragmentation") or "gpu_hours" in key:
+        return f"{v:,.1f}"
     if key.startswith(("preemptions", "fairness")):
         return f"{v:.2f}"
     return f"{v:,.0f}"
@@ -152,7 +155,8 @@ def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
     table.add_column("figure", style="bold")
     for name, s in summaries.items():
         table.add_column(name + (" (partial)" if s["partial"] else ""), justify="right")
-    for key, label, _ in FIGURES:
+    outages = any(s["outages"]["failures"] or s["outages"]["drains"] for s in summaries.values())
+    for key, label, _ in FIGURES + (OUTAGE_FIGURES if outages else ()):
         table.add_row(label, *[_fmt(key, get(s, key)) for s in summaries.values()])
     ratios = comparison_rows(summaries)
     names = {"jct.mean": "JCT avg", "queueing.p95": "queue p95", "wait.mean": "wait avg"}
@@ -223,6 +227,20 @@ def sim(
     tick: Optional[float] = typer.Option(None, help="seconds between clock-triggered cycles (default: 300 when "
                                                     "preemption is on, else none)"),
     max_examined: Optional[int] = typer.Option(None, help="workloads a cycle looks at, at most"),
+    placement: Optional[List[str]] = typer.Option(
+        None, "--placement", help="placement of jobs whose trace names none (default pack); repeatable: one run per "
+                                  "placement, to compare them (e.g. on stranded GPUs)"),
+    fail: Optional[List[str]] = typer.Option(None, "--fail", help="a node failure, NODE@TIME[+DOWN], e.g. "
+                                             "node-003@2h+30m (repeatable; without +DOWN it never comes back)"),
+    drain: Optional[List[str]] = typer.Option(None, "--drain", help="a drain, NODE@TIME[+FOR]: no new leases from "
+                                              "TIME, its leases preempted, back in service after FOR (repeatable)"),
+    node_events: Optional[Path] = typer.Option(None, "--node-events",
+                                               help="CSV of outages: time,node,event (fail|drain),duration"),
+    mtbf: Optional[str] = typer.Option(None, "--mtbf", help="mean time between failures of each node, e.g. 30d "
+                                       "(failures drawn with --seed)"),
+    repair: str = typer.Option("1h", "--repair", help="time a node drawn to fail by --mtbf stays down"),
+    drain_deadline: str = typer.Option("0", "--drain-deadline", help="how long a drain lets leases run before "
+                                       "preempting them (0: at once; none: wait for them to end)"),
     out: Optional[Path] = typer.Option(None, "--out", help="directory for summary.json, table.txt and PNG plots"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of the table"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots into --out"),
@@ -238,8 +256,8 @@ def sim(
 
 def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, gpus_per_node, cpus_per_node,
          memory_per_node, features, policy, preset, ordering, backfill, preemption, admission, las_thresholds,
-         job_class, checkpoint_every, estimates, noise_sigma, seed, stop_delay, tick, max_examined, out, as_json,
-         plots, progress) -> None:
+         job_class, checkpoint_every, estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail,
+         drain, node_events, mtbf, repair, drain_deadline, out, as_json, plots, progress) -> None:
     flag_errors = []
     if format is not None and format not in FORMATS:
         flag_errors.append(("--format", format, "one of " + ", ".join(FORMATS)))
@@ -265,13 +283,25 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
             ckpt = parse_duration(checkpoint_every)
         except ValueError:
             flag_errors.append(("--checkpoint-every", checkpoint_every, "a duration like 300, 5m or 1h"))
+    from raylane.scheduling import PLACEMENTS
+
+    for p in placement or []:
+        if p not in PLACEMENTS:
+            flag_errors.append(("--placement", p, "one of " + ", ".join(PLACEMENTS.names())))
+    outage_kw = _outage_flags(fail, drain, mtbf, repair, drain_deadline, flag_errors)
     if flag_errors:
         raise ValidationError("flags", flag_errors)
 
-    # The cluster, the trace, the policy.
+    # The cluster, the trace, the policy, the outages.
     spec = load_cluster(cluster) if cluster is not None else cluster_from_flags(
         nodes, gpus_per_node, cpus_per_node=cpus_per_node, memory_per_node=memory_per_node,
         features=_split(features))
+    if node_events is not None:
+        more_failures, more_drains = load_node_events(node_events)
+        outage_kw["failures"] += more_failures
+        outage_kw["drains"] += more_drains
+    outages = Outages(**{k: tuple(v) if isinstance(v, list) else v for k, v in outage_kw.items()})
+    outages.check_nodes(n.id for n in spec.nodes())
     trace = load_trace(trace_path, format=format, team_column=team_column, start=start, end=end, limit=limit)
     if not trace.jobs:
         raise ValidationError(str(trace_path), [("(rows)", 0, "at least one job in the chosen window")])
@@ -300,17 +330,22 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
         default_class = replace(default_class, checkpoint_interval_s=ckpt)
         classes = {k: replace(c, checkpoint_interval_s=ckpt) for k, c in classes.items()}
 
-    base_opts = SimOptions(seed=seed)
+    base_opts = SimOptions(seed=seed, outages=outages)
     overrides = {k: v for k, v in dict(ordering=ordering, backfill=backfill, preemption=preemption,
                                        admission=admission, las_thresholds=thresholds).items() if v is not None}
     opt_overrides = {k: v for k, v in dict(estimates=estimates, noise_sigma=noise_sigma, stop_delay_s=stop_delay,
                                            tick_s=tick, max_examined=max_examined).items() if v is not None}
     runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
     for name in names or [None]:
-        cfg, opts = (base, base_opts) if name is None else apply_preset(get_preset(name), base, base_opts)
-        cfg, opts = replace(cfg, **overrides), replace(opts, **opt_overrides)
-        label = name or (f"{cfg.ordering}/{cfg.backfill}/{cfg.preemption}" if policy is None else policy.stem)
-        runs.append((label, cfg, opts))
+        for place in placement or [None]:
+            cfg, opts = (base, base_opts) if name is None else apply_preset(get_preset(name), base, base_opts)
+            cfg, opts = replace(cfg, **overrides), replace(opts, **opt_overrides)
+            label = name or (f"{cfg.ordering}/{cfg.backfill}/{cfg.preemption}" if policy is None else policy.stem)
+            if place is not None:
+                opts = replace(opts, placement=place)
+                if len(placement) > 1:
+                    label += f" {place}"
+            runs.append((label, cfg, opts))
     _check_names(runs)
 
     _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
@@ -349,6 +384,32 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
         _err.print(f"wrote {', '.join(written)} to {out}", markup=False)
     if any(r.partial for _, r in results):
         raise typer.Exit(130)
+
+
+def _outage_flags(fail, drain, mtbf, repair, drain_deadline, errors: list) -> Dict[str, Any]:
+    """The outage flags as ``Outages`` fields; each bad flag appended to ``errors``."""
+    kw: Dict[str, Any] = {"failures": [], "drains": []}
+    for kind, values in (("fail", fail), ("drain", drain)):
+        for v in values or []:
+            try:
+                kw["failures" if kind == "fail" else "drains"].append(parse_outage(kind, v))
+            except ValidationError as exc:
+                errors.extend(exc.errors)
+    for flag, key, value, none_ok in (("--mtbf", "mtbf_s", mtbf, False), ("--repair", "repair_s", repair, False),
+                                      ("--drain-deadline", "drain_deadline_s", drain_deadline, True)):
+        if value is None:
+            continue
+        if none_ok and value.strip().lower() == "none":
+            kw[key] = None
+            continue
+        try:
+            kw[key] = parse_duration(value)
+        except ValueError:
+            errors.append((flag, value, "a duration like 90, 30m, 2h or 30d" + (", or none" if none_ok else "")))
+            continue
+        if key == "mtbf_s" and kw[key] <= 0:
+            errors.append((flag, value, "a duration > 0"))
+    return kw
 
 
 def _check_names(runs) -> None:

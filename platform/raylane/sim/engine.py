@@ -20,6 +20,12 @@ Words
 - *tick*: a cycle the clock triggers with no event, so that policies whose decisions change with time alone (a
   lease demoted by LAS, a lease past its minimum runtime) are re-evaluated. Needed only when the preemption policy
   can preempt: without preemption nothing can start unless an event frees capacity or adds work.
+- *outage*: a node failure or a drain (``raylane.sim.outages``). A failed node leaves the state
+  (``ClusterState.remove_node``) with every lease on it, each requeued having lost the work since its last
+  checkpoint; it is added back, empty, once repaired. A draining node is unschedulable and its leases are stopped
+  as the scheduler's victims are. A lease's *requeue* has a cause: ``preemption`` (the scheduler's), ``drain`` or
+  ``failure``.
+- *stranded GPUs*: ``raylane.scheduling.fragmentation`` on the state after each instant, held until the next.
 
 Speed: a cycle runs only after an instant that changed something; bookkeeping is in flat lists indexed by job;
 checkpoints of running leases are told to the state lazily, just before a cycle, and only when preemption is on
@@ -35,9 +41,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from raylane.errors import FatalError
-from raylane.scheduling import ClusterState, check_feasible, cycle
+from raylane.scheduling import PLACEMENTS, ClusterState, check_feasible, cycle
 from raylane.scheduling.cycle import MAX_EXAMINED
-from raylane.scheduling.types import Gang, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass
+from raylane.scheduling.fragmentation import admissible, fragmentation, takes_any_gpu
+from raylane.scheduling.types import Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass
+from raylane.sim.outages import Outages, next_failure, node_rng
 from raylane.sim.traces import Trace, TraceJob
 
 __all__ = ["ESTIMATES", "DEFAULT_CLASS", "SimOptions", "SimResult", "SimulationError", "Simulator", "gang_for",
@@ -52,7 +60,9 @@ DEFAULT_CLASS = WorkloadClass("train", priority=100, preemptible=True, min_runti
 # Seconds between clock-triggered cycles when preemption is on and ``tick_s`` is left to the simulator.
 DEFAULT_TICK_S = 300.0
 
-_FINISH, _STOPPED, _TICK = 0, 1, 2
+_FINISH, _STOPPED, _TICK, _NODE = 0, 1, 2, 3
+# Why a lease went back to its queue.
+CAUSES = ("preemption", "drain", "failure")
 
 
 class SimulationError(FatalError):
@@ -72,10 +82,16 @@ class SimOptions:
     max_examined: int = MAX_EXAMINED
     # A guard against cycles that never settle at one instant (that would be a bug in a policy).
     max_cycles_per_instant: int = 10_000
+    # Node failures and drains to play (none by default).
+    outages: Outages = Outages()
+    # The placement strategy of jobs whose trace names none.
+    placement: str = "pack"
 
     def __post_init__(self):
         if self.estimates not in ESTIMATES:
             raise FatalError(f"estimates {self.estimates!r}: allowed: {', '.join(ESTIMATES)}")
+        if self.placement not in PLACEMENTS:
+            raise FatalError(f"placement {self.placement!r}: allowed: {', '.join(PLACEMENTS.names())}")
 
 
 @dataclass
@@ -110,11 +126,22 @@ class SimResult:
     trace_source: str = ""
     # The tick the replay used (``options.tick_s`` resolved).
     tick_s: float = 0.0
+    # Stranded GPUs after each instant (beside ``times``).
+    stranded: List[float] = field(default_factory=list)
+    # Requeues and GPU-seconds of work lost, by cause (CAUSES).
+    requeues: Dict[str, int] = field(default_factory=lambda: {c: 0 for c in CAUSES})
+    lost_gpu_s: Dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
+    # Outages: each failure (node, time); each drain (node, start, drained at: None when it never emptied).
+    failures: List[Tuple[str, float]] = field(default_factory=list)
+    drains: List[Tuple[str, float, Optional[float]]] = field(default_factory=list)
+    # GPU-seconds of capacity that was down (failed and not yet repaired).
+    down_gpu_s: float = 0.0
 
 
-def gang_for(job: TraceJob, max_node_gpus: int) -> Gang:
+def gang_for(job: TraceJob, max_node_gpus: int, placement: str = "pack") -> Gang:
     """The gang a trace job asks for. Without a worker count: one worker if it fits a node, else equal workers of
-    the largest GPU count that divides the job's GPUs and fits a node (16 GPUs on 8-GPU nodes: 2 x 8)."""
+    the largest GPU count that divides the job's GPUs and fits a node (16 GPUs on 8-GPU nodes: 2 x 8). Placed with
+    the trace's strategy, else ``placement``."""
     if job.workers:
         workers = job.workers
     elif job.gpus <= max_node_gpus or max_node_gpus <= 0:
@@ -123,7 +150,7 @@ def gang_for(job: TraceJob, max_node_gpus: int) -> Gang:
         per = max(d for d in range(1, max_node_gpus + 1) if job.gpus % d == 0)
         workers = job.gpus // per
     per_worker = Resources(job.gpus / workers, job.cpus / workers, job.memory / workers)
-    return Gang(workers, per_worker, job.placement or "pack", job.features)
+    return Gang(workers, per_worker, job.placement or placement, job.features)
 
 
 class Simulator:
@@ -166,7 +193,7 @@ class Simulator:
             key = (job.gpus, job.workers, job.cpus, job.memory, job.placement, job.features)
             gang = gangs.get(key)
             if gang is None:
-                gang = gangs[key] = gang_for(job, max_node_gpus)
+                gang = gangs[key] = gang_for(job, max_node_gpus, options.placement)
             w = Workload(job.id, job.team, cls, gang, job.submit, self._estimate(job, rng))
             fkey = (gang, job.team)
             if fkey not in feasible:
@@ -249,12 +276,92 @@ class Simulator:
         partial = False
         wall0 = time.perf_counter()
 
+        # Outages and what they cost.
+        outages = opts.outages
+        base_nodes = {nd.id: nd for nd in self.nodes}
+        present_gpus = total_gpus  # capacity of the nodes that are up
+        node_events: List[Tuple[str, str, object]] = []  # (kind, node id, argument); heap entries index this
+        down: Dict[str, float] = {}  # failed node -> since
+        cordoned: Dict[str, int] = {}  # draining node -> its drain (index in ``drains``)
+        drains: List[List] = []  # [node, start, drained at]
+        failures: List[Tuple[str, float]] = []
+        requeues = {c: 0 for c in CAUSES}
+        lost_gpu_s = {c: 0.0 for c in CAUSES}
+        stop_cause = ["preemption"] * n
+        down_gpu_s = 0.0
+        rngs = {}
+        redraw: set = set()  # nodes whose drawn failure came while they were down
+
+        def push_node(at: float, kind: str, nid: str, arg: object = None) -> None:
+            node_events.append((kind, nid, arg))
+            heappush(events, (at, _NODE, len(node_events) - 1, 0))
+
+        for f in outages.failures:
+            push_node(f.at, "fail", f.node, (f.down_for, False))
+        for d in outages.drains:
+            push_node(d.at, "drain", d.node, d.down_for)
+        if outages.mtbf_s:
+            for nd in self.nodes:
+                rngs[nd.id] = node_rng(opts.seed, nd.id)
+                push_node(next_failure(rngs[nd.id], 0.0, outages.mtbf_s), "fail", nd.id, (outages.repair_s, True))
+
+        # Stranded GPUs: the distinct (team, gang) shapes pending, counted as workloads enter and leave the queues.
+        # (Jobs of one shape share one Gang object: keyed by its id, not by its value, which is slower to hash.)
+        shape_of: List[int] = []
+        shape_ids: Dict[Tuple[str, int], int] = {}
+        shapes: List[Tuple[str, Gang]] = []
+        for w in wl:
+            key = (w.team, id(w.gang))
+            s_id = shape_ids.get(key)
+            if s_id is None:
+                s_id = shape_ids[key] = len(shapes)
+                shapes.append((w.team, w.gang))
+            shape_of.append(s_id)
+        shape_count = [0] * len(shapes)
+        waiting_shapes: Dict[int, None] = {}
+        # Shapes of one worker of one GPU, waiting: when the free GPU counts are whole numbers (whole nodes, whole
+        # GPUs per worker), one of these that its quota admits could take any free GPU, so nothing is stranded.
+        any_gpu = [takes_any_gpu(g) for _, g in shapes]
+        waiting_any_gpu: Dict[int, None] = {}
+        whole_gpus = (all(nd.capacity.gpu % 1 == 0 for nd in self.nodes)
+                      and all(g.per_worker.gpu % 1 == 0 for _, g in shapes))
+        stranded_s: List[float] = []
+        stranded_now = 0.0
+
+        def queued(j: int, k: int) -> None:
+            s_id = shape_of[j]
+            c = shape_count[s_id] = shape_count[s_id] + k
+            if c == 0:
+                del waiting_shapes[s_id]
+                waiting_any_gpu.pop(s_id, None)
+            elif c == k == 1:
+                waiting_shapes[s_id] = None
+                if any_gpu[s_id]:
+                    waiting_any_gpu[s_id] = None
+
+        def stranded() -> float:
+            if not waiting_shapes or present_gpus - busy <= 1e-9:
+                return 0.0  # nothing waits, or no GPU is free
+            if whole_gpus and waiting_any_gpu:
+                per_team = {}
+                for s_id in waiting_any_gpu:
+                    per_team.setdefault(shapes[s_id][0], []).append(shapes[s_id][1])
+                if admissible(per_team, state.teams, state.usage, cfg.admission):
+                    return 0.0
+            per_team: Dict[str, List[Gang]] = {}
+            for s_id in waiting_shapes:
+                team, gang = shapes[s_id]
+                per_team.setdefault(team, []).append(gang)
+            gangs = admissible(per_team, state.teams, state.usage, cfg.admission)
+            return fragmentation(state.nodes.values(), gangs).total
+
         def start(adm, now: float) -> None:
             nonlocal busy, nrunning
             w = adm.workload
             j = index[w.id]
             state.start(adm, now)
             pending_gpus[gpus[j]] -= 1
+            queued(j, -1)
             start_at[j] = now
             stop_req[j] = -1.0
             if first_start[j] < 0:
@@ -267,22 +374,33 @@ class Simulator:
             nrunning += 1
 
         def release(j: int, now: float):
-            nonlocal busy, nrunning
             lease = state.finish(wl[j].id, now)
+            ended(j, now)
+            return lease
+
+        def ended(j: int, now: float) -> None:
+            """Job ``j``'s lease ended at ``now`` (the state already gave its resources back)."""
+            nonlocal busy, nrunning
             busy -= gpus[j]
             nrunning -= 1
             team_gpu_s[jobs[j].team] += gpus[j] * (now - start_at[j])
-            return lease
 
         def stopped(j: int, now: float) -> None:
             lease = release(j, now)
-            run = stop_req[j] - start_at[j]
+            back(j, lease, now, stop_req[j] - start_at[j], stop_cause[j])
+
+        def back(j: int, lease, now: float, run: float, cause: str) -> None:
+            """Requeue job ``j``, whose lease ran ``run`` seconds of work, keeping the work up to its last
+            checkpoint."""
             every = ckpt_every[j]
             kept = math.floor(run / every) * every if every > 0 else 0.0
             kept = min(max(kept, 0.0), remaining[j])
             lost[j] += run - kept
+            lost_gpu_s[cause] += (run - kept) * gpus[j]
+            requeues[cause] += 1
             remaining[j] -= kept
-            preemptions[j] += 1
+            if cause == "preemption":
+                preemptions[j] += 1
             attempt[j] += 1
             w = lease.workload
             if w.runtime_estimate_s is not None:
@@ -291,7 +409,85 @@ class Simulator:
                 lease = replace(lease, workload=replace(w, runtime_estimate_s=w.runtime_estimate_s + run - kept))
             wl[j] = state.requeue(lease, now, attained_gpu_s=w.attained_gpu_s + gpus[j] * run)
             pending_gpus[gpus[j]] += 1
+            queued(j, 1)
             start_at[j] = stop_req[j] = -1.0
+
+        def stop(j: int, now: float, cause: str, stops: List[int]) -> None:
+            """Tell job ``j``'s lease to stop; it stops after the stop delay (now: appended to ``stops``)."""
+            state.mark_terminating(wl[j].id)
+            stop_req[j] = now
+            stop_cause[j] = cause
+            if stop_delay > 0:
+                heappush(events, (now + stop_delay, _STOPPED, j, attempt[j]))
+            else:
+                stops.append(j)
+
+        def evict(nid: str, now: float) -> None:
+            """Stop every running lease on node ``nid`` (a drain)."""
+            stops: List[int] = []
+            for lease in list(state.leases.values()):
+                if nid in lease.placement and lease.state is LeaseState.RUNNING:
+                    stop(index[lease.id], now, "drain", stops)
+            for j in stops:
+                stopped(j, now)
+
+        def node_event(k: int, now: float) -> None:
+            nonlocal present_gpus, down_gpu_s
+            kind, nid, arg = node_events[k]
+            cap = base_nodes[nid].capacity.gpu
+            if kind == "fail":
+                down_for, drawn = arg
+                if nid in down:
+                    if drawn:
+                        redraw.add(nid)  # draw its next failure once it is back
+                    return  # already down: this failure changes nothing
+                for lease in state.remove_node(nid, now):
+                    j = index[lease.id]
+                    ended(j, now)
+                    end = stop_req[j] if stop_req[j] >= 0 else now
+                    back(j, lease, now, end - start_at[j], "failure")
+                down[nid] = now
+                present_gpus -= cap
+                failures.append((nid, now))
+                if down_for is not None:
+                    push_node(now + down_for, "up", nid, drawn)
+            elif kind == "up":
+                down_gpu_s += cap * (now - down.pop(nid))
+                base = base_nodes[nid]
+                state.add_node(replace(base, free=base.capacity, schedulable=nid not in cordoned))
+                present_gpus += cap
+                if (arg or nid in redraw) and outages.mtbf_s:
+                    redraw.discard(nid)
+                    push_node(next_failure(rngs[nid], now, outages.mtbf_s), "fail", nid, (outages.repair_s, True))
+            elif kind == "drain":
+                if nid in cordoned:
+                    return  # already draining
+                cordoned[nid] = len(drains)
+                drains.append([nid, now, None])
+                if nid in state.nodes:
+                    state.set_schedulable(nid, False)
+                deadline = outages.drain_deadline_s
+                if deadline == 0:
+                    evict(nid, now)
+                elif deadline is not None:
+                    push_node(now + deadline, "deadline", nid, cordoned[nid])
+                if arg is not None:
+                    push_node(now + arg, "undrain", nid, cordoned[nid])
+            elif kind == "deadline":
+                if cordoned.get(nid) == arg and drains[arg][2] is None:
+                    evict(nid, now)
+            elif kind == "undrain":
+                if cordoned.get(nid) == arg:
+                    del cordoned[nid]
+                    if nid in state.nodes:
+                        state.set_schedulable(nid, True)
+
+        def check_drained(now: float) -> None:
+            for nid, d in cordoned.items():
+                if drains[d][2] is None:
+                    nd = state.nodes.get(nid)
+                    if nd is None or _empty(nd):
+                        drains[d][2] = now
 
         def quiet() -> bool:
             # A cycle can change nothing with no work pending, nor, without preemption, when the smallest pending
@@ -301,7 +497,7 @@ class Simulator:
             if can_preempt:
                 return False
             smallest = min((g for g, c in pending_gpus.items() if c), default=0.0)
-            return smallest > total_gpus - busy + 1e-9
+            return smallest > present_gpus - busy + 1e-9
 
         def run_cycles(now: float) -> None:
             nonlocal cycles, last_decay
@@ -324,18 +520,13 @@ class Simulator:
                 cycles += 1
                 for adm in result.admitted:
                     start(adm, now)
-                stops = []
+                stops: List[int] = []
                 for p in result.preempted:
                     for vid in p.victims:
                         j = index[vid]
                         if stop_req[j] >= 0 or start_at[j] < 0:
                             continue
-                        state.mark_terminating(vid)
-                        stop_req[j] = now
-                        if stop_delay > 0:
-                            heappush(events, (now + stop_delay, _STOPPED, j, attempt[j]))
-                        else:
-                            stops.append(j)
+                        stop(j, now, "preemption", stops)
                 for j in stops:
                     stopped(j, now)
                 # Go again at this instant while the last cycle may have left work undone: it stopped leases, used
@@ -353,6 +544,8 @@ class Simulator:
             if progress is not None:
                 progress(0.0, 0, n)
             while True:
+                if i >= n and not nrunning and not state.pending_count():
+                    break  # all done: outages still to come change nothing
                 t_arr = submits[order[i]] if i < n else math.inf
                 t_ev = events[0][0] if events else math.inf
                 t = t_arr if t_arr < t_ev else t_ev
@@ -368,10 +561,15 @@ class Simulator:
                     j = order[i]
                     state.enqueue(wl[j])
                     pending_gpus[gpus[j]] = pending_gpus.get(gpus[j], 0) + 1
+                    queued(j, 1)
                     i += 1
                     changed = True
                 while events and events[0][0] == t:
                     _, kind, j, a = heappop(events)
+                    if kind == _NODE:
+                        node_event(j, t)
+                        changed = True
+                        continue
                     if a != attempt[j] or finish[j] >= 0:
                         continue  # an event of an attempt that was stopped since
                     if kind == _FINISH:
@@ -385,10 +583,14 @@ class Simulator:
                     changed = True
                 if changed:
                     run_cycles(t)
+                    if cordoned:
+                        check_drained(t)
+                    stranded_now = stranded()
                 instants += 1
                 pending = state.pending_count()
                 times.append(t)
                 busy_s.append(busy)
+                stranded_s.append(stranded_now)
                 queued_s.append(pending)
                 running_s.append(nrunning)
                 if tick > 0 and pending and tick_at == math.inf:
@@ -405,6 +607,8 @@ class Simulator:
         for j in range(n):  # leases still running when the replay stopped
             if start_at[j] >= 0:
                 team_gpu_s[jobs[j].team] += gpus[j] * (t - start_at[j])
+        for nid, since in down.items():  # nodes still down
+            down_gpu_s += base_nodes[nid].capacity.gpu * max(0.0, t - since)
         if progress is not None and not partial:
             progress(t, done, n)
         return SimResult(
@@ -413,8 +617,14 @@ class Simulator:
             times=times, busy=busy_s, queued=queued_s, running=running_s, rejected=list(self.rejected),
             cycles=cycles, instants=instants, wall_s=time.perf_counter() - wall0, partial=partial,
             end_time=t, cluster_name=self.cluster_name,
-            trace_source=self.trace.source, tick_s=tick,
+            trace_source=self.trace.source, tick_s=tick, stranded=stranded_s, requeues=requeues,
+            lost_gpu_s=lost_gpu_s, failures=failures, drains=[tuple(d) for d in drains], down_gpu_s=down_gpu_s,
         )
+
+
+def _empty(node: Node) -> bool:
+    f, c = node.free, node.capacity
+    return f.gpu >= c.gpu - 1e-9 and f.cpu >= c.cpu - 1e-9 and f.memory >= c.memory - 1e-9
 
 
 def simulate(trace: Trace, nodes: Sequence[Node], config: SchedulerConfig, *, teams: Mapping[str, Team] = (),

@@ -14,6 +14,13 @@ This module owns the definitions (they are what ``docs/simulator.md`` and the JS
 - *finish-time fairness*: per team, the mean of JCT / duration over its jobs (1: as if each job had the cluster to
   itself; Themis' rho with the whole cluster as the isolated share); the spread is the worst team's over the best's.
 - *preemptions per job*: mean over finished jobs, the largest, and the fraction of jobs preempted at least once.
+  Only the scheduler's preemptions: drains and failures are counted apart (``outages``).
+- *stranded GPUs*: free GPUs that no waiting gang could use because of how they are spread
+  (``raylane.scheduling.fragmentation``), after each instant; time-weighted mean, p95 and largest, first submit
+  to last finish, and the mean as a share of the cluster's GPUs. Compares placement policies.
+- *outages*: node failures and drains played; requeues and GPU-hours of work lost by cause (preemption, drain,
+  failure); drain time (drain start to the node empty; mean and largest, over drains that emptied); GPU-hours of
+  capacity down (failed nodes until repaired).
 A partial replay (stopped early) reports these over what finished, counts the rest, and says ``partial: true``.
 """
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from raylane.sim.engine import SimResult
 
-__all__ = ["summarize", "percentile", "binned", "FIGURES"]
+__all__ = ["summarize", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -41,6 +48,21 @@ FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("utilization.mean", "GPU util", ""),
     ("preemptions.per_job", "preempt/job", ""),
     ("fairness.ftf_spread", "FTF spread", ""),
+    ("fragmentation.stranded_mean", "stranded GPUs avg", "GPUs"),
+    ("fragmentation.stranded_p95", "stranded GPUs p95", "GPUs"),
+)
+
+# Shown when a run played outages (node failures or drains).
+OUTAGE_FIGURES: Tuple[Tuple[str, str, str], ...] = (
+    ("outages.failures", "node failures", ""),
+    ("outages.requeues.failure", "requeues (failures)", ""),
+    ("outages.lost_gpu_hours.failure", "lost GPU-h (failures)", "GPU-h"),
+    ("outages.drains", "drains", ""),
+    ("outages.requeues.drain", "requeues (drains)", ""),
+    ("outages.lost_gpu_hours.drain", "lost GPU-h (drains)", "GPU-h"),
+    ("outages.drain_time.mean", "drain time avg", "s"),
+    ("outages.drain_time.max", "drain time max", "s"),
+    ("outages.down_gpu_hours", "GPU-h down", "GPU-h"),
 )
 
 
@@ -77,6 +99,27 @@ def _integral(times: Sequence[float], values: Sequence[float], t0: float, t1: fl
         if b > a:
             total += values[k] * (b - a)
     return total
+
+
+def time_weighted_quantile(times: Sequence[float], values: Sequence[float], t0: float, t1: float,
+                           q: float) -> float:
+    """The ``q`` quantile (0..100) of a step function over [t0, t1], each value weighted by how long it held (the
+    smallest value that held at least q% of the time, or longer); NaN when no time passed."""
+    spans: Dict[float, float] = {}
+    for k in range(len(times)):
+        a = max(times[k], t0)
+        b = min(times[k + 1] if k + 1 < len(times) else t1, t1)
+        if b > a:
+            spans[values[k]] = spans.get(values[k], 0.0) + (b - a)
+    total = sum(spans.values())
+    if total <= 0:
+        return math.nan
+    acc = 0.0
+    for v in sorted(spans):
+        acc += spans[v]
+        if acc >= total * q / 100.0 - 1e-9 * total:
+            return v
+    return max(spans)  # pragma: no cover - float rounding only
 
 
 def binned(times: Sequence[float], values: Sequence[float], t0: float, t1: float, bins: int) -> Tuple[List[float],
@@ -150,6 +193,8 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "ftf": ftf,
         }
     ftfs = [v["ftf"] for v in per_team.values() if not math.isnan(v["ftf"])]
+    stranded_mean = _integral(r.times, r.stranded, t0, t1) / span if span > 0 and r.stranded else math.nan
+    drain_times = [end - start for _, start, end in r.drains if end is not None]
     jain = (sum(ftfs) ** 2 / (len(ftfs) * sum(x * x for x in ftfs))) if ftfs else math.nan
 
     return {
@@ -165,6 +210,10 @@ def summarize(r: SimResult) -> Dict[str, Any]:
         "options": {
             "estimates": r.options.estimates, "noise_sigma": r.options.noise_sigma, "seed": r.options.seed,
             "stop_delay_s": r.options.stop_delay_s, "tick_s": r.tick_s, "max_examined": r.options.max_examined,
+            "placement": r.options.placement,
+            "outages": {"failures": len(r.options.outages.failures), "drains": len(r.options.outages.drains),
+                        "mtbf_s": r.options.outages.mtbf_s, "repair_s": r.options.outages.repair_s,
+                        "drain_deadline_s": r.options.outages.drain_deadline_s},
         },
         "jobs": {
             "total": n, "finished": len(done), "started": len(started), "unfinished": n - len(done),
@@ -189,6 +238,22 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "ftf_max": max(ftfs, default=math.nan),
             "ftf_spread": (max(ftfs) / min(ftfs)) if ftfs else math.nan,
             "ftf_jain": jain,
+        },
+        "fragmentation": {
+            "stranded_mean": stranded_mean,
+            "stranded_p95": time_weighted_quantile(r.times, r.stranded, t0, t1, 95) if r.stranded else math.nan,
+            "stranded_max": max(r.stranded, default=math.nan),
+            "stranded_share": stranded_mean / r.total_gpus if r.total_gpus else math.nan,
+        },
+        "outages": {
+            "failures": len(r.failures),
+            "drains": len(r.drains),
+            "drains_unfinished": sum(1 for d in r.drains if d[2] is None),
+            "requeues": dict(r.requeues),
+            "lost_gpu_hours": {c: v / 3600.0 for c, v in r.lost_gpu_s.items()},
+            "drain_time": {"mean": sum(drain_times) / len(drain_times) if drain_times else math.nan,
+                           "max": max(drain_times, default=math.nan)},
+            "down_gpu_hours": r.down_gpu_s / 3600.0,
         },
         "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s},
     }
