@@ -88,6 +88,9 @@ CASES = [
     ("mixed shapes fill a node together: 3 free = one 2-GPU worker + one 1-GPU worker",
      holes(1, free=3) + holes(2, free=1, prefix="m"), [],
      [wl("g").gpus(4), wl("two").gpus(2), wl("one").gpus(1)], [NLP], {"a100": 0}),
+    ("the same mix, the 1-GPU worker needing a CPU too",
+     holes(1, free=3) + holes(2, free=1, prefix="m"), [],
+     [wl("g").gpus(4), wl("two").gpus(2), wl("one").gpus(1).cpus(1)], [NLP], {"a100": 0}),
     ("a GPU whose node has no CPU left for a worker is stranded too",
      [typed(node("n1").cpus(64).gpus(8), "a100")], [running(wl("hog").gpus(4).cpus(63), on=["n1"])],
      [wl("g").gpus(1).cpus(2)], [NLP], {"a100": 4}),
@@ -173,3 +176,24 @@ def test_large_cluster_and_queue():
     assert got.waiting_shapes == 1
     snap = snapshot_of(nodes_, teams, [], pending + [wl("one").team("t3").gpus(1)])
     assert stranded_gpus(snap).total == 0
+
+
+def test_the_one_gpu_shortcut_agrees_with_the_full_search(monkeypatch):
+    """On random states, the shortcut for a waiting single 1-GPU worker gives what the full search gives."""
+    import random
+
+    from raylane.scheduling import fragmentation as frag
+
+    rng = random.Random(11)
+    for _ in range(200):
+        nodes_ = [typed(node(f"n{i}").free(rng.randint(0, 8)).features(*rng.choice([(), ("ib",)])),
+                        rng.choice(["a100", "t4"])) for i in range(rng.randint(1, 6))]
+        gangs = [Gang(rng.choice([1, 1, 2, 3]), Resources(gpu=rng.choice([1, 1, 2, 4, 8])),
+                      rng.choice(["pack", "spread", "strict-pack", "strict-spread"]),
+                      frozenset(rng.choice([(), ("ib",)])))
+                 for _ in range(rng.randint(1, 4))]
+        fast = fragmentation(nodes_, gangs)
+        monkeypatch.setattr(frag, "takes_any_gpu", lambda g: False)
+        full = fragmentation(nodes_, gangs)
+        monkeypatch.undo()
+        assert dict(fast.stranded) == dict(full.stranded), (nodes_, gangs)
