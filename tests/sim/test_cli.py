@@ -83,7 +83,15 @@ def test_ctrl_c_keeps_partial_figures(tmp_path):
     line = ""
     while "trace " not in line and time.monotonic() < deadline:  # the replay starts after this line
         line = proc.stderr.readline()
-    time.sleep(1.0)
+
+    def cpu_s():  # the replay's own CPU time: on a loaded machine a wall-clock second may give it almost none
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    start = cpu_s()
+    while cpu_s() - start < 2.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
