@@ -347,11 +347,11 @@ class ControlActor:
         for ev in self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}):
             self._node_event(ev.pop("node"), ev.pop("event"), **ev)
         for st in self.nodes.evicting():
-            on_node = [l for l in self.state.leases.values() if st.id in l.placement]
-            for lease in on_node:
+            for lease in [l for l in self.state.leases.values() if st.id in l.placement]:
                 if self.records[lease.id].state is not State.PREEMPTING:
                     self._preempt(lease.id, f"node {st.id[:12]} is {st.state.value}: {st.reason}", now, "node")
-            if st.state is NodeState.DRAINING and not on_node:
+            # A reservation not yet started is released at once by its preemption: the node may be empty already.
+            if st.state is NodeState.DRAINING and not any(st.id in l.placement for l in self.state.leases.values()):
                 self._node_event(st.id, "drained", by=st.by, reason=f"drained ({st.reason})")
         for nid in self._node_ids:
             self.state.set_schedulable(nid, self.nodes.schedulable(nid))

@@ -89,7 +89,10 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
     run_config = RunConfig(
         name=workload_id,
         storage_path=storage_path,
-        failure_config=FailureConfig(max_failures=0),
+        # Nothing is retried inside Train, worker failures, controller errors (a worker group that cannot start,
+        # e.g. pinned to a node that has just died) and node preemptions alike: Train would retry a start on a
+        # dead node forever. The driver decides (raylane.run), with the control actor's view of the lease.
+        failure_config=FailureConfig(max_failures=0, controller_failure_limit=0, max_preemption_failures=0),
         checkpoint_config=CheckpointConfig(num_to_keep=3),
         callbacks=[RegisterWorkers(workload_id, control), RecordCheckpoints(workload_id, control)],
     )
@@ -224,16 +227,36 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
         time.sleep(backoff)
 
 
-def _dead_nodes(placement) -> set:
+def _dead_nodes(placement, timeout_s: float = 10.0) -> set:
+    """Nodes of ``placement`` that Ray reports dead, or that cannot run a trivial task within ``timeout_s``: Ray
+    takes some seconds (its health checks) to declare a killed node dead, and a gang fails before that."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    return set(placement) - alive
+    dead = set(placement) - alive
+    ping = ray.remote(num_cpus=0, max_retries=0)(_pong)
+    refs = {ping.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(): nid
+            for nid in set(placement) - dead}
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - the task died with its node
+            dead.add(refs[ref])
+    for ref in pending:
+        ray.cancel(ref, force=True)
+        dead.add(refs[ref])
+    return dead
+
+
+def _pong() -> int:
+    return 1
 
 
 def _lease_lost(ctl, wid: str, placement, wait_s: float = 60.0, poll_s: float = 1.0) -> bool:
-    """Whether the failed attempt's lease is gone: the control actor requeued it, or Ray reports one of its nodes
-    dead (then wait, bounded, for the actor to requeue it)."""
+    """Whether the failed attempt's lease is gone: the control actor requeued it, or one of its nodes is dead or
+    unreachable and the actor requeues it within ``wait_s`` (Ray's health checks declare the node dead)."""
     from raylane.control.client import State
 
     if ctl.status(wid).state is not State.RUNNING:
@@ -245,7 +268,7 @@ def _lease_lost(ctl, wid: str, placement, wait_s: float = 60.0, poll_s: float = 
         if ctl.status(wid).state is not State.RUNNING:
             return True
         time.sleep(poll_s)
-    return True
+    return False  # unreachable, yet never declared dead: a failure like any other
 
 
 # Ray Train waits this long for a worker group to start (default 60 s) and for a worker's health check (default
