@@ -147,3 +147,20 @@ def print_job_logs_on_failure(request, env) -> None:
 __all__ = ["JOB_ENV", "start_env", "module_env", "stop_env", "write_spec", "submit_job", "operator_token",
            "record_of_job", "finished", "mlflow_run", "metric_history", "print_job_logs_on_failure", "local_policy",
            "wait_for"]
+
+
+def reference_losses(config) -> Dict[int, float]:
+    """Step -> loss of the reference LM trained in this process, uninterrupted (one worker)."""
+    import tempfile
+
+    from workloads.train_lm import LocalHooks, train
+
+    losses = {}
+
+    class Rec(LocalHooks):
+        def report(self, step, metrics):
+            losses[step] = metrics["loss"]
+
+    with tempfile.TemporaryDirectory() as d:
+        train(config, hooks=Rec(d))
+    return losses

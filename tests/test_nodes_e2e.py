@@ -3,9 +3,6 @@ training gang to another node with no step lost after its checkpoint; a failing 
 uncordon brings it back; Ray's own drain notice is honoured; a worker node killed under a running 2-node gang gives
 its lease back at once, the gang waits with a reason while the capacity is gone and resumes, with no step lost
 after its checkpoint, when a node joins."""
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,7 +10,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
-from tests.jobtest import finished, metric_history, record_of_job, start_env, stop_env, submit_job  # noqa: E402
+from tests.jobtest import (finished, metric_history, record_of_job, reference_losses, start_env,  # noqa: E402
+                           stop_env, submit_job)
 from tests.raytest import free_port, local_policy, spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -67,22 +65,6 @@ def add_gpu_node(env, name):
 def steps_and_losses(env, wid):
     _, hist = metric_history(env, wid)
     return [s for s, _ in hist], [v for _, v in hist]
-
-
-def reference_losses(config):
-    from workloads.train_lm import LocalHooks, train
-
-    losses = {}
-
-    class Rec(LocalHooks):
-        def report(self, step, metrics):
-            losses[step] = metrics["loss"]
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        train(config, hooks=Rec(d))
-    return losses
 
 
 def test_node_list_shows_every_node_with_its_gpus(env):

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 from raylane.control.client import State  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
 from tests.jobtest import (finished, metric_history, module_env, operator_token, record_of_job,  # noqa: E402
-                           submit_job, write_spec)
+                           reference_losses, submit_job, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -31,22 +31,6 @@ def env(tmp_path_factory):
 
 def loss_history(env, wid, must=True):
     return metric_history(env, wid, "loss", must)
-
-
-def reference_losses(config):
-    from workloads.train_lm import LocalHooks, train
-
-    losses = {}
-
-    class Rec(LocalHooks):
-        def report(self, step, metrics):
-            losses[step] = metrics["loss"]
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        train(config, hooks=Rec(d))
-    return losses
 
 
 def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raylane.errors import FatalError, RaylaneError, RetryableError
+from raylane.errors import FatalError, RetryableError
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -40,20 +40,10 @@ def _errors():
 def connect():
     """Connect this process to the cluster's Ray (quietly) and return the control plane's client, holding the
     caller's credential (``RAYLANE_TOKEN`` or ``~/.raylane/credentials``)."""
-    import ray
-
     from raylane import localcluster
     from raylane.control.client import ControlClient
 
-    # The local cluster's Ray token auth (raylane up), else whatever the caller's environment says.
-    if not localcluster.use_client_env():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not ray.is_initialized():
-        try:
-            ray.init(address=localcluster.address(), namespace="raylane", logging_level="ERROR",
-                     log_to_driver=False, configure_logging=False)
-        except ConnectionError as exc:
-            raise RetryableError(f"no Ray cluster to connect to ({exc}); start one with `raylane up`") from exc
+    localcluster.connect_driver()
     return ControlClient.connect()
 
 

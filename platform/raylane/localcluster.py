@@ -323,6 +323,21 @@ def state() -> Optional[Dict[str, str]]:
         return None
 
 
+def connect_driver() -> None:
+    """Join the cluster as a quiet Ray driver: the local cluster of ``raylane up`` (with its Ray token), or the one
+    ``RAY_ADDRESS`` names. Raises ``RetryableError`` when there is none."""
+    import ray
+
+    if not use_client_env():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address(), namespace="raylane", logging_level="ERROR", log_to_driver=False,
+                     configure_logging=False)
+        except ConnectionError as exc:
+            raise RetryableError(f"no Ray cluster to connect to ({exc}); start one with `raylane up`") from exc
+
+
 def address() -> str:
     """The Ray address to connect to: RAY_ADDRESS, else the local cluster's, else 'auto'."""
     if os.environ.get("RAY_ADDRESS"):

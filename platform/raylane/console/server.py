@@ -49,18 +49,9 @@ def bind(port: int) -> socket.socket:
 
 def _connect_ray() -> None:
     """Join the cluster as a driver: the local cluster of ``raylane up`` (with its Ray token), or ``RAY_ADDRESS``."""
-    import ray
-
     from raylane import localcluster
 
-    if not localcluster.use_client_env():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not ray.is_initialized():
-        try:
-            ray.init(address=localcluster.address(), namespace="raylane", logging_level="ERROR",
-                     log_to_driver=False, configure_logging=False)
-        except ConnectionError as exc:
-            raise RetryableError(f"no Ray cluster to connect to ({exc}); start one with `raylane up`") from exc
+    localcluster.connect_driver()
 
 
 def control_factory():

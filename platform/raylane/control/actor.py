@@ -43,7 +43,7 @@ from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, mon
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
 from raylane.scheduling.fragmentation import stranded_gpus
-from raylane.scheduling.types import Lease, NotReached, QuotaExceeded, Reserved, Resources
+from raylane.scheduling.types import Resources
 
 log = logging.getLogger("raylane.control")
 
