@@ -85,6 +85,32 @@ def test_node_list_shows_every_node_with_its_gpus(env):
         env["ctl"].node_cordon("ffffffffff")
 
 
+def test_node_commands(env):
+    import json
+
+    from typer.testing import CliRunner
+
+    from raylane.cli import app
+
+    op = {"RAYLANE_TOKEN": env["ctl"].credential.token}
+    b = node_of(env, "gpu-b")
+    r = CliRunner().invoke(app, ["node", "list", "--json"], env=op)
+    assert r.exit_code == 0, r.output
+    assert {row["id"] for row in json.loads(r.output) if row["gpus_total"]} == {node_of(env, "gpu-a"), b}
+    r = CliRunner().invoke(app, ["node", "cordon", b[:10], "--reason", "cli test"], env=op)
+    assert r.exit_code == 0 and f"node {b[:12]}: cordoned (cli test)" in r.output, r.output
+    r = CliRunner().invoke(app, ["node", "list"], env=op)
+    assert r.exit_code == 0 and "cordoned" in r.output and "cli test" in r.output, r.output
+    member = env["ctl"].token_create("dave", ["team-b"])["token"]
+    r = CliRunner().invoke(app, ["node", "uncordon", b[:10]], env={"RAYLANE_TOKEN": member})
+    assert r.exit_code == 1 and "only operators" in r.output, r.output
+    r = CliRunner().invoke(app, ["node", "drain", "zzz"], env=op)
+    assert r.exit_code == 1 and "node" in r.output, r.output
+    r = CliRunner().invoke(app, ["node", "uncordon", b[:10]], env=op)
+    assert r.exit_code == 0 and f"node {b[:12]}: ready" in r.output, r.output
+    assert row(env, b)["state"] == "ready"
+
+
 def test_cordon_then_drain_moves_a_running_gang_with_no_step_lost(env):
     ctl = env["ctl"]
     a, b = node_of(env, "gpu-a"), node_of(env, "gpu-b")
