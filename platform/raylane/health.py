@@ -64,7 +64,14 @@ def condition_files(ctx: ProbeContext) -> Optional[str]:
     return None
 
 
+def _has_nvidia_devices() -> bool:
+    return any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev")) \
+        if os.path.isdir("/dev") else False
+
+
 def accelerator_check(ctx: ProbeContext) -> str:
+    if not _has_nvidia_devices():  # no import of torch (seconds, hundreds of MB) on a node without NVIDIA devices
+        return f"{ctx.declared_gpus:g} logical GPUs declared; no CUDA device to check"
     try:
         import torch
     except ImportError:

@@ -114,7 +114,7 @@ class ControlActor:
         self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
         self._addresses: Dict[str, str] = {}
         self._probing: Optional[asyncio.Task] = None
-        self._probed_at = 0.0
+        self._probed_at = time.time()  # the first probes one interval after the start
         # Workloads requeued because a node they ran on was lost: their pending reason says the capacity is gone
         # while the nodes in service could never hold them.
         self._lost_capacity: set = set()
