@@ -1,0 +1,22 @@
+"""Raylane's pure pipeline planner: places a DAG of stages on heterogeneous nodes, and checks any plan.
+
+No Ray import, no clock, no randomness. Planners are looked up by name in ``PLANNERS`` (heft, olb, cpsat);
+``verify`` checks a plan from anywhere and measures its gap; ``exhaustive_plan`` proves optima of tiny pipelines.
+See docs/pipelines.md.
+"""
+from raylane.planning import _cpsat, _heft, _olb  # noqa: F401  (registration)
+from raylane.planning._cpsat import CpSatPlanner, NoPlanFoundError
+from raylane.planning._heft import HeftPlanner, upward_ranks
+from raylane.planning._olb import OlbPlanner
+from raylane.planning.base import PLANNERS, Planner
+from raylane.planning.exhaustive import exhaustive_plan
+from raylane.planning.model import (
+    Network, Pipeline, Placement, Plan, PlanNode, PlanStatus, Stage, feasible_nodes,
+)
+from raylane.planning.verify import Report, Violation, ViolationKind, verify
+
+__all__ = [
+    "PLANNERS", "Planner", "HeftPlanner", "OlbPlanner", "CpSatPlanner", "NoPlanFoundError", "upward_ranks",
+    "exhaustive_plan", "Network", "Pipeline", "Placement", "Plan", "PlanNode", "PlanStatus", "Stage",
+    "feasible_nodes", "Report", "Violation", "ViolationKind", "verify",
+]

@@ -1,0 +1,62 @@
+"""HEFT (Topcuoglu, Hariri and Wu, 2002), with capacity and features.
+
+1. Upward rank of each stage: its mean duration over the nodes that can hold it, plus the largest, over its
+   consumers, of the mean transfer time of its output between two different nodes plus the consumer's rank.
+2. Stages in decreasing rank (a topological order: a producer's rank exceeds its consumers').
+3. Each stage goes to the feasible node with the earliest finish, inserting it into the first gap where its inputs
+   have arrived and the node's cpu, memory and gpu stay within capacity for its whole duration (ties: node order).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from raylane.planning.base import PLANNERS, Planner
+from raylane.planning.model import Network, Pipeline, Placement, Plan, PlanNode, PlanStatus, feasible_nodes
+from raylane.planning.timeline import Timeline, data_ready_h
+
+
+def mean_transfer_h(gb: float, nodes: Sequence[PlanNode], network: Network) -> float:
+    if gb <= 0 or len(nodes) < 2:
+        return 0.0
+    names = [n.name for n in nodes]
+    pairs = [(a, b) for a in names for b in names if a != b]
+    return sum(network.transfer_h(gb, a, b) for a, b in pairs) / len(pairs)
+
+
+def upward_ranks(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network,
+                 feasible: Dict[str, List[PlanNode]]) -> Dict[str, float]:
+    succ = pipeline.successors()
+    rank: Dict[str, float] = {}
+    for name in reversed(pipeline.topological_order()):
+        s = pipeline.stage(name)
+        cands = feasible[name]
+        w = sum(s.duration_on(n) for n in cands) / len(cands)
+        comm = mean_transfer_h(s.output_gb, nodes, network)
+        rank[name] = w + max((comm + rank[c] for c in succ[name]), default=0.0)
+    return rank
+
+
+@PLANNERS.register("heft")
+class HeftPlanner(Planner):
+    name = "heft"
+
+    def plan(self, pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network) -> Plan:
+        feasible = feasible_nodes(pipeline, nodes)
+        rank = upward_ranks(pipeline, nodes, network, feasible)
+        topo = {n: i for i, n in enumerate(pipeline.topological_order())}
+        stages = {s.name: s for s in pipeline.stages}
+        timelines = {n.name: Timeline(n) for n in nodes}
+        placed: Dict[str, Placement] = {}
+        for name in sorted(stages, key=lambda n: (-rank[n], topo[n])):
+            s = stages[name]
+            best = None
+            for node in feasible[name]:
+                dur = s.duration_on(node)
+                start = timelines[node.name].earliest_start(
+                    data_ready_h(s, node.name, placed, stages, network), dur, s.demand)
+                if best is None or start + dur < best.finish_h - 1e-12:
+                    best = Placement(name, node.name, start, start + dur)
+            timelines[best.node].add(best.start_h, best.finish_h, s.demand)
+            placed[name] = best
+        ordered = tuple(placed[s.name] for s in pipeline.stages)
+        return Plan(ordered, max(p.finish_h for p in ordered), planner=self.name, status=PlanStatus.HEURISTIC)

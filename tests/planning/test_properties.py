@@ -1,0 +1,58 @@
+"""Property tests on seeded random small pipelines (<= 5 stages, 2-3 nodes), and the package's purity."""
+import random
+import subprocess
+import sys
+
+import pytest
+
+from raylane.planning import PLANNERS, PlanStatus, exhaustive_plan, verify
+from tests.planning.gen import random_instance
+
+SEEDS = range(60)
+
+
+@pytest.fixture(scope="module")
+def instances():
+    out = []
+    for seed in SEEDS:
+        inst = random_instance(random.Random(seed))
+        out.append((seed, inst, exhaustive_plan(*inst)))
+    return out
+
+
+def test_cpsat_equals_exhaustive(instances):
+    cpsat = PLANNERS.get("cpsat")
+    for seed, inst, best in instances:
+        plan = cpsat.plan(*inst)
+        assert plan.status is PlanStatus.OPTIMAL, seed
+        assert plan.makespan_h == pytest.approx(best.makespan_h), seed
+        assert verify(*inst, plan).ok, (seed, verify(*inst, plan).render())
+
+
+@pytest.mark.parametrize("name", ["heft", "olb"])
+def test_heuristic_plans_pass_the_verifier_and_never_beat_the_optimum(instances, name):
+    planner = PLANNERS.get(name)
+    worse = 0
+    for seed, inst, best in instances:
+        plan = planner.plan(*inst)
+        report = verify(*inst, plan, best_known_h=best.makespan_h)
+        assert report.ok, (seed, report.render())
+        assert report.gap >= -1e-9, seed
+        worse += report.gap > 1e-9
+    # The instances are varied enough that a heuristic misses the optimum somewhere.
+    assert worse > 0
+
+
+def test_exhaustive_plans_pass_the_verifier(instances):
+    for seed, inst, best in instances:
+        assert verify(*inst, best).ok, seed
+
+
+def test_import_raylane_planning_does_not_import_ray_or_ortools():
+    code = (
+        "import sys, raylane.planning\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'torch', 'ortools'))\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
