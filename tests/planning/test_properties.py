@@ -56,3 +56,16 @@ def test_import_raylane_planning_does_not_import_ray_or_ortools():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", PLANNERS.names())
+def test_conformance_every_registered_planner(instances, name):
+    """Every planner: deterministic, every stage placed once, the verifier accepts it, the makespan claimed exactly."""
+    planner = PLANNERS.get(name)
+    for seed, inst, best in instances[:20]:
+        plan = planner.plan(*inst)
+        assert [p.stage for p in plan.placements] == [s.name for s in inst[0].stages], seed
+        assert verify(*inst, plan).ok, seed
+        again = planner.plan(*inst)
+        assert again.makespan_h == plan.makespan_h, seed
+        assert plan.planner == name

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from raylane.planning import PLANNERS, Placement, Plan, PlanStatus, ViolationKind, exhaustive_plan, verify
+from raylane.planning import PLANNERS, Pipeline, Placement, Plan, PlanStatus, ViolationKind, exhaustive_plan, verify
 from tests.planning.gen import worked_example
 
 OPTIMUM_H = 9.25  # T1, T2 on gpu-1; T3, T4 on ssd-1; T4 waits 0.25 h for T2's 5 GB over the 20 GB/h link
@@ -94,3 +94,24 @@ def test_verifier_flags_a_wrong_duration(example, optimum):
     rows[0] = ("T1", "gpu-1", 0, 2)
     [v] = verify(*example, _plan(rows, optimum.makespan_h)).violations
     assert v.kind is ViolationKind.DURATION and v.stage == "T1" and v.amount == pytest.approx(-1)
+
+
+def test_moving_t3_output_when_it_pays(example):
+    # T4 takes 2 h on a GPU node: moving T3's 20 GB to gpu-1 (1 h over the 20 GB/h link) now saves 1.25 h.
+    pipeline, nodes, network = example
+    faster = Pipeline(tuple(replace(s, durations_h={"gpu": 2}) if s.name == "T4" else s for s in pipeline.stages))
+    best = exhaustive_plan(faster, nodes, network)
+    assert best.makespan_h == pytest.approx(8.0)
+    for name, expect_h, t4_on in (("cpsat", 8.0, "gpu-1"), ("heft", 8.0, "gpu-1"), ("olb", 9.25, "ssd-1")):
+        plan = PLANNERS.get(name).plan(faster, nodes, network)
+        report = verify(faster, nodes, network, plan, best_known_h=best.makespan_h)
+        assert report.ok and plan.makespan_h == pytest.approx(expect_h), name
+        assert plan.by_stage()["T4"].node == t4_on, name  # OLB starts T4 where it can start first, ignoring 4 h vs 2 h
+
+
+def test_cpsat_off_its_minute_grid_claims_no_proof(example):
+    pipeline, nodes, network = example
+    odd = Pipeline(tuple(replace(s, duration_h=0.01) if s.name == "T4" else s for s in pipeline.stages))  # 36 s
+    plan = PLANNERS.get("cpsat").plan(odd, nodes, network)
+    assert plan.status is PlanStatus.FEASIBLE and plan.bound_h is None
+    assert verify(odd, nodes, network, plan).ok and plan.makespan_h == pytest.approx(5.26)

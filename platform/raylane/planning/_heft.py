@@ -15,23 +15,32 @@ from raylane.planning.model import Network, Pipeline, Placement, Plan, PlanNode,
 from raylane.planning.timeline import Timeline, data_ready_h
 
 
-def mean_transfer_h(gb: float, nodes: Sequence[PlanNode], network: Network) -> float:
-    if gb <= 0 or len(nodes) < 2:
+def mean_inverse_bandwidth(nodes: Sequence[PlanNode], network: Network) -> float:
+    """Mean of 1 / bandwidth over ordered pairs of different nodes: a transfer of g GB takes g times this on average."""
+    if len(nodes) < 2:
         return 0.0
     names = [n.name for n in nodes]
-    pairs = [(a, b) for a in names for b in names if a != b]
-    return sum(network.transfer_h(gb, a, b) for a, b in pairs) / len(pairs)
+    default_pairs = len(names) * (len(names) - 1)
+    total = 0.0
+    present = set(names)
+    for (a, b), bw in network.links.items():  # both orders are stored
+        if a != b and a in present and b in present:
+            total += 1.0 / bw
+            default_pairs -= 1
+    return (total + default_pairs / network.default_gb_per_h) / (len(names) * (len(names) - 1))
 
 
 def upward_ranks(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network,
                  feasible: Dict[str, List[PlanNode]]) -> Dict[str, float]:
     succ = pipeline.successors()
+    inv_bw = mean_inverse_bandwidth(nodes, network)
+    stages = {s.name: s for s in pipeline.stages}
     rank: Dict[str, float] = {}
     for name in reversed(pipeline.topological_order()):
-        s = pipeline.stage(name)
+        s = stages[name]
         cands = feasible[name]
         w = sum(s.duration_on(n) for n in cands) / len(cands)
-        comm = mean_transfer_h(s.output_gb, nodes, network)
+        comm = s.output_gb * inv_bw
         rank[name] = w + max((comm + rank[c] for c in succ[name]), default=0.0)
     return rank
 
