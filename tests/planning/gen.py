@@ -7,7 +7,7 @@ exhaustive search's float one.
 from __future__ import annotations
 
 import random
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from raylane.planning import Network, Pipeline, PlanNode, Stage
 
@@ -33,21 +33,23 @@ def worked_example() -> Tuple[Pipeline, List[PlanNode], Network]:
     return pipeline, nodes, network
 
 
-def random_instance(rng: random.Random, max_stages: int = 5, min_nodes: int = 2,
-                    max_nodes: int = 3) -> Tuple[Pipeline, List[PlanNode], Network]:
+def random_instance(rng: random.Random, max_stages: int = 5, min_nodes: int = 2, max_nodes: int = 3,
+                    n_stages: Optional[int] = None, tight: bool = False) -> Tuple[Pipeline, List[PlanNode], Network]:
+    """``tight``: few dependencies and stages that take half to all of a node's cpu, so capacity binds often."""
     nodes = []
     for i in range(rng.randint(min_nodes, max_nodes)):
         feats = {f for f in FEATURES if rng.random() < 0.4}
         nodes.append(PlanNode(f"n{i}", rng.choice("abc"), cpu=rng.choice((8, 16)),
                               memory_gb=rng.choice((32, 64)), gpu=4 if "gpu" in feats else 0, features=feats))
     stages = []
-    for i in range(rng.randint(2, max_stages)):
+    for i in range(n_stages or rng.randint(2, max_stages)):
         home = rng.choice(nodes)  # a node that can hold it, so the stage is feasible
-        feats = {f for f in home.features if rng.random() < 0.5}
+        feats = {f for f in sorted(home.features) if rng.random() < 0.5}  # sorted: set order varies by process
         per_type = {t: rng.randint(1, 16) / 4 for t in "abc" if rng.random() < 0.3}
-        needs = tuple(f"s{j}" for j in range(i) if rng.random() < 0.4)
+        needs = tuple(f"s{j}" for j in range(i) if rng.random() < (0.15 if tight else 0.4))
+        cpu = home.cpu * rng.choice((0.5, 0.75, 1.0)) if tight else min(home.cpu, rng.choice((2, 4, 8)))
         stages.append(Stage(
-            f"s{i}", cpu=min(home.cpu, rng.choice((2, 4, 8))), memory_gb=min(home.memory_gb, rng.choice((8, 16, 32))),
+            f"s{i}", cpu=cpu, memory_gb=min(home.memory_gb, rng.choice((8, 16, 32))),
             gpu=1 if "gpu" in feats else 0, features=feats, duration_h=rng.randint(2, 16) / 4,
             durations_h=per_type, output_gb=rng.randint(0, 20), needs=needs))
     links = {(a.name, b.name): rng.choice(BANDWIDTHS) for a in nodes for b in nodes

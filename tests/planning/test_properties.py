@@ -9,6 +9,7 @@ from raylane.planning import PLANNERS, PlanStatus, exhaustive_plan, verify
 from tests.planning.gen import random_instance
 
 SEEDS = range(60)
+TIGHT_SEEDS = range(40)  # few dependencies, big stages: capacity binds the optimum in 13 of these 40
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +18,9 @@ def instances():
     for seed in SEEDS:
         inst = random_instance(random.Random(seed))
         out.append((seed, inst, exhaustive_plan(*inst)))
+    for seed in TIGHT_SEEDS:
+        inst = random_instance(random.Random(seed), tight=True)
+        out.append((f"tight-{seed}", inst, exhaustive_plan(*inst)))
     return out
 
 
@@ -69,3 +73,15 @@ def test_conformance_every_registered_planner(instances, name):
         again = planner.plan(*inst)
         assert again.makespan_h == plan.makespan_h, seed
         assert plan.planner == name
+
+
+def test_cpsat_under_a_short_time_limit_still_returns_a_valid_plan_with_its_bound():
+    from raylane.planning import CpSatPlanner
+
+    inst = random_instance(random.Random(30), n_stages=30, min_nodes=6, max_nodes=6, tight=True)
+    plan = CpSatPlanner(time_limit_s=0.05, workers=1).plan(*inst)
+    heft = PLANNERS.get("heft").plan(*inst)
+    assert verify(*inst, plan).ok
+    assert plan.makespan_h <= heft.makespan_h + 1e-9  # HEFT is its hint: never worse
+    assert plan.bound_h is not None and plan.bound_h <= plan.makespan_h + 1e-9
+    assert (plan.status is PlanStatus.OPTIMAL) == (plan.bound_h >= plan.makespan_h - 1e-9)

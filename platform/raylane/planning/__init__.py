@@ -5,7 +5,7 @@ No Ray import, no clock, no randomness. Planners are looked up by name in ``PLAN
 See docs/pipelines.md.
 """
 from raylane.planning import _cpsat, _heft, _olb  # noqa: F401  (registration)
-from raylane.planning._cpsat import CpSatPlanner, NoPlanFoundError
+from raylane.planning._cpsat import CpSatPlanner
 from raylane.planning._heft import HeftPlanner, upward_ranks
 from raylane.planning._olb import OlbPlanner
 from raylane.planning.base import PLANNERS, Planner
@@ -16,7 +16,7 @@ from raylane.planning.model import (
 from raylane.planning.verify import Report, Violation, ViolationKind, verify
 
 __all__ = [
-    "PLANNERS", "Planner", "HeftPlanner", "OlbPlanner", "CpSatPlanner", "NoPlanFoundError", "upward_ranks",
+    "PLANNERS", "Planner", "HeftPlanner", "OlbPlanner", "CpSatPlanner", "upward_ranks",
     "exhaustive_plan", "Network", "Pipeline", "Placement", "Plan", "PlanNode", "PlanStatus", "Stage",
     "feasible_nodes", "Report", "Violation", "ViolationKind", "verify",
 ]

@@ -171,6 +171,7 @@ class Plan:
     planner: str = ""
     status: PlanStatus = PlanStatus.DRAFT
     bound_h: Optional[float] = None
+    note: str = ""  # how it was obtained, when that is not obvious from ``planner`` and ``status``
 
     def by_stage(self) -> Dict[str, Placement]:
         return {p.stage: p for p in self.placements}
