@@ -2,10 +2,12 @@
 
 Printed:
 - over ``--n`` seeded random pipelines of 2-10 stages on 3-5 heterogeneous nodes (``tests/planning/gen.py``;
-  durations in quarter hours, transfers in whole minutes, so CP-SAT's minute resolution is exact): the gap of HEFT
-  and OLB to CP-SAT's makespan (mean, max, how often optimal), and how many CP-SAT proved optimal within
-  ``--time-limit`` seconds;
+  durations in quarter hours, transfers in whole minutes, so CP-SAT's minute resolution is exact), in two families
+  (``dense``: each stage needs each earlier one with probability 0.4; ``tight``: 0.15, and stages that take half to
+  all of a node's cpu, so capacity binds): the gap of HEFT and OLB to CP-SAT's makespan (mean, max, how often
+  optimal), and how many CP-SAT proved optimal within ``--time-limit`` seconds;
 - CP-SAT's time to proof on random pipelines of exactly 10 stages (median, max), beside HEFT's time on the same;
+- CP-SAT on 50 and 100 tight stages on 10 nodes within ``--time-limit``: status, makespan, bound, HEFT beside it;
 - HEFT's and OLB's wall time for one pipeline of 1,000 stages on 100 nodes (each stage needs up to 3 of the 50
   stages before it), and the ratio between them.
 
@@ -58,23 +60,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     cpsat = CpSatPlanner(time_limit_s=args.time_limit, workers=args.workers)
     heft, olb = HeftPlanner(), OlbPlanner()
 
-    gaps = {"heft": [], "olb": []}
-    proven, sizes = 0, []
-    for i in range(args.n):
-        inst = random_instance(random.Random(args.seed * 100_003 + i), max_stages=10, min_nodes=3, max_nodes=5)
-        sizes.append(len(inst[0].stages))
-        best = cpsat.plan(*inst)
-        proven += best.status is PlanStatus.OPTIMAL
-        for name, planner in (("heft", heft), ("olb", olb)):
-            report = verify(*inst, planner.plan(*inst), best_known_h=best.makespan_h)
-            if not report.ok:
-                raise RuntimeError(f"{name} plan fails the verifier on instance {i}:\n{report.render()}")
-            gaps[name].append(report.gap)
-    print(f"gap to CP-SAT over {args.n} random pipelines of {min(sizes)}-{max(sizes)} stages (mean "
-          f"{statistics.mean(sizes):.1f}) on 3-5 nodes; CP-SAT proved {proven}/{args.n} optimal "
-          f"within {args.time_limit:g} s each")
-    for name in ("heft", "olb"):
-        print(f"  {name:5s} {_fmt(gaps[name])}")
+    for family, tight in (("dense", False), ("tight", True)):
+        gaps = {"heft": [], "olb": []}
+        proven, sizes = 0, []
+        for i in range(args.n):
+            inst = random_instance(random.Random(args.seed * 100_003 + i), max_stages=10, min_nodes=3, max_nodes=5,
+                                   tight=tight)
+            sizes.append(len(inst[0].stages))
+            best = cpsat.plan(*inst)
+            proven += best.status is PlanStatus.OPTIMAL
+            for name, planner in (("heft", heft), ("olb", olb)):
+                report = verify(*inst, planner.plan(*inst), best_known_h=best.makespan_h)
+                if not report.ok:
+                    raise RuntimeError(f"{name} plan fails the verifier on instance {i}:\n{report.render()}")
+                gaps[name].append(report.gap)
+        print(f"gap to CP-SAT over {args.n} {family} random pipelines of {min(sizes)}-{max(sizes)} stages (mean "
+              f"{statistics.mean(sizes):.1f}) on 3-5 nodes; CP-SAT proved {proven}/{args.n} optimal "
+              f"within {args.time_limit:g} s each")
+        for name in ("heft", "olb"):
+            print(f"  {name:5s} {_fmt(gaps[name])}")
 
     t_proof, t_heft, unproven = [], [], 0
     rng = random.Random(args.seed + 7)
@@ -98,6 +102,17 @@ def main(argv: Optional[List[str]] = None) -> None:
               f"median {statistics.median(t_proof) * 1e3:.0f} ms, max {max(t_proof) * 1e3:.0f} ms; "
               f"{unproven} not proven within {args.time_limit:g} s; HEFT on the same: median "
               f"{statistics.median(t_heft) * 1e3:.2f} ms (CP-SAT/HEFT {statistics.median(t_proof) / statistics.median(t_heft):.0f}x)")
+
+    for n_stages in (50, 100):
+        inst = random_instance(random.Random(n_stages), n_stages=n_stages, min_nodes=10, max_nodes=10, tight=True)
+        t0 = time.perf_counter()
+        plan = cpsat.plan(*inst)
+        took = time.perf_counter() - t0
+        h = heft.plan(*inst).makespan_h
+        print(f"CP-SAT at {n_stages} stages x 10 nodes (tight): {plan.status.value} in {took:.1f} s, makespan "
+              f"{plan.makespan_h:.2f} h, bound {plan.bound_h:.2f} h (gap to bound "
+              f"{plan.makespan_h / plan.bound_h - 1:.1%}); HEFT {h:.2f} h ({h / plan.makespan_h - 1:+.1%})"
+              + (f"; {plan.note}" if plan.note else ""))
 
     inst = large_instance(random.Random(args.seed))
     times = {}
