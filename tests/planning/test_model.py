@@ -61,3 +61,11 @@ def test_registry_names_and_unknown_planner():
     assert PLANNERS.names() == ["cpsat", "heft", "olb"] and PLANNERS.default == "heft"
     with pytest.raises(UnknownNameError, match="unknown planner policy 'ga'; known: cpsat, heft, olb"):
         PLANNERS.get("ga")
+
+
+def test_cpsat_options_named():
+    from raylane.planning import CpSatPlanner
+
+    with pytest.raises(ValidationError) as e:
+        CpSatPlanner(time_limit_s=0, workers=0, resolution_min=1.5)
+    assert [p for p, _, _ in e.value.errors] == ["time_limit_s", "workers", "resolution_min"]

@@ -94,6 +94,7 @@ def test_verifier_flags_a_wrong_duration(example, optimum):
     rows[0] = ("T1", "gpu-1", 0, 2)
     [v] = verify(*example, _plan(rows, optimum.makespan_h)).violations
     assert v.kind is ViolationKind.DURATION and v.stage == "T1" and v.amount == pytest.approx(-1)
+    assert v.message == "T1 on gpu-1 runs 0-2 h (2 h); it takes 3 h on a gpu node"
 
 
 def test_moving_t3_output_when_it_pays(example):
@@ -115,3 +116,11 @@ def test_cpsat_off_its_minute_grid_claims_no_proof(example):
     plan = PLANNERS.get("cpsat").plan(odd, nodes, network)
     assert plan.status is PlanStatus.FEASIBLE and plan.bound_h is None
     assert verify(odd, nodes, network, plan).ok and plan.makespan_h == pytest.approx(5.26)
+
+
+def test_verifier_flags_a_start_before_zero(example, optimum):
+    rows = [(p.stage, p.node, p.start_h - (1 if p.stage == "T3" else 0), p.finish_h - (1 if p.stage == "T3" else 0))
+            for p in optimum.placements]
+    [v] = verify(*example, _plan(rows, optimum.makespan_h)).violations
+    assert v.kind is ViolationKind.DURATION and v.stage == "T3" and v.amount == -1
+    assert v.message == "T3 on ssd-1 starts at -1 h; the pipeline starts at 0 h"

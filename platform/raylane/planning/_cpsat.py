@@ -1,10 +1,9 @@
 """An exact planner: a CP-SAT model (Google OR-Tools) of the whole pipeline, minimising the makespan.
 
 Time is integer, in ticks of ``resolution_min`` minutes (default 1): each duration and transfer is rounded up to
-whole ticks, so every plan of the model is feasible for the true durations. When every duration and transfer is a
-whole number of ticks the model is the problem itself and OPTIMAL is a proof; otherwise the plan is reported as
-FEASIBLE without a bound (the proof holds for the rounded problem only). Resources are integers in thousandths
-(demands rounded up, capacities down).
+whole ticks, so every plan of the model is feasible for the true durations. Resources are integers in thousandths
+(demands rounded up, capacities down). When nothing was rounded the model is the problem itself and OPTIMAL is a
+proof; otherwise the plan is reported as FEASIBLE without a bound (the proof holds for the rounded problem only).
 
 The model
 - per stage ``i``: ``start_i``, ``end_i``; per node ``k`` that can hold it, a Boolean ``x_ik`` and an optional
@@ -22,10 +21,10 @@ bound and a ``note`` saying so: the planner always returns a plan.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Dict, Sequence
 
-from dataclasses import replace
-
+from raylane.errors import ValidationError
 from raylane.planning._heft import HeftPlanner
 from raylane.planning.base import PLANNERS, Planner
 from raylane.planning.model import (
@@ -40,6 +39,14 @@ class CpSatPlanner(Planner):
     name = "cpsat"
 
     def __init__(self, *, time_limit_s: float = 10.0, workers: int = 2, resolution_min: int = 1, seed: int = 0):
+        errors = []
+        if not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
+            errors.append(("time_limit_s", time_limit_s, "a number of seconds > 0"))
+        for key, v in (("workers", workers), ("resolution_min", resolution_min)):
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                errors.append((key, v, "an integer >= 1"))
+        if errors:
+            raise ValidationError("cpsat planner", errors)
         self.time_limit_s = time_limit_s
         self.workers = workers
         self.resolution_min = resolution_min
@@ -94,6 +101,8 @@ class CpSatPlanner(Planner):
                 items = per_node[n.name]
                 demands = [int(math.ceil(s.demand[r] * RESOURCE_SCALE - 1e-6)) for _, s in items]
                 capacity = int(math.floor(cap * RESOURCE_SCALE + 1e-6))
+                exact &= all(abs(d - s.demand[r] * RESOURCE_SCALE) <= 1e-6 for d, (_, s) in zip(demands, items))
+                exact &= abs(capacity - cap * RESOURCE_SCALE) <= 1e-6
                 if sum(demands) > capacity:
                     m.add_cumulative([iv for iv, _ in items], demands, capacity)
         for p, c in edges:

@@ -22,7 +22,7 @@ class ViolationKind(enum.Enum):
     UNKNOWN_STAGE = "unknown-stage"
     UNKNOWN_NODE = "unknown-node"
     FEATURES = "features"  # the node lacks a feature the stage needs
-    DURATION = "duration"  # finish - start differs from the stage's duration on that node (or starts before 0)
+    DURATION = "duration"  # finish - start differs from the stage's duration on that node, or a start before 0
     DEPENDENCY = "dependency"  # a stage starts before an input has arrived
     CAPACITY = "capacity"  # a node's cpu, memory or gpu exceeded over some window
     MAKESPAN = "makespan"  # the claimed makespan is not the computed one
@@ -106,11 +106,13 @@ def verify(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network, plan
                                  f"{name} needs {', '.join(missing)}; {pl.node} has "
                                  f"{', '.join(sorted(node.features)) or 'no features'}"))
         want = s.duration_on(node)
-        if abs((pl.finish_h - pl.start_h) - want) > TOL or pl.start_h < -TOL:
+        if abs((pl.finish_h - pl.start_h) - want) > TOL:
             out.append(Violation(ViolationKind.DURATION, name, pl.node, pl.finish_h - pl.start_h - want,
                                  f"{name} on {pl.node} runs {pl.start_h:g}-{pl.finish_h:g} h "
-                                 f"({pl.finish_h - pl.start_h:g} h); it takes {want:g} h on a {node.node_type} "
-                                 f"node and cannot start before 0 h"))
+                                 f"({pl.finish_h - pl.start_h:g} h); it takes {want:g} h on a {node.node_type} node"))
+        if pl.start_h < -TOL:
+            out.append(Violation(ViolationKind.DURATION, name, pl.node, pl.start_h,
+                                 f"{name} on {pl.node} starts at {pl.start_h:g} h; the pipeline starts at 0 h"))
 
     # 3. Dependencies and transfers.
     moved = 0.0
