@@ -27,3 +27,13 @@ def test_bad_pipeline_named(tmp_path, body, needle):
     with pytest.raises(LoadError) as e:
         load_pipeline(p)
     assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_plan_round_trip(tmp_path):
+    from raylane.planning import PLANNERS
+    from raylane.planning.yamlio import dump_plan, load_plan
+    plan = PLANNERS.get("heft").plan(*worked_example())
+    p = tmp_path / "plan.yaml"
+    p.write_text(dump_plan(plan))
+    got = load_plan(p)
+    assert got.placements == plan.placements and got.makespan_h == plan.makespan_h

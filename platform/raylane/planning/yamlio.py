@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from raylane.errors import ValidationError as _ModelError
 
-from .model import Network, Pipeline, PlanNode, Stage
+from .model import Network, Pipeline, Placement, Plan, PlanNode, Stage
 
 
 class LoadError(ValueError):
@@ -137,3 +137,31 @@ def load_cluster(path) -> Tuple[List[PlanNode], Network]:
     except (ValueError, _ModelError) as e:
         raise LoadError(f"{path}: {e}") from None
     return nodes, net
+
+
+class _Placement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    start: float
+    finish: float
+
+
+class _PlanFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["plan"] = "plan"
+    makespan: float
+    planner: str = ""
+    stages: Dict[str, _Placement]
+
+
+def load_plan(path) -> Plan:
+    """A plan file: ``stages: {T1: {node: gpu-1, start: 0, finish: 3}, ...}`` (hours), ``makespan`` (hours)."""
+    f = _read(path, _PlanFile)
+    return Plan(tuple(Placement(s, p.node, p.start, p.finish) for s, p in f.stages.items()), f.makespan,
+                planner=f.planner)
+
+
+def dump_plan(plan: Plan) -> str:
+    data = {"kind": "plan", "planner": plan.planner, "makespan": plan.makespan_h,
+            "stages": {p.stage: {"node": p.node, "start": p.start_h, "finish": p.finish_h} for p in plan.placements}}
+    return yaml.safe_dump(data, sort_keys=False)
