@@ -25,6 +25,7 @@ cli_cluster.register(app)
 cli_auth.register(app, cli_config.policy_app)
 cli_nodes.register(app)
 from raylane.sim.cli import register as _register_sim; _register_sim(app)  # noqa: E402,E702
+from raylane.cli_plan import register as _register_plan; _register_plan(app)  # noqa: E402,E702
 from raylane.cli_console import register as _register_console; _register_console(app)  # noqa: E402,E702
 from raylane.cli_cost import register as _register_cost; _register_cost(app)  # noqa: E402,E702
 
