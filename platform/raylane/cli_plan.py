@@ -19,7 +19,8 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
          solver: str = typer.Option("heft", "--solver", help="heft, olb or cpsat"),
          time_limit: float = typer.Option(10.0, "--time-limit", help="cpsat time limit in seconds"),
          out: Optional[Path] = typer.Option(None, "--out", help="write the plan YAML here"),
-         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")):
+         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+         describe: bool = typer.Option(False, "--describe", help="print the problem as plain text and stop")):
     """Plan a pipeline on a cluster and print the placements and makespan."""
     if solver not in SOLVERS:
         typer.echo(f"--solver: got {solver!r}; allowed: {', '.join(SOLVERS)}", err=True)
@@ -28,6 +29,9 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
         p = load_pipeline(pipeline)
         nodes, net = load_cluster(cluster)
         planner = PLANNERS.get("cpsat").__class__(time_limit_s=time_limit) if solver == "cpsat" else PLANNERS.get(solver)
+        if describe:
+            typer.echo(describe_problem(p, nodes, net))
+            return
         result = planner.plan(p, nodes, net)
     except (LoadError, ValidationError) as e:
         typer.echo(str(e), err=True)
@@ -47,6 +51,27 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
     console.print(table)
     console.print(f"makespan: {result.makespan_h:g} h ({result.planner}, {result.status.name.lower()}"
                   + (f", bound {result.bound_h:g} h" if result.bound_h is not None else "") + ")")
+
+
+def describe_problem(p, nodes, net) -> str:
+    """The problem as plain text a person or an LLM can draft a plan from."""
+    lines = ["Pipeline stages (memory and output in GB, durations in hours):"]
+    for s in p.stages:
+        per = "".join(f", on {t}: {h:g} h" for t, h in sorted(s.durations_h.items()))
+        lines.append(f"- {s.name}: needs [{', '.join(s.needs)}]; cpu {s.cpu:g}, memory {s.memory_gb:g}, gpu {s.gpu:g}, "
+                     f"features [{', '.join(sorted(s.features))}]; duration {s.duration_h:g} h{per}; output {s.output_gb:g}")
+    lines.append("Nodes:")
+    for n in nodes:
+        lines.append(f"- {n.name} (type {n.node_type}): cpu {n.cpu:g}, memory {n.memory_gb:g}, gpu {n.gpu:g}, "
+                     f"features [{', '.join(sorted(n.features))}]")
+    lines.append(f"Network: {net.default_gb_per_h:g} GB/h between nodes unless listed; same node: no transfer.")
+    for (a, b), bw in dict(net.links).items():
+        lines.append(f"- {a} <-> {b}: {bw:g} GB/h")
+    lines += ["A stage starts after every stage it needs has finished and its output has arrived (output / bandwidth).",
+              "Stages on one node run at once while cpu, memory and gpu fit. Minimise the makespan.",
+              "Answer in this YAML format (hours):",
+              "kind: plan", "makespan: 9.25", "stages:", "  T1: {node: gpu-1, start: 0, finish: 3}"]
+    return "\n".join(lines)
 
 
 def register(parent: typer.Typer) -> None:

@@ -32,3 +32,11 @@ def test_plan_table_and_bad_solver():
     r = CliRunner().invoke(app, ["plan", EX + "worked-example.yaml", "--cluster", EX + "cluster-3node.yaml",
                                  "--solver", "magic"])
     assert r.exit_code == 2
+
+
+def test_describe():
+    r = CliRunner().invoke(app, ["plan", EX + "worked-example.yaml", "--cluster", EX + "cluster-3node.yaml",
+                                 "--describe"])
+    assert r.exit_code == 0, r.output
+    for needle in ("T4: needs [T2, T3]", "features [ssd]", "gpu-1 <-> ssd-1: 20 GB/h", "output 20", "kind: plan"):
+        assert needle in r.output
