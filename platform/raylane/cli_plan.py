@@ -38,9 +38,11 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
         raise typer.Exit(2)
     if out:
         out.write_text(dump_plan(result))
+    where = {x.stage: x.node for x in result.placements}
+    moved = sum(d.output_gb for st in p.stages for d in p.stages if d.name in st.needs and where[d.name] != where[st.name])
     if as_json:
         typer.echo(json.dumps({"planner": result.planner, "status": result.status.name, "makespan_h": result.makespan_h,
-                               "bound_h": result.bound_h,
+                               "bound_h": result.bound_h, "data_moved_gb": moved,
                                "stages": {x.stage: {"node": x.node, "start_h": x.start_h, "finish_h": x.finish_h}
                                           for x in result.placements}}))
         return
@@ -49,6 +51,7 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
         table.add_row(x.stage, x.node, f"{x.start_h:g}", f"{x.finish_h:g}")
     console = Console()
     console.print(table)
+    console.print(f"data moved: {moved:g} GB")
     console.print(f"makespan: {result.makespan_h:g} h ({result.planner}, {result.status.name.lower()}"
                   + (f", bound {result.bound_h:g} h" if result.bound_h is not None else "") + ")")
 

@@ -23,6 +23,7 @@ def test_plan_each_solver(tmp_path, solver, makespan):
     assert set(data["stages"]) == {"T1", "T2", "T3", "T4"}
     if makespan:
         assert data["makespan_h"] == pytest.approx(makespan)
+        assert data["data_moved_gb"] == pytest.approx(5)  # T2's 5 GB from gpu-1 to T4 on ssd-1
     assert out.exists()
 
 
