@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from raylane.planning.base import PLANNERS, Planner
-from raylane.planning.model import Network, Pipeline, Placement, Plan, PlanNode, PlanStatus, feasible_nodes
-from raylane.planning.timeline import Timeline, data_ready_h
+from raylane.planning.model import Network, Pipeline, Plan, PlanNode, feasible_nodes
+from raylane.planning.timeline import list_schedule
 
 
 def mean_inverse_bandwidth(nodes: Sequence[PlanNode], network: Network) -> float:
@@ -53,19 +53,5 @@ class HeftPlanner(Planner):
         feasible = feasible_nodes(pipeline, nodes)
         rank = upward_ranks(pipeline, nodes, network, feasible)
         topo = {n: i for i, n in enumerate(pipeline.topological_order())}
-        stages = {s.name: s for s in pipeline.stages}
-        timelines = {n.name: Timeline(n) for n in nodes}
-        placed: Dict[str, Placement] = {}
-        for name in sorted(stages, key=lambda n: (-rank[n], topo[n])):
-            s = stages[name]
-            best = None
-            for node in feasible[name]:
-                dur = s.duration_on(node)
-                start = timelines[node.name].earliest_start(
-                    data_ready_h(s, node.name, placed, stages, network), dur, s.demand)
-                if best is None or start + dur < best.finish_h - 1e-12:
-                    best = Placement(name, node.name, start, start + dur)
-            timelines[best.node].add(best.start_h, best.finish_h, s.demand)
-            placed[name] = best
-        ordered = tuple(placed[s.name] for s in pipeline.stages)
-        return Plan(ordered, max(p.finish_h for p in ordered), planner=self.name, status=PlanStatus.HEURISTIC)
+        order = sorted(topo, key=lambda n: (-rank[n], topo[n]))
+        return list_schedule(pipeline, nodes, network, feasible, order, key=lambda p: p.finish_h, planner=self.name)

@@ -6,11 +6,11 @@ order. It looks at no rank and no finish time, so it is fast and blind to slow n
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Sequence
 
 from raylane.planning.base import PLANNERS, Planner
-from raylane.planning.model import Network, Pipeline, Placement, Plan, PlanNode, PlanStatus, feasible_nodes
-from raylane.planning.timeline import Timeline, data_ready_h
+from raylane.planning.model import Network, Pipeline, Plan, PlanNode, feasible_nodes
+from raylane.planning.timeline import list_schedule
 
 
 @PLANNERS.register("olb")
@@ -18,20 +18,5 @@ class OlbPlanner(Planner):
     name = "olb"
 
     def plan(self, pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network) -> Plan:
-        feasible = feasible_nodes(pipeline, nodes)
-        stages = {s.name: s for s in pipeline.stages}
-        timelines = {n.name: Timeline(n) for n in nodes}
-        placed: Dict[str, Placement] = {}
-        for name in pipeline.topological_order():
-            s = stages[name]
-            best = None
-            for node in feasible[name]:
-                dur = s.duration_on(node)
-                start = timelines[node.name].earliest_start(
-                    data_ready_h(s, node.name, placed, stages, network), dur, s.demand)
-                if best is None or start < best.start_h - 1e-12:
-                    best = Placement(name, node.name, start, start + dur)
-            timelines[best.node].add(best.start_h, best.finish_h, s.demand)
-            placed[name] = best
-        ordered = tuple(placed[s.name] for s in pipeline.stages)
-        return Plan(ordered, max(p.finish_h for p in ordered), planner=self.name, status=PlanStatus.HEURISTIC)
+        return list_schedule(pipeline, nodes, network, feasible_nodes(pipeline, nodes), pipeline.topological_order(),
+                             key=lambda p: p.start_h, planner=self.name)

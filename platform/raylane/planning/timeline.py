@@ -7,9 +7,9 @@ before stages placed earlier, so long as capacity holds).
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 
-from raylane.planning.model import EPS, PlanNode
+from raylane.planning.model import EPS, Placement, Plan, PlanNode, PlanStatus
 
 Demand = Tuple[float, float, float]
 
@@ -64,3 +64,27 @@ def data_ready_h(stage, node_name: str, placed: dict, stages: dict, network) -> 
         pl = placed[p]
         ready = max(ready, pl.finish_h + network.transfer_h(stages[p].output_gb, pl.node, node_name))
     return ready
+
+
+def list_schedule(pipeline, nodes: Sequence[PlanNode], network, feasible: Dict[str, List[PlanNode]],
+                  order: Iterable[str], key: Callable[[Placement], float], planner: str) -> Plan:
+    """The list scheduling HEFT and OLB share: stages in ``order`` (a topological one), each on the feasible node
+    whose placement has the smallest ``key`` (ties: node order), inserted at the earliest instant its inputs have
+    arrived and the node has room for its whole run."""
+    stages = {s.name: s for s in pipeline.stages}
+    timelines = {n.name: Timeline(n) for n in nodes}
+    placed: Dict[str, Placement] = {}
+    for name in order:
+        s = stages[name]
+        best = None
+        for node in feasible[name]:
+            dur = s.duration_on(node)
+            start = timelines[node.name].earliest_start(
+                data_ready_h(s, node.name, placed, stages, network), dur, s.demand)
+            cand = Placement(name, node.name, start, start + dur)
+            if best is None or key(cand) < key(best) - 1e-12:
+                best = cand
+        timelines[best.node].add(best.start_h, best.finish_h, s.demand)
+        placed[name] = best
+    ordered = tuple(placed[s.name] for s in pipeline.stages)
+    return Plan(ordered, max(p.finish_h for p in ordered), planner=planner, status=PlanStatus.HEURISTIC)

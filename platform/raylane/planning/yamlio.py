@@ -5,7 +5,7 @@ duration: a number of hours or "3h"/"90m", or a mapping node_type -> one of thos
 """
 import re
 from pathlib import Path
-from typing import Dict, List, Literal, Optional, Tuple, Union
+from typing import Dict, List, Literal, Tuple, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
