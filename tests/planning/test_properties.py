@@ -1,7 +1,5 @@
-"""Property tests on seeded random small pipelines (<= 5 stages, 2-3 nodes), and the package's purity."""
+"""Property tests on seeded random small pipelines (<= 5 stages, 2-3 nodes); purity is in tests/scheduling/test_purity.py."""
 import random
-import subprocess
-import sys
 
 import pytest
 
@@ -50,16 +48,6 @@ def test_heuristic_plans_pass_the_verifier_and_never_beat_the_optimum(instances,
 def test_exhaustive_plans_pass_the_verifier(instances):
     for seed, inst, best in instances:
         assert verify(*inst, best).ok, seed
-
-
-def test_import_raylane_planning_does_not_import_ray_or_ortools():
-    code = (
-        "import sys, raylane.planning\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'torch', 'ortools'))\n"
-        "assert not bad, bad\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("name", PLANNERS.names())

@@ -1,12 +1,19 @@
-"""The scheduling core is pure: importing it pulls in no Ray (nor torch), so the simulator and these tests stay light."""
+"""The pure cores import no Ray (nor torch; the planner no OR-Tools until CP-SAT runs), so the simulator, the
+planners and their tests stay light."""
 import subprocess
 import sys
 
+import pytest
 
-def test_import_raylane_scheduling_does_not_import_ray():
+
+@pytest.mark.parametrize("package,banned", [
+    ("raylane.scheduling", ("ray", "torch")),
+    ("raylane.planning", ("ray", "torch", "ortools")),
+])
+def test_importing_a_pure_core_imports_none_of_the_heavy_packages(package, banned):
     code = (
-        "import sys, raylane.scheduling\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'torch'))\n"
+        f"import sys, {package}\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {banned!r})\n"
         "assert not bad, bad\n"
     )
     # A fresh interpreter: other test modules in this session may import Ray themselves.
