@@ -268,19 +268,26 @@ class ControlActor:
 
             for n in nodes:
                 if n.id not in self._node_ids:
-                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources())))
+                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources()),
+                                                schedulable=self.nodes.schedulable(n.id)))
             self._node_ids = ids
-        for nid in ids:
-            self.state.set_schedulable(nid, self.nodes.schedulable(nid))
         return changed
 
     def _node_event(self, node_id: str, event: str, **data) -> None:
         """Journal a node event, then apply it to the book (journal first, then act)."""
         e = self.journal.append("node", NODES_ID, node=node_id, event=event, **data)
         self.nodes.apply(e)
+        if node_id in self.state.nodes:
+            self.state.set_schedulable(node_id, self.nodes.schedulable(node_id))
         if event == "quarantined":
             metrics.NODE_QUARANTINES.inc(node_type=self.nodes.get(node_id).node_type or "-")
             log.warning("node %s quarantined: %s", node_id, data.get("reason", ""))
+
+    def _node_events(self, events) -> None:
+        """Journal and apply the events a ``NodeBook`` decision returned."""
+        for ev in events:
+            ev = dict(ev)
+            self._node_event(ev.pop("node"), ev.pop("event"), **ev)
 
     def _lose_node(self, node_id: str, now: float) -> None:
         """A node died: journal it, then every lease with a worker there goes back to the queue at once, keeping
@@ -344,8 +351,7 @@ class ControlActor:
             draining = ray_state.get_draining_nodes()
         except Exception:  # noqa: BLE001 - an older GCS without drain support: nothing is draining
             draining = {}
-        for ev in self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}):
-            self._node_event(ev.pop("node"), ev.pop("event"), **ev)
+        self._node_events(self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}))
         for st in self.nodes.evicting():
             for lease in [l for l in self.state.leases.values() if st.id in l.placement]:
                 if self.records[lease.id].state is not State.PREEMPTING:
@@ -353,8 +359,6 @@ class ControlActor:
             # A reservation not yet started is released at once by its preemption: the node may be empty already.
             if st.state is NodeState.DRAINING and not any(st.id in l.placement for l in self.state.leases.values()):
                 self._node_event(st.id, "drained", by=st.by, reason=f"drained ({st.reason})")
-        for nid in self._node_ids:
-            self.state.set_schedulable(nid, self.nodes.schedulable(nid))
         if now - self._probed_at >= self.policy.health.probe_interval and (
                 self._probing is None or self._probing.done()):
             self._probed_at = now
@@ -389,9 +393,8 @@ class ControlActor:
             if st is None or nid not in self._node_ids:
                 continue  # lost meanwhile: its loss is the verdict
             metrics.NODE_PROBES.inc(outcome="ok" if ok else "failed")
-            for ev in self.nodes.on_probe(nid, ok, message):
-                self._node_event(ev.pop("node"), ev.pop("event"), **ev)
-            st.probe_ok, st.probe_at, st.probe_message = ok, time.time(), message
+            self._node_events(self.nodes.on_probe(nid, ok, message))
+            self.nodes.note_probe(nid, ok, message, time.time())
         self._poke()
 
     def _export_gauges(self) -> None:
@@ -753,8 +756,7 @@ class ControlActor:
         self._append(kind, rec, **data)
         if req.restart and rec.placement:
             # A crash the driver retries: attributed to every node the gang ran on (raylane.control.nodes).
-            for ev in self.nodes.on_gang_failure(rec.placement, wid, time.time()):
-                self._node_event(ev.pop("node"), ev.pop("event"), **ev)
+            self._node_events(self.nodes.on_gang_failure(rec.placement, wid, time.time()))
         if kind == "running":
             # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
             # counting the capacity, so nothing else is admitted into it meanwhile.
@@ -1048,14 +1050,12 @@ class ControlActor:
         nid = self._node_ref(req.node)
         if self.nodes.get(nid).state is NodeState.READY:
             self._node_event(nid, "cordoned", by=p.user, reason=req.reason or f"cordoned by {p.user}")
-        self.state.set_schedulable(nid, False)
         return self.nodes.get(nid).public()
 
     async def _api_node_uncordon(self, p: Principal, req: api.NodeUncordon) -> Dict[str, Any]:
         nid = self._node_ref(req.node)
         if self.nodes.get(nid).state is not NodeState.READY:
             self._node_event(nid, "uncordoned", by=p.user, reason=req.reason or f"uncordoned by {p.user}")
-        self.state.set_schedulable(nid, True)
         self._poke()
         return self.nodes.get(nid).public()
 
@@ -1065,7 +1065,6 @@ class ControlActor:
         nid = self._node_ref(req.node)
         if self.nodes.get(nid).state in (NodeState.READY, NodeState.CORDONED):
             self._node_event(nid, "draining", by=p.user, reason=req.reason or f"drained by {p.user}")
-        self.state.set_schedulable(nid, False)
         self._service_nodes(time.time())
         return self.nodes.get(nid).public()
 

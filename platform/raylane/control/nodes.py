@@ -1,8 +1,10 @@
 """What the control plane knows about each node's health and service state, rebuilt from the journal (Ray-free).
 
 ``NodeBook`` owns one ``NodeStatus`` per node the control plane has seen: its service state, why and since when, the
-last probe, and the gang failures attributed to it. It changes only by applying journal entries of kind ``node``
-(workload id ``@nodes``), so the live actor and a restart replaying the journal build the same book. Its decisions
+last probe, and the gang failures attributed to it. It changes by applying journal entries of kind ``node``
+(workload id ``@nodes``), so the live actor and a restart replaying the journal build the same book; the one
+exception is a passing probe that ends no run of failures, which is not journaled (a probe every 30 s per node would
+fill the journal) and only updates the last probe shown (``note_probe``). Its decisions
 (``on_probe``, ``on_gang_failure``, ``on_ray_draining``) are pure: they return the events to journal; the actor
 journals them, applies them, and acts (placement stops, running gangs are preempted).
 
@@ -128,6 +130,12 @@ class NodeBook:
         st.reason = d.get("reason", "")
         if new is NodeState.READY:
             st.failures, st.probe_fails = [], 0
+
+    def note_probe(self, node_id: str, ok: bool, message: str, at: float) -> None:
+        """The last probe's result, as shown by ``node list`` (its journaled events were applied already)."""
+        st = self.nodes.get(node_id)
+        if st is not None:
+            st.probe_ok, st.probe_at, st.probe_message = ok, at, message
 
     # ------------------------------------------------------------------------------------------- queries
     def get(self, node_id: str) -> Optional[NodeStatus]:
