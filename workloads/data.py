@@ -31,7 +31,7 @@ from typing import Annotated, Literal, Optional, Tuple
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["Corpus", "CorpusConfig", "build_corpus", "load_corpus", "batch_at", "eval_windows", "stdlib_root",
            "DEFAULT_MAX_BYTES"]
@@ -53,6 +53,9 @@ class CorpusConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     subdir: Optional[str] = None
+    # A directory of prepared text (a pipeline's data-preparation stage output, workloads/prepare_corpus.py) to
+    # train on instead of the stdlib: every file in it, in sorted order, except names starting with "_" or ".".
+    path: Optional[str] = None
     max_bytes: Annotated[int, Field(ge=4096, le=1_000_000_000)] = DEFAULT_MAX_BYTES
     val_fraction: Annotated[float, Field(gt=0.0, le=0.5)] = 0.1
 
@@ -65,6 +68,21 @@ class CorpusConfig(BaseModel):
         if Path(v).is_absolute() or ".." in Path(v).parts or not (root / v).is_dir():
             raise ValueError(f"must name a directory under the stdlib {root} (such as 'email' or 'json'), or be null")
         return v
+
+    @field_validator("path")
+    @classmethod
+    def _path_absolute(cls, v: Optional[str]) -> Optional[str]:
+        # Not checked for existence here: a pipeline's stage config names it before the stage that writes it ran.
+        if v is not None and not Path(v).is_absolute():
+            raise ValueError("must be an absolute directory path (a pipeline's {stage: NAME} reference gives one), "
+                             "or be null")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.path is not None and self.subdir is not None:
+            raise ValueError("give subdir (a stdlib package) or path (a prepared directory), not both")
+        return self
 
 
 @dataclass(frozen=True)
@@ -90,12 +108,14 @@ class Corpus:
         return int(self.train.numel() + self.val.numel())
 
 
-def _source_files(base: Path) -> list[Path]:
-    """Every ``.py`` file under ``base`` outside the excluded directories, sorted by relative posix path."""
+def _source_files(base: Path, prepared: bool = False) -> list[Path]:
+    """Every ``.py`` file under ``base`` outside the excluded directories (``prepared``: every file whose name does
+    not start with ``_`` or ``.``), sorted by relative posix path."""
     found = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS]
-        found += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+        found += [Path(dirpath, f) for f in filenames
+                  if (not f.startswith(("_", ".")) if prepared else f.endswith(".py"))]
     return sorted(found, key=lambda p: p.relative_to(base).as_posix())
 
 
@@ -114,11 +134,16 @@ def build_corpus(
 
 
 def load_corpus(config: CorpusConfig) -> Corpus:
+    if config.path is not None:
+        if not Path(config.path).is_dir():
+            raise FileNotFoundError(f"corpus.path: got {config.path!r}; allowed: an existing directory of prepared text")
+        return _build_corpus(None, int(config.max_bytes), float(config.val_fraction), config.path, True)
     return build_corpus(subdir=config.subdir, max_bytes=config.max_bytes, val_fraction=config.val_fraction)
 
 
 @functools.lru_cache(maxsize=8)
-def _build_corpus(subdir: Optional[str], max_bytes: int, val_fraction: float, root: str) -> Corpus:
+def _build_corpus(subdir: Optional[str], max_bytes: int, val_fraction: float, root: str,
+                  prepared: bool = False) -> Corpus:
     if max_bytes <= 0:
         raise ValueError(f"max_bytes: got {max_bytes!r}; allowed: a positive number of bytes")
     if not 0.0 < val_fraction < 1.0:
@@ -131,7 +156,7 @@ def _build_corpus(subdir: Optional[str], max_bytes: int, val_fraction: float, ro
     chunks: list[bytes] = []
     used: list[tuple[str, int]] = []
     total = 0
-    for path in _source_files(base):
+    for path in _source_files(base, prepared):
         if total >= max_bytes:
             break
         data = path.read_bytes() + _FILE_SEPARATOR
@@ -139,7 +164,7 @@ def _build_corpus(subdir: Optional[str], max_bytes: int, val_fraction: float, ro
         total += len(chunks[-1])
         used.append((path.relative_to(root_path).as_posix(), len(data)))
     if not used:
-        raise FileNotFoundError(f"subdir: got {subdir!r}; no .py files under {base}")
+        raise FileNotFoundError(f"subdir: got {subdir!r}; no {'files' if prepared else '.py files'} under {base}")
 
     digest = hashlib.sha256(f"max_bytes={max_bytes}\n".encode())
     for rel, size in used:

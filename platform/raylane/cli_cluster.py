@@ -151,8 +151,18 @@ def submit(
 
     try:  # the cluster's policy is checked by the control plane; everything else here, before connecting
         data, dups = read_yaml(spec, "spec file")
-        load_spec_from_dict(data, str(spec), code=True, working_dir=".", load_code=not (no_code or reserve_only),
-                            _extra=dups)
+        pipeline = isinstance(data, dict) and data.get("kind") == "pipeline"
+        if pipeline:  # raylane.pipelines: every stage checked; one driver job runs them all
+            from raylane.launchers.train import DEFAULT_STORAGE
+            from raylane.pipelines.driver import check
+
+            if reserve_only:
+                raise ValidationError(str(spec), [("--reserve-only", True, "not for kind: pipeline (its stages run "
+                                                                           "in one driver job)")])
+            check(data, storage_path=DEFAULT_STORAGE, working_dir=".", load_code=not no_code)
+        else:
+            load_spec_from_dict(data, str(spec), code=True, working_dir=".", load_code=not (no_code or reserve_only),
+                                _extra=dups)
     except FatalError as exc:
         print_error(exc)
         raise typer.Exit(1)
@@ -182,6 +192,10 @@ def submit(
             )
             console.print(f"ray job {job_id} submitted")
             rec = _workload_of_job(h, client, job_id)
+            if rec.get("kind") == "pipeline":
+                console.print(f"pipeline {rec['id']}: {rec['state']}, {len(rec.get('stages') or [])} stages; "
+                              f"`raylane queue` lists them", highlight=False)
+                return
         if wait:
             from raylane.control.client import State
 
@@ -242,9 +256,21 @@ def queue_table(rows) -> Table:
     t = Table(title="raylane queue", show_lines=False)
     for col in ("ID", "TEAM", "CLASS", "STATE", "RESOURCES", "WAITED", "POS", "REASON"):
         t.add_column(col, overflow="fold")
+    # A pipeline's stages are listed under it (raylane.pipelines), each marked with its stage name.
+    stages = {}
     for r in rows:
+        if r.get("pipeline"):
+            stages.setdefault(r["pipeline"], []).append(r)
+    pipelines = {r["id"] for r in rows if r.get("kind") == "pipeline"}
+    for r in rows:
+        if r.get("pipeline") in pipelines:
+            continue
         t.add_row(r["id"], r["team"], r["class"], r["state"], r["resources"], f"{r['waited_s']:.0f}s",
                   str(r["position"] or "-"), "; ".join(x for x in (r["reason"], r.get("detail")) if x))
+        for s in stages.get(r["id"], []) if r.get("kind") == "pipeline" else []:
+            t.add_row(f" └ {s['stage']} ({s['id']})", s["team"], s["class"], s["state"], s["resources"],
+                      f"{s['waited_s']:.0f}s", str(s["position"] or "-"),
+                      "; ".join(x for x in (s["reason"], s.get("detail")) if x))
     return t
 
 

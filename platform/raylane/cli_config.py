@@ -117,6 +117,9 @@ def spec_check(
     failed = False
     for f in files:
         try:
+            if _is_pipeline(f):  # raylane.pipelines: the DAG and every stage's workload and code
+                _check_pipeline(f, pol, working_dir, not no_code)
+                continue
             spec = load_spec(f, pol, code=True, working_dir=working_dir, load_code=not no_code)
         except FatalError as exc:
             print_error(exc)
@@ -124,6 +127,42 @@ def spec_check(
         else:
             _out.print(spec_summary(f, spec, policy, code=not no_code), markup=False)
     raise typer.Exit(1 if failed else 0)
+
+
+def _is_pipeline(path: Path) -> bool:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # load_spec reports it
+    return isinstance(data, dict) and data.get("kind") == "pipeline"
+
+
+def _check_pipeline(path: Path, pol, working_dir: Path, load_code: bool) -> None:
+    from raylane.config.loader import read_yaml
+    from raylane.launchers.train import DEFAULT_STORAGE
+    from raylane.pipelines import spec as ps
+    from raylane.pipelines.driver import check
+
+    data, _ = read_yaml(path, "pipeline file")
+    spec = check(data, storage_path=DEFAULT_STORAGE, working_dir=str(working_dir), load_code=load_code)
+    if pol is not None:
+        from raylane.config.loader import load_spec_from_dict
+        from raylane.errors import ValidationError
+
+        errors = []
+        for stage, s in ps.expand(spec, f"{spec.name}-check", DEFAULT_STORAGE).items():
+            try:
+                load_spec_from_dict(s, f"stage {stage}", policy=pol)
+            except ValidationError as exc:
+                errors += [(f"stages.{stage}.workload.{f}", v, a) for f, v, a in exc.errors]
+        if errors:
+            raise ValidationError(str(path), errors)
+    order = " -> ".join(f"{n}" + (f" (after {', '.join(st.needs)})" if st.needs else "")
+                        for n, st in spec.stages.items())
+    _out.print(f"{path}: OK: pipeline {spec.name}, team {spec.team}, {len(spec.stages)} stages: {order}",
+               markup=False)
 
 
 __all__ = ["policy_app", "spec_app", "policy_check", "spec_check", "print_error", "NotFoundError"]

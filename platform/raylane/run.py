@@ -1,4 +1,5 @@
-"""``python -m raylane.run SPEC.yaml``: the driver of one workload, run as a plain Ray job.
+"""``python -m raylane.run SPEC.yaml``: the driver of one workload (or of a ``kind: pipeline`` spec's stages,
+``raylane.pipelines.driver``), run as a plain Ray job.
 
     ray job submit --working-dir ./my-project -- python -m raylane.run spec.yaml
 
@@ -108,12 +109,15 @@ def _init_ray() -> None:
 
 
 def registered(ctl, spec: Dict[str, Any], job_id: Optional[str],
-               drive: Callable[[str], Dict[str, Any]]) -> Dict[str, Any]:
-    """Submit ``spec`` to the control actor, then ``drive(workload_id)``; ``ray job stop`` (SIGTERM or SIGINT)
-    cancels the workload. What one-lease launchers (train, eval, batch) share."""
-    rec = ctl.submit(spec, job_id=job_id)
-    wid = rec.id
-    _say(f"workload {wid} submitted (job {job_id or '-'})")
+               drive: Callable[[str], Dict[str, Any]], workload_id: Optional[str] = None) -> Dict[str, Any]:
+    """Submit ``spec`` to the control actor (unless ``workload_id`` names it, submitted already: a pipeline's
+    stage), then ``drive(workload_id)``; ``ray job stop`` (SIGTERM or SIGINT) cancels the workload. What one-lease
+    launchers (train, eval, batch) share."""
+    if workload_id is None:
+        wid = ctl.submit(spec, job_id=job_id).id
+        _say(f"workload {wid} submitted (job {job_id or '-'})")
+    else:
+        wid = workload_id
 
     def on_signal(signum, frame):  # `ray job stop` sends SIGTERM (or SIGINT): the workload is cancelled
         raise _Stopped(signal.Signals(signum).name)
@@ -205,6 +209,11 @@ def main(argv=None) -> int:
             data, _ = read_yaml(args.spec, "spec file")
         else:
             p.error("give a spec file or --spec-json")
+        if isinstance(data, dict) and data.get("kind") == "pipeline":  # raylane.pipelines
+            from raylane.pipelines.driver import run_pipeline
+
+            view = run_pipeline(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri)
+            return 0 if view["state"] == "SUCCEEDED" else 1
         rec = run_workload(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri)
     except FatalError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -343,6 +343,10 @@ def _spec_tags(workload_id: str, spec: Mapping[str, Any], code: str) -> dict[str
         TAG_PREEMPTIONS: "0",
         TAG_RESTARTS: "0",
     }
+    stage_of = spec.get("pipeline")
+    if isinstance(stage_of, Mapping):  # a pipeline's stage (raylane.pipelines): a child of the pipeline's run
+        tags.update({"raylane.pipeline": stage_of.get("name"), "raylane.pipeline.stage": stage_of.get("stage"),
+                     "mlflow.parentRunId": stage_of.get("parent_run_id")})
     return {k: _tag_value(v) for k, v in tags.items() if v is not None}
 
 

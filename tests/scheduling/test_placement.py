@@ -139,3 +139,28 @@ def test_cycle_places_every_worker_and_never_overcommits():
             used[nid] = used.get(nid, 0) + 3
     assert all(v <= 8 for v in used.values())
     assert len(out.admitted) == 3  # 22 free GPUs, 6 per gang, and 3-GPU slots: 2+2+2 per node at most
+
+
+@pytest.mark.parametrize("prefer,features,expected", [
+    (("n1",), (), ("n1", "n1")),            # the planned node, though pack's best fit would be n3
+    (("n9", "n3"), (), ("n3", "n3")),        # an unknown node is skipped; the next preference is taken
+    (("n1",), ("ssd",), ("n2", "n2")),       # a preferred node lacking a required feature is never used
+    (("n3",), (), ("n3", "n3")),
+])
+def test_a_preferred_node_is_taken_first_when_it_holds_the_whole_gang(prefer, features, expected):
+    from dataclasses import replace
+
+    from raylane.scheduling.placement import place
+
+    cap = cap_of(node("n1").free(2), node("n2").features("ssd"), node("n3").free(4))
+    g = replace(gang(2, 1, "pack", features), prefer=prefer)
+    assert place(g, cap) == expected
+
+
+def test_a_preferred_node_without_room_falls_back_to_the_strategy():
+    from dataclasses import replace
+
+    from raylane.scheduling.placement import place
+
+    cap = cap_of(node("n1").free(1), node("n2"), node("n3").free(4))
+    assert place(replace(gang(2, 1, "pack"), prefer=("n1",)), cap) == place(gang(2, 1, "pack"), cap) == ("n3", "n3")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Annotated, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -338,6 +338,17 @@ class HealthSpec(_Model):
         return v
 
 
+class PipelinesSpec(_Model):
+    """How the control plane plans and watches pipelines (``raylane.pipelines``, docs/pipelines.md)."""
+
+    # The planner a pipeline uses unless its spec names one.
+    planner: Literal["heft", "olb", "cpsat"] = "heft"
+    # Bandwidth between two nodes for a stage's output, in GB per hour (3600: 1 GB/s); same node: no transfer.
+    bandwidth_gb_per_h: Annotated[float, Field(gt=0), Allowed("a bandwidth in GB per hour > 0")] = 3600.0
+    # A stage running longer than this many times its estimate makes the control plane re-plan what has not started.
+    overrun: Annotated[float, Field(gt=1), Allowed("a factor > 1 of the stage's estimated duration")] = 2.0
+
+
 class ClusterPolicy(_Model):
     """Everything an operator decides for one cluster. Loaded from ``policies/*.yaml`` by ``raylane.config.loader``."""
 
@@ -352,6 +363,7 @@ class ClusterPolicy(_Model):
     budget_alert_share: Annotated[float, Field(gt=0, le=1), Allowed("a share of the budget: a number > 0 and <= 1, "
                                                                     "like 0.8")] = 0.8
     health: HealthSpec = Field(default_factory=HealthSpec)
+    pipelines: PipelinesSpec = Field(default_factory=PipelinesSpec)
 
     def to_scheduler_config(self) -> SchedulerConfig:
         s = self.scheduler
@@ -422,6 +434,16 @@ class RunMetadata(_Model):
     data_snapshot: Optional[str] = None
 
 
+class StageOf(_Model):
+    """Set by the control plane on a pipeline's stage (``raylane.pipelines``): which pipeline (its id), which stage,
+    and the pipeline's MLflow run, which the stage's run becomes a child of. A user writes ``kind: pipeline`` specs,
+    never this."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,80}$")]
+    stage: Name
+    parent_run_id: Optional[str] = None
+
+
 # Kind-specific sections live in modules of their own, built on the helpers above.
 from raylane.config.serve import ServeSpec  # noqa: E402
 from raylane.config.sweep import SweepSpec  # noqa: E402
@@ -444,6 +466,8 @@ class WorkloadSpec(_Model):
     # Passed to the workload unread.
     config: Dict[str, Any] = Field(default_factory=dict)
     run: RunMetadata
+    # A pipeline's stage: set by the control plane (raylane.pipelines), never by users.
+    pipeline: Optional[StageOf] = None
     # kind: serve only (raylane.config.serve). Validated even when absent, to require it for kind: serve.
     serve: Optional[ServeSpec] = Field(default=None, validate_default=True)
 

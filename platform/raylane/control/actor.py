@@ -37,7 +37,9 @@ from raylane.control import api
 from raylane.control import checkpoints as ckrefs
 from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal
+from raylane.control.actor_pipelines import PipelineCalls
 from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
+from raylane.control.pipelines import PipelineBook
 from raylane.control.records import Record, State
 from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, month_start
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
@@ -97,7 +99,7 @@ def bundle_for(per_worker: Resources) -> Dict[str, float]:
     return b or {"CPU": 0.001}
 
 
-class ControlActor:
+class ControlActor(PipelineCalls):
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
                  admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None):
         """``auth``: ``{"enabled": bool, "bootstrap": {"user", "id", "salt", "digest"}}``, the first operator token
@@ -111,6 +113,7 @@ class ControlActor:
         self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
         self.records: Dict[str, Record] = {}
         self.nodes = NodeBook(health_rules(self.policy))
+        self.pipes = PipelineBook()
         self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
         self._addresses: Dict[str, str] = {}
         self._probing: Optional[asyncio.Task] = None
@@ -153,6 +156,9 @@ class ControlActor:
             if e.kind == "node":
                 self.nodes.apply(e)
                 continue
+            if e.kind == "pipeline":
+                self.pipes.apply(e)
+                continue
             if e.kind == "submitted":
                 self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
                                                      job_id=e.data.get("job_id"))
@@ -178,8 +184,8 @@ class ControlActor:
         for rec in self.records.values():
             if rec.state.terminal:
                 continue
-            if rec.state is State.PENDING and self._init_ref(rec) is not None:
-                self._waiting.add(rec.id)  # enqueued by the first tick once its checkpoint exists
+            if rec.state is State.PENDING and (self._init_ref(rec) is not None or self.pipes.stage_of(rec.id)):
+                self._waiting.add(rec.id)  # enqueued by the first tick once its inputs and checkpoint exist
                 continue
             w = self._core(rec)
             self.state.enqueue(w)
@@ -208,7 +214,7 @@ class ControlActor:
         w = spec.to_core(rec.id, self.policy, rec.submit_time)
         from dataclasses import replace
 
-        return replace(w, attained_gpu_s=rec.attained_gpu_s)
+        return self._stage_prefer(rec, replace(w, attained_gpu_s=rec.attained_gpu_s))
 
     def _append(self, kind: str, rec: Record, **data):
         e = self.journal.append(kind, rec.id, **data)
@@ -306,6 +312,7 @@ class ControlActor:
             self._preemptor_cls.pop(rec.id, None)
             # At once, before this tick may admit it again under the same reservation name.
             self._kill_gang(rec)
+        self._replan_for_node(node_id, now)
         self._poke()
 
     async def _tick(self) -> None:
@@ -315,6 +322,7 @@ class ControlActor:
         self._watch_jobs(now)
         for wid in list(self._waiting):
             self._release_if_ready(self.records[wid])
+        self._service_pipelines(now)
         await self._enforce_deadlines(now)
         self.state.decay(now)
         result = cycle(self.state.snapshot(), now)
@@ -553,6 +561,8 @@ class ControlActor:
 
     def _team_of(self, req: api.Request):
         def find(wid):
+            if wid in self.pipes.runs:
+                return self.pipes.runs[wid].team, self.pipes.runs[wid].owner
             rec = self._get(wid)
             return rec.team, rec.owner
 
@@ -632,7 +642,14 @@ class ControlActor:
         if rec.state is not State.PENDING:
             self._waiting.discard(rec.id)
             return
+        if not self._pipeline_gate(rec):  # a pipeline's stage whose inputs are not done (actor_pipelines)
+            return
         ref = self._init_ref(rec)
+        if ref is None:  # a stage with no checkpoint to wait for
+            self._waiting.discard(rec.id)
+            self.state.enqueue(self._core(rec))
+            self._poke()
+            return
         source = ckrefs.find_source(ref, self.records.values()) if ref is not None else None
         if source is None:
             verdict = ckrefs.Verdict(never=True, reason=f"workload {ref.workload if ref else '?'} is gone")
@@ -708,6 +725,13 @@ class ControlActor:
 
     async def _api_cancel(self, p: Principal, req: api.Cancel) -> Dict[str, Any]:
         wid = req.workload_id
+        if wid in self.pipes.runs:  # a whole pipeline: every stage not ended, and its driver's job
+            run = self.pipes.runs[wid]
+            self._cancel_pipeline_stages(run, f"pipeline cancelled by {p.user}")
+            if run.job_id:
+                self._stop_job(run.job_id)
+            self._poke()
+            return self._pipeline_view(p, run)
         rec = self._get(wid)
         if rec.state.terminal:
             return rec.public()
@@ -719,7 +743,7 @@ class ControlActor:
             self._remove_pg(rec)
         self._append("cancelled", rec, by=p.user, note=f"cancelled by {p.user}")
         await self._force_stop(rec)
-        if rec.job_id:
+        if rec.job_id and self.pipes.stage_of(wid) is None:  # a stage's job is its pipeline's driver: it goes on
             self._stop_job(rec.job_id)
         ev = self._admitted.get(wid)
         if ev is not None:
@@ -788,7 +812,8 @@ class ControlActor:
             return
         self._jobs_checked = now
         live = [r for r in self.records.values() if r.job_id and not r.state.terminal]
-        if not live:
+        pipes = [r for r in self.pipes.active() if r.job_id]
+        if not live and not pipes:
             return
         try:
             client = self._jobs()
@@ -808,6 +833,14 @@ class ControlActor:
                 kind = "cancelled" if status.endswith("STOPPED") else "finished"
                 self._append(kind, rec, state="FAILED", outcome=f"ray job {status.split('.')[-1].lower()}",
                              note=f"its Ray job {rec.job_id} ended ({status.split('.')[-1]}) without releasing")
+        for run in pipes:  # a pipeline whose driver's job ended: no one runs its stages any more
+            try:
+                status = str(client.get_job_status(run.job_id))
+            except Exception:  # noqa: BLE001 - unknown job id
+                continue
+            if status.endswith(("STOPPED", "FAILED", "SUCCEEDED")):
+                self._cancel_pipeline_stages(run, f"its driver's Ray job {run.job_id} ended "
+                                                  f"({status.split('.')[-1]})")
 
     async def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
         rec = self.records.get(req.workload_id)
@@ -837,8 +870,11 @@ class ControlActor:
     async def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
         """The workload a Ray job registered, if any."""
         for rec in self.records.values():
-            if rec.job_id == req.job_id:
+            if rec.job_id == req.job_id and self.pipes.stage_of(rec.id) is None:
                 return self.gate.view(p, rec.public())
+        for run in self.pipes.runs.values():  # a pipeline's driver (raylane.pipelines)
+            if run.job_id == req.job_id:
+                return {**self._pipeline_view(p, run), "kind": "pipeline"}
         return None
 
     async def _api_status(self, p: Principal, req: api.Status) -> Dict[str, Any]:
@@ -858,7 +894,26 @@ class ControlActor:
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
                 "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
             })
+            got = self.pipes.stage_of(rec.id)
+            if got is not None:
+                rows[-1].update(pipeline=got[0].id, stage=got[1])
         rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
+        for run in self.pipes.runs.values():
+            if run.terminal and not include_done:
+                continue
+            states = [self.records[w].state.value for w in run.stages.values() if w in self.records]
+            running = [s for s, w in run.stages.items() if w in self.records and self.records[w].state.holds_lease]
+            rows.append({
+                "id": run.id, "team": run.team, "class": run.spec.get("class") or "-", "kind": "pipeline",
+                "state": run.state, "resources": f"{len(run.stages)} stages",
+                "waited_s": (run.ended_at or now) - run.submitted_at, "position": None,
+                "reason": f"{states.count('SUCCEEDED')}/{len(run.stages)} stages done"
+                          + (f"; running {', '.join(running)}" if running else ""),
+                "preemptions": 0,
+                "detail": f"planned makespan {run.makespan_h * 60:.1f} min ({run.planner})"
+                          + (f", re-planned {len(run.replans)}x" if run.replans else ""),
+                **({"owner": run.owner} if self.gate.may_read(p, run.team) else {}),
+            })
         return rows
 
     async def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:

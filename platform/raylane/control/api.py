@@ -105,6 +105,29 @@ class Submit(Request):
         return v
 
 
+class PipelineSubmit(Submit):
+    """A ``kind: pipeline`` spec (``raylane.pipelines``): every stage becomes a workload at once. The driver names the
+    pipeline (``pipeline_id``, unique), says where stage outputs go and which MLflow run is the pipeline's."""
+
+    pipeline_id: WorkloadId
+    storage_path: Annotated[StrictStr, Field(min_length=1, max_length=4000)]
+    parent_run_id: Optional[Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = None
+
+    def target(self) -> Optional[str]:
+        return self.pipeline_id
+
+
+class PipelineOutput(Request):
+    """A finished stage's output, as its driver measured it: where, how many bytes, on which node."""
+
+    workload_id: WorkloadId  # the pipeline's id
+    stage: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][-a-z0-9]{0,62}$")]
+    path: Annotated[StrictStr, Field(max_length=4000)] = ""
+    bytes: Optional[Annotated[StrictInt, Field(ge=0)]] = None
+    node: Annotated[StrictStr, Field(max_length=200)] = ""
+    action: ClassVar[Optional[Action]] = Action.REPORT
+
+
 class Cancel(Request):
     workload_id: WorkloadId
     action: ClassVar[Optional[Action]] = Action.CANCEL
@@ -161,6 +184,10 @@ class ResolveCheckpoint(WorkloadCall):
 
 class Status(WorkloadCall):
     """A workload's record: its whole record for its team, positions and reasons for others."""
+
+
+class PipelineStatus(WorkloadCall):
+    """A pipeline (``workload_id`` is its id): its stages with their states, plan, outputs and re-plans."""
 
 
 class Explain(WorkloadCall):
@@ -322,6 +349,7 @@ CALLS: Dict[str, Type[Request]] = {
     "token_rotate": TokenRotate, "token_revoke": TokenRevoke, "token_list": TokenList, "audit": Audit,
     "reload_policy": ReloadPolicy, "cost": Cost,
     "node_list": NodeList, "node_cordon": NodeCordon, "node_uncordon": NodeUncordon, "node_drain": NodeDrain,
+    "pipeline_submit": PipelineSubmit, "pipeline_status": PipelineStatus, "pipeline_output": PipelineOutput,
 }
 CALL_NAMES: Dict[Type[Request], str] = {v: k for k, v in CALLS.items()}
 

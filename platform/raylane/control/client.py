@@ -135,6 +135,21 @@ class ControlClient:
         ``PermissionDeniedError`` (the spec's team is not the caller's)."""
         return _view(self._call("submit", spec=spec, job_id=job_id))
 
+    def pipeline_submit(self, spec: Dict[str, Any], *, pipeline_id: str, storage_path: str,
+                        parent_run_id: Optional[str] = None, job_id: Optional[str] = None) -> Dict[str, Any]:
+        """Submit a ``kind: pipeline`` spec (``raylane.pipelines``): its view, with ``stage_specs`` (each stage's
+        workload spec as the control plane resolved it). Raises ``ValidationError`` / ``InfeasibleError`` naming
+        the stage."""
+        return self._call("pipeline_submit", spec=spec, pipeline_id=pipeline_id, storage_path=storage_path,
+                          parent_run_id=parent_run_id, job_id=job_id)
+
+    def pipeline(self, pipeline_id: str) -> Dict[str, Any]:
+        """A pipeline: state, plan, re-plans and its stages (state, placement, times, output)."""
+        return self._call("pipeline_status", workload_id=pipeline_id)
+
+    def pipeline_output(self, pipeline_id: str, stage: str, *, path: str, size: Optional[int], node: str) -> None:
+        self._call("pipeline_output", workload_id=pipeline_id, stage=stage, path=path, bytes=size, node=node)
+
     def cancel(self, workload_id: str) -> WorkloadView:
         return _view(self._call("cancel", workload_id=workload_id))
 

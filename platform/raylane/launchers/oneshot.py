@@ -495,16 +495,19 @@ class _Attempt:
 
 
 def run_oneshot(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
-                tracking_uri: Optional[str] = None, poll_s: float = 2.0) -> Dict[str, Any]:
+                tracking_uri: Optional[str] = None, poll_s: float = 2.0,
+                workload_id: Optional[str] = None) -> Dict[str, Any]:
     """Check the spec (before it queues), register it, and run it on its lease until it succeeds, fails, or is
-    cancelled; returns the workload's final record."""
+    cancelled; returns the workload's final record. ``workload_id``: drive that workload, already submitted (a
+    pipeline's stage), instead of submitting the spec."""
     from raylane.launchers.train import DEFAULT_STORAGE
     from raylane.run import registered
 
     storage = storage_path or (spec.get("config") or {}).get("storage_path") or DEFAULT_STORAGE
     job = plan(spec, storage_path=storage, working_dir=os.getcwd())
     return registered(ctl, spec, job_id, lambda wid: _drive(ctl, wid, spec, job, job_id=job_id,
-                                                             tracking_uri=tracking_uri, poll_s=poll_s))
+                                                             tracking_uri=tracking_uri, poll_s=poll_s),
+                      workload_id=workload_id)
 
 
 def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, tracking_uri,
@@ -602,7 +605,7 @@ def _link(ctl, tracker, source: Dict[str, Any]) -> None:
                                 tracking_uri=tracker.tracking_uri).find()
     except Exception as exc:  # noqa: BLE001 - a missing link must not fail the evaluation
         tracker.event("note", f"could not find the MLflow run of {source['source']}: {exc}")
-    if parent:
+    if parent and not (tracker.spec.get("pipeline") or {}).get("parent_run_id"):  # a stage stays under its pipeline
         tags["mlflow.parentRunId"] = parent
     tracker.set_tags(tags)
 

@@ -122,10 +122,10 @@ def latest_checkpoint(storage_path: str, workload_id: str) -> Optional[str]:
 
 def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
                  tracking_uri: Optional[str] = None, poll_s: float = 2.0,
-                 train_fn: Optional[Callable] = None) -> Dict[str, Any]:
+                 train_fn: Optional[Callable] = None, workload_id: Optional[str] = None) -> Dict[str, Any]:
     """The training launcher (``raylane.launchers``): register, wait, run the gang through preemptions, forced
     stops and retries, and return the final record. ``train_fn`` runs a function object instead of the spec's
-    entrypoint (Python API)."""
+    entrypoint (Python API). ``workload_id``: drive that workload, already submitted (a pipeline's stage)."""
     from raylane.run import registered
 
     fault = (spec.get("config") or {}).get("fault")
@@ -140,7 +140,8 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
             raise ValidationError("spec", [("config.fault", fault, f"known drills: {', '.join(FAULT_KEYS)} ({exc})")])
     target = train_fn or spec.get("entrypoint")
     return registered(ctl, spec, job_id, lambda wid: _drive(ctl, wid, spec, target=target, storage_path=storage_path,
-                                                             tracking_uri=tracking_uri, poll_s=poll_s))
+                                                             tracking_uri=tracking_uri, poll_s=poll_s),
+                      workload_id=workload_id)
 
 
 def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dict[str, Any]:

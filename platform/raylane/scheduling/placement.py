@@ -13,6 +13,9 @@ Strategies (the Ray placement-group strategy each maps to is in ``RAY_STRATEGY``
 - group: every worker on nodes that share one value of a node label (``Gang.group_by``, e.g. a rack or NVLink
   domain); the fullest group that fits is chosen.
 - data-locality: pack onto nodes that cache the workload's data snapshot; if they cannot hold it, pack anywhere.
+
+Before any strategy, a gang with preferred nodes (``Gang.prefer``: a pipeline stage's planned node, then the nodes
+holding its inputs) goes whole onto the first of them that holds it now; otherwise the strategy decides.
 """
 from __future__ import annotations
 
@@ -186,4 +189,8 @@ class DataLocality:
 
 
 def place(gang: Gang, cap: Capacity, data_snapshot: Optional[str] = None) -> Optional[Placement]:
+    if gang.prefer:
+        got = _single_node(gang, cap, [nid for nid in gang.prefer if nid in cap.nodes])
+        if got is not None:
+            return got
     return PLACEMENTS.get(gang.strategy).place(gang, cap, data_snapshot)

@@ -106,6 +106,9 @@ class Gang:
     features: frozenset = frozenset()
     # For the ``group`` strategy: the node label whose value all workers must share (e.g. "rack").
     group_by: str = "rack"
+    # Nodes to try first, in order, before the strategy: the whole gang on one of them if it fits there now (a
+    # pipeline stage's planned node, then the nodes that hold its inputs). Empty: the strategy alone.
+    prefer: Tuple[str, ...] = ()
     # ``per_worker`` times ``workers``, worked out once: every quota check of a cycle reads it.
     total: Resources = field(init=False, repr=False, compare=False)
 

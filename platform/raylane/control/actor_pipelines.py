@@ -1,0 +1,255 @@
+"""The control actor's pipeline calls and pipeline service (a mixin of ``ControlActor``; see docs/pipelines.md).
+
+``pipeline_submit`` checks a ``kind: pipeline`` spec whole (its shape, its DAG, every stage's workload against the
+policy and the cluster: one stage that could never run refuses the pipeline, named), plans it on the nodes in
+service (``raylane.planning``), journals the pipeline and then one record per stage. Every stage waits in the actor's
+held set (as a consumer of a checkpoint does) until the stages it needs have succeeded; then it queues like any
+workload, under its team's quota, preferring its planned node and then the nodes that hold its inputs. Each tick
+``_service_pipelines`` ends pipelines whose stages have all ended, and re-plans the stages not started when a stage
+runs longer than ``pipelines.overrun`` times its estimate; a lost node re-plans at once (``_replan_for_node``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Dict, Optional
+
+from raylane.auth import Principal
+from raylane.config.loader import load_spec_from_dict
+from raylane.control import api
+from raylane.control import checkpoints as ckrefs
+from raylane.control import pipelines as pl
+from raylane.control.records import Record, State
+from raylane.errors import InfeasibleError, NotFoundError, ValidationError
+from raylane.scheduling import check_feasible
+
+log = logging.getLogger("raylane.control")
+
+
+class PipelineCalls:
+    """Needs of the actor: ``records``, ``journal``, ``state``, ``policy``, ``gate``, ``pipes`` (a PipelineBook),
+    ``_waiting``, ``_append``, ``_append_submitted``, ``_refresh_nodes``, ``_release_if_ready``, ``_poke``."""
+
+    # ------------------------------------------------------------------------------------------------ calls
+    async def _api_pipeline_submit(self, p: Principal, req: api.PipelineSubmit) -> Dict[str, Any]:
+        from raylane.pipelines import spec as ps
+        from raylane.planning import PLANNERS, CpSatPlanner
+
+        data = dict(req.spec)
+        pid = req.pipeline_id
+        if pid in self.pipes.runs or any(w.startswith(pid + "-") for w in self.records):
+            raise ValidationError("pipeline", [("pipeline_id", pid, "an id no pipeline has used")])
+        if self.gate.enabled:  # the owner is who asked, whatever the spec says
+            data["run"] = {**(data.get("run") if isinstance(data.get("run"), dict) else {}), "owner": p.user}
+        spec = ps.load_pipeline_spec(data, f"pipeline {data.get('name', '?')}")
+        specs = ps.expand(spec, pid, req.storage_path, req.parent_run_id)
+        ids = ps.stage_ids(pid, spec)
+        self._refresh_nodes()
+        errors, infeasible, parsed = [], [], {}
+        now = time.time()
+        for stage, s in specs.items():
+            try:
+                parsed[stage] = load_spec_from_dict(s, f"stage {stage}", policy=self.policy)
+                w = parsed[stage].to_core(ids[stage], self.policy, now)
+            except ValidationError as exc:
+                errors += [(f"stages.{stage}.workload.{f}", v, a) for f, v, a in exc.errors]
+                continue
+            why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+            if why is not None:
+                infeasible.append(f"stage {stage}: {why}")
+            ref = ckrefs.parse_ref(parsed[stage].config.get(_ref_key(s)), f"config.{_ref_key(s)}")
+            if ref is not None and ref.workload not in ids.values():
+                source = ckrefs.find_source(ref, self.records.values())
+                if source is None:
+                    infeasible.append(f"stage {stage}: config.{_ref_key(s)} names workload {ref.workload!r}, "
+                                      f"which is not known to the control plane")
+        if errors:
+            raise ValidationError(f"pipeline {spec.name}", errors)
+        if infeasible:
+            raise InfeasibleError(f"pipeline {spec.name} rejected: " + "; ".join(infeasible))
+        nodes = ps.plan_nodes(self.state.nodes.values())
+        problem, network = ps.planning_problem(spec, specs, nodes, self.policy.pipelines.bandwidth_gb_per_h)
+        solver = spec.planner or self.policy.pipelines.planner
+        planner = CpSatPlanner(time_limit_s=5.0) if solver == "cpsat" else PLANNERS.get(solver)
+        plan = planner.plan(problem, nodes, network)
+        stored = {x.stage: {"node": x.node, "start_h": x.start_h, "finish_h": x.finish_h} for x in plan.placements}
+        # Journal first: the pipeline, then each stage's record (held until its inputs are done).
+        e = self.journal.append(
+            "pipeline", pid, event="submitted", spec=data, stages=ids,
+            needs={s: list(st.needs) for s, st in spec.stages.items()}, plan=stored, makespan_h=plan.makespan_h,
+            planner=f"{plan.planner} ({plan.status.value})", owner=p.user, job_id=req.job_id,
+            parent_run_id=req.parent_run_id, storage=req.storage_path,
+            estimates_s={s: ps.estimate_s(st) for s, st in spec.stages.items()},
+            output_gb={s: float(st.output) for s, st in spec.stages.items()})
+        self.pipes.apply(e)
+        for stage, s in specs.items():
+            clean = parsed[stage].model_dump(by_alias=True, mode="json", exclude_none=True)
+            rec = Record(ids[stage], clean, now)
+            self.records[rec.id] = rec
+            self._append_submitted(rec, clean, now, None, p)
+            self._waiting.add(rec.id)
+            self._release_if_ready(rec)
+        self._poke()
+        return self._pipeline_view(p, self.pipes.runs[pid], specs=specs)
+
+    async def _api_pipeline_status(self, p: Principal, req: api.PipelineStatus) -> Dict[str, Any]:
+        return self._pipeline_view(p, self._pipeline(req.workload_id))
+
+    async def _api_pipeline_output(self, p: Principal, req: api.PipelineOutput) -> None:
+        run = self._pipeline(req.workload_id)
+        if req.stage not in run.stages:
+            raise ValidationError("pipeline output", [("stage", req.stage, f"one of {', '.join(run.stages)}")])
+        self.pipes.apply(self.journal.append("pipeline", run.id, event="output", stage=req.stage, path=req.path,
+                                             bytes=req.bytes, node=req.node))
+
+    def _pipeline(self, pid: str) -> pl.PipelineRun:
+        run = self.pipes.runs.get(pid)
+        if run is None:
+            raise NotFoundError(f"no pipeline {pid!r}")
+        return run
+
+    def _pipeline_view(self, p: Principal, run: pl.PipelineRun, specs: Optional[Dict[str, Any]] = None):
+        stages = []
+        for stage, wid in run.stages.items():
+            rec = self.records.get(wid)
+            started = next((ts for ts, note in (rec.events if rec else []) if note.startswith("admitted")), None)
+            stages.append({
+                "stage": stage, "workload_id": wid, "needs": run.needs.get(stage, []),
+                "state": rec.state.value if rec else "?", "reason": rec.reason if rec else "",
+                "planned": run.plan.get(stage, {}), "placement": list(rec.placement) if rec else [],
+                "admitted_at": rec.admitted_at if rec else None, "first_admitted_at": started,
+                "ended_at": rec.ended_at if rec else None, "output": run.outputs.get(stage),
+                "estimate_s": run.estimates_s.get(stage), "attempts": rec.attempts if rec else 0,
+            })
+        out = {"id": run.id, "name": run.name, "team": run.team, "owner": run.owner, "state": run.state,
+               "submitted_at": run.submitted_at, "ended_at": run.ended_at, "planner": run.planner,
+               "makespan_h": run.makespan_h, "replans": run.replans, "parent_run_id": run.parent_run_id,
+               "job_id": run.job_id, "stages": stages, "spec": run.spec}
+        if specs is not None:
+            out["stage_specs"] = specs
+        if not self.gate.may_read(p, run.team):
+            return {k: out[k] for k in ("id", "name", "team", "state", "submitted_at", "ended_at")} | {
+                "redacted": True}
+        return out
+
+    # ------------------------------------------------------------------------------------------- service
+    def _pipeline_gate(self, rec: Record) -> bool:
+        """For a held record: False while it is a stage whose inputs are not done (its reason says which), or
+        once it failed because one never will be; True when it may go on (not a stage, or its inputs are done)."""
+        got = self.pipes.stage_of(rec.id)
+        if got is None:
+            return True
+        run, stage = got
+        verdict, why = pl.gate(run, stage, {w: self.records[w].state.value for w in run.stages.values()
+                                            if w in self.records})
+        if verdict == "ready":
+            return True
+        if verdict == "never":
+            self._waiting.discard(rec.id)
+            self._append("finished", rec, state="FAILED", outcome="pipeline input failed",
+                         note=f"failed without running: {why}")
+            ev = self._admitted.get(rec.id)
+            if ev is not None:
+                ev.set()
+            return False
+        rec.reason, rec.position, rec.reason_data = why, None, {"type": "WaitingForInputs"}
+        return False
+
+    def _stage_prefer(self, rec: Record, w):
+        got = self.pipes.stage_of(rec.id)
+        if got is None:
+            return w
+        run, stage = got
+        placements = {wid: self.records[wid].placement for wid in run.stages.values() if wid in self.records}
+        prefer = pl.preferred_nodes(run, stage, placements)
+        return replace(w, gang=replace(w.gang, prefer=prefer)) if prefer else w
+
+    def _service_pipelines(self, now: float) -> None:
+        for run in self.pipes.active():
+            states = {w: self.records[w].state.value for w in run.stages.values() if w in self.records}
+            end = pl.end_state(run, states)
+            if end is not None:
+                self.pipes.apply(self.journal.append("pipeline", run.id, event="finished", state=end,
+                                                     note=f"pipeline {end.lower()}"))
+                continue
+            since = {s: self.records[w].admitted_at for s, w in run.stages.items()
+                     if w in self.records and self.records[w].state is State.RUNNING and self.records[w].admitted_at}
+            late = pl.overrunning(run, since, now, self.policy.pipelines.overrun)
+            if late:
+                self._replan(run, now, f"stage {', '.join(late)} ran over {self.policy.pipelines.overrun:g}x its "
+                                       f"estimate", overrun=late)
+
+    def _replan_for_node(self, node_id: str, now: float) -> None:
+        for run in self.pipes.active():
+            started = {s for s, w in run.stages.items() if w in self.records and self.records[w].admitted_at}
+            if any((run.plan.get(s) or {}).get("node") == node_id for s in run.stages if s not in started) or any(
+                    node_id in self.records[w].placement for s, w in run.stages.items()
+                    if w in self.records and not self.records[w].state.terminal):
+                self._replan(run, now, f"node {node_id[:12]} was lost")
+
+    def _replan(self, run: pl.PipelineRun, now: float, reason: str, overrun=()) -> None:
+        """Plan again the stages that have not started, the others fixed where they ran (``replan_problem``)."""
+        from raylane.pipelines import spec as ps
+        from raylane.planning import PLANNERS
+
+        spec = ps.load_pipeline_spec(run.spec, f"pipeline {run.id}")
+        specs = {s: self.records[w].spec for s, w in run.stages.items() if w in self.records}
+        nodes = ps.plan_nodes(self.state.nodes.values())
+        if not nodes or len(specs) != len(run.stages):
+            return
+        problem, network = ps.planning_problem(spec, specs, nodes, self.policy.pipelines.bandwidth_gb_per_h)
+        done, running = {}, {}
+        for s, w in run.stages.items():
+            rec = self.records[w]
+            node = next(iter(rec.placement), None)
+            if rec.state is State.SUCCEEDED or rec.state.terminal:
+                done[s] = (run.outputs.get(s) or {}).get("node") or node
+            elif rec.state.holds_lease and rec.admitted_at:
+                est = run.estimates_s.get(s, 0.0)
+                elapsed = now - rec.admitted_at
+                # An overrunning stage is assumed to need as long again as it has run; others their estimate's rest.
+                left = elapsed if s in overrun else max(est - elapsed, 0.1 * est)
+                running[s] = (node, left / ps.H)
+        try:
+            reduced, pinned = ps.replan_problem(problem, nodes, done, running)
+            plan = PLANNERS.get("heft").plan(reduced, pinned, network)
+        except ValidationError as exc:  # e.g. no node in service holds a stage any more: the queue says so
+            log.warning("re-plan of pipeline %s failed: %s", run.id, exc)
+            return
+        new = {x.stage: {"node": x.node, "start_h": x.start_h, "finish_h": x.finish_h}
+               for x in plan.placements if x.stage not in done and x.stage not in running}
+        self.pipes.apply(self.journal.append(
+            "pipeline", run.id, event="replanned", plan=new, makespan_h=plan.makespan_h, reason=reason,
+            overrun=list(overrun), note=f"re-planned {len(new)} stage(s) not started: {reason}"))
+        log.info("pipeline %s re-planned (%s): %s", run.id, reason, {s: v["node"][:8] for s, v in new.items()})
+        # Stages waiting in the queue take their new first preference now.
+        for s in new:
+            rec = self.records.get(run.stages[s])
+            if rec is not None and self.state.is_pending(rec.id):
+                self.state.dequeue(rec.id)
+                self.state.enqueue(self._core(rec))
+        self._poke()
+
+    def _cancel_pipeline_stages(self, run: pl.PipelineRun, why: str) -> None:
+        for w in run.stages.values():
+            rec = self.records.get(w)
+            if rec is None or rec.state.terminal:
+                continue
+            if self.state.is_pending(w):
+                self.state.dequeue(w)
+            elif w in self.state.leases:
+                self.state.finish(w, time.time())
+                self._remove_pg(rec)
+            self._waiting.discard(w)
+            self._append("cancelled", rec, by="pipeline", note=f"cancelled: {why}")
+            self._kill_gang(rec)
+            ev = self._admitted.get(w)
+            if ev is not None:
+                ev.set()
+
+
+def _ref_key(spec: Dict[str, Any]) -> str:
+    from raylane.control.actor import ref_key
+
+    return ref_key(spec)
