@@ -1,18 +1,20 @@
 """Seeded builders of the worked example and of random small pipelines, shared by tests and tests/bench/bench_plan.py.
 
 Random instances keep every duration a multiple of 15 minutes and every transfer a whole number of minutes
-(integer GB over 10, 20, 30 or 60 GB/h), so CP-SAT's minute resolution is exact and its optimum comparable to the
+(integer GB over 10, 20, 30 or 60 GB/h, links or node storage), so CP-SAT's minute resolution is exact and its optimum comparable to the
 exhaustive search's float one.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import List, Optional, Tuple
 
 from raylane.planning import Network, Pipeline, PlanNode, Stage
 
 FEATURES = ("gpu", "ssd")
 BANDWIDTHS = (10.0, 20.0, 30.0, 60.0)
+STORAGE_GB_PER_H = (10.0, 20.0)
 
 
 def worked_example() -> Tuple[Pipeline, List[PlanNode], Network]:
@@ -54,4 +56,9 @@ def random_instance(rng: random.Random, max_stages: int = 5, min_nodes: int = 2,
             durations_h=per_type, output_gb=rng.randint(0, 20), needs=needs))
     links = {(a.name, b.name): rng.choice(BANDWIDTHS) for a in nodes for b in nodes
              if a.name < b.name and rng.random() < 0.5}
-    return Pipeline(tuple(stages)), nodes, Network(default_gb_per_h=rng.choice(BANDWIDTHS), links=links)
+    network = Network(default_gb_per_h=rng.choice(BANDWIDTHS), links=links)
+    # Drawn last, so the rest of the instance is what it was before storage counted: about one node in three gets
+    # storage of 10 or 20 GB/h (as GB/s), slower than most links, so it binds (exaggerated, like the links).
+    nodes = [replace(n, storage_gbps=rng.choice(STORAGE_GB_PER_H) / 3600) if rng.random() < 0.3 else n
+             for n in nodes]
+    return Pipeline(tuple(stages)), nodes, network

@@ -36,6 +36,22 @@ def test_bad_numbers_named():
     with pytest.raises(ValidationError) as e:
         Network(default_gb_per_h=0, links={("x", "y"): -1})
     assert {p for p, _, _ in e.value.errors} == {"network.links.x-y", "network.default_gb_per_h"}
+    with pytest.raises(ValidationError) as e:
+        PlanNode("n1", "cpu", 1, 1, storage_gbps=-1)
+    assert e.value.errors == [("nodes.n1.storage_gbps", -1, "a finite number of GB/s >= 0 (0: no limit)")]
+    with pytest.raises(ValidationError) as e:
+        Network(10, storage_gb_per_h={"n1": -3})
+    assert [p for p, _, _ in e.value.errors] == ["network.storage_gb_per_h.n1"]
+
+
+def test_network_built_without_storage_limits_links_only():
+    net = Network(10, links={("a", "b"): 20})
+    assert net.rate("a", "b") == 20 and net.transfer_h(40, "b", "a") == 2 and net.bottleneck("a", "b") == "link"
+    nodes = [PlanNode("a", "x", 1, 1, storage_gbps=2 / 3600), PlanNode("b", "x", 1, 1)]  # 2 GB/h on a
+    slow = net.with_storage(nodes)
+    assert slow.rate("a", "b") == pytest.approx(2) and slow.transfer_h(40, "b", "a") == pytest.approx(20)
+    assert slow.bottleneck("b", "a") == "storage of a" and slow.with_storage(nodes) is slow
+    assert net.with_storage([PlanNode("a", "x", 1, 1)]) is net  # 0: no limit
 
 
 def test_stage_no_node_can_hold_is_named_with_what_it_needs():

@@ -73,3 +73,15 @@ def test_cpsat_under_a_short_time_limit_still_returns_a_valid_plan_with_its_boun
     assert plan.makespan_h <= heft.makespan_h + 1e-9  # HEFT is its hint: never worse
     assert plan.bound_h is not None and plan.bound_h <= plan.makespan_h + 1e-9
     assert (plan.status is PlanStatus.OPTIMAL) == (plan.bound_h >= plan.makespan_h - 1e-9)
+
+
+def test_storage_limits_bind_in_some_instances(instances):
+    """The generator's slow storage changes the optimum somewhere: without it, some optima are shorter."""
+    from dataclasses import replace
+
+    shorter = 0
+    for seed, (pipeline, nodes, network), best in instances:
+        assert network.storage_gb_per_h == {}  # storage comes from the nodes only
+        free = [replace(n, storage_gbps=0.0) for n in nodes]
+        shorter += exhaustive_plan(pipeline, free, network).makespan_h < best.makespan_h - 1e-9
+    assert shorter > 0

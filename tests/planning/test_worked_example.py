@@ -124,3 +124,27 @@ def test_verifier_flags_a_start_before_zero(example, optimum):
     [v] = verify(*example, _plan(rows, optimum.makespan_h)).violations
     assert v.kind is ViolationKind.DURATION and v.stage == "T3" and v.amount == -1
     assert v.message == "T3 on ssd-1 starts at -1 h; the pipeline starts at 0 h"
+
+
+def test_slow_storage_binds_and_changes_the_transfer_and_the_plan(example):
+    # T4 takes 2 h on a GPU node, so at link speed T4 goes to gpu-1 (8.0 h, test above). With gpu-1's storage at
+    # 5 GB/h (below its 20 GB/h link), T3's 20 GB take 4 h instead of 1 h to reach it, and T2's 5 GB 1 h instead of
+    # 0.25 h to leave it: T4 on ssd-1 from 6 h to 10 h is now the optimum.
+    pipeline, nodes, network = example
+    faster = Pipeline(tuple(replace(s, durations_h={"gpu": 2}) if s.name == "T4" else s for s in pipeline.stages))
+    slow = [replace(n, storage_gbps=5 / 3600) if n.name == "gpu-1" else n for n in nodes]
+    net = network.with_storage(slow)
+    assert network.transfer_h(20, "ssd-1", "gpu-1") == pytest.approx(1.0)
+    assert net.transfer_h(20, "ssd-1", "gpu-1") == pytest.approx(4.0) and net.bottleneck("ssd-1", "gpu-1") == "storage of gpu-1"
+    assert net.transfer_h(20, "ssd-1", "cpu-1") == pytest.approx(2.0) and net.bottleneck("ssd-1", "cpu-1") == "link"
+    best = exhaustive_plan(faster, slow, network)  # planners apply the nodes' storage themselves
+    assert best.makespan_h == pytest.approx(10.0)
+    for name in ("cpsat", "heft"):
+        plan = PLANNERS.get(name).plan(faster, slow, network)
+        assert plan.makespan_h == pytest.approx(10.0) and plan.by_stage()["T4"] == Placement("T4", "ssd-1", 6, 10), name
+        assert verify(faster, slow, network, plan).ok
+    # The verifier applies the same rate: the link-speed plan (T4 on gpu-1 at 6 h) now starts 3 h early.
+    fast_plan = PLANNERS.get("cpsat").plan(faster, nodes, network)
+    [v] = verify(faster, slow, network, fast_plan).of_kind(ViolationKind.DEPENDENCY)
+    assert (v.stage, v.node) == ("T4", "gpu-1") and v.amount == pytest.approx(3.0)
+    assert "20 GB from ssd-1 take 4 h at 5 GB/h, the storage of gpu-1" in v.message

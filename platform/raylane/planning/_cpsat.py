@@ -11,7 +11,8 @@ The model
 - per node and resource (cpu, memory, gpu): a cumulative over the optional intervals that could land there, with
   the node's capacity (skipped where even all of them together fit).
 - per dependency ``p -> c``: ``start_c >= end_p``, and for each pair of different nodes ``k, l``:
-  ``start_c >= end_p + transfer_kl`` enforced if ``x_pk and x_cl``: the delay depends on the assignment.
+  ``start_c >= end_p + transfer_kl`` enforced if ``x_pk and x_cl``: the delay depends on the assignment
+  (``Network.rate``: the link or a slower node's storage).
 - ``makespan >= end_i``; minimise ``makespan``.
 
 HEFT's plan is the solver's hint (a first solution at once). When CP-SAT finds no plan within the time limit, or
@@ -62,6 +63,7 @@ class CpSatPlanner(Planner):
         from ortools.sat.python import cp_model  # a heavy import, needed by this planner only
 
         feasible = feasible_nodes(pipeline, nodes)
+        network = network.with_storage(nodes)
         stages = {s.name: s for s in pipeline.stages}
         edges = pipeline.edges()
         exact = True

@@ -1,7 +1,8 @@
 """HEFT (Topcuoglu, Hariri and Wu, 2002), with capacity and features.
 
 1. Upward rank of each stage: its mean duration over the nodes that can hold it, plus the largest, over its
-   consumers, of the mean transfer time of its output between two different nodes plus the consumer's rank.
+   consumers, of the mean transfer time of its output between two different nodes plus the consumer's rank
+   (transfers at ``Network.rate``: the link or a slower node's storage).
 2. Stages in decreasing rank (a topological order: a producer's rank exceeds its consumers').
 3. Each stage goes to the feasible node with the earliest finish, inserting it into the first gap where its inputs
    have arrived and the node's cpu, memory and gpu stay within capacity for its whole duration (ties: node order).
@@ -16,18 +17,13 @@ from raylane.planning.timeline import list_schedule
 
 
 def mean_inverse_bandwidth(nodes: Sequence[PlanNode], network: Network) -> float:
-    """Mean of 1 / bandwidth over ordered pairs of different nodes: a transfer of g GB takes g times this on average."""
+    """Mean of 1 / rate over ordered pairs of different nodes: a transfer of g GB takes g times this on average."""
     if len(nodes) < 2:
         return 0.0
+    network = network.with_storage(nodes)
     names = [n.name for n in nodes]
-    default_pairs = len(names) * (len(names) - 1)
-    total = 0.0
-    present = set(names)
-    for (a, b), bw in network.links.items():  # both orders are stored
-        if a != b and a in present and b in present:
-            total += 1.0 / bw
-            default_pairs -= 1
-    return (total + default_pairs / network.default_gb_per_h) / (len(names) * (len(names) - 1))
+    total = sum(1.0 / network.rate(a, b) for a in names for b in names if a != b)
+    return total / (len(names) * (len(names) - 1))
 
 
 def upward_ranks(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network,
@@ -51,6 +47,7 @@ class HeftPlanner(Planner):
 
     def plan(self, pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network) -> Plan:
         feasible = feasible_nodes(pipeline, nodes)
+        network = network.with_storage(nodes)
         rank = upward_ranks(pipeline, nodes, network, feasible)
         topo = {n: i for i, n in enumerate(pipeline.topological_order())}
         order = sorted(topo, key=lambda n: (-rank[n], topo[n]))

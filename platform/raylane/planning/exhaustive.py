@@ -23,6 +23,7 @@ def exhaustive_plan(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Netw
         raise ValidationError("exhaustive search", [
             ("stages", len(pipeline.stages), f"at most {MAX_STAGES} stages (the search is exponential)")])
     feasible = feasible_nodes(pipeline, nodes)
+    network = network.with_storage(nodes)
     stages = {s.name: s for s in pipeline.stages}
     succ = pipeline.successors()
     timelines = {n.name: Timeline(n) for n in nodes}

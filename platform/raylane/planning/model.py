@@ -8,7 +8,11 @@ Glossary
   the node to carry every one of its ``features`` and writes ``output_gb`` that every stage that ``needs`` it reads.
 - *duration*: ``duration_h`` hours, or ``durations_h[node_type]`` on a node of that type when given.
 - *transfer*: a consumer on another node than its producer starts no earlier than the producer's finish plus
-  ``output_gb / bandwidth``; on the same node the output is already there (no transfer).
+  ``output_gb / rate``; on the same node the output is already there (no transfer).
+- *rate*: a transfer between two nodes runs at the lowest of the link's bandwidth and the storage rates of the two
+  nodes (``PlanNode.storage_gbps`` x 3600 GB/h; 0 = no limit). ``Network.rate`` is the one place that says so;
+  planners and the verifier take ``network.with_storage(nodes)`` first. Transfers do not share a link or a disk
+  (no contention is modelled).
 - *capacity*: several stages may run on one node at once while their cpu, memory and gpu sums stay within the
   node's at every instant.
 - *makespan*: the latest finish of any stage (the pipeline starts at 0 h).
@@ -79,7 +83,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class PlanNode:
-    """A node as the planner sees it. ``storage_gbps`` is recorded for explanations; no planner uses it yet."""
+    """A node as the planner sees it. ``storage_gbps``: how fast its storage reads and writes, in GB/s (0: no
+    limit); a transfer to or from the node runs no faster (``Network.with_storage``)."""
 
     name: str
     node_type: str
@@ -91,6 +96,15 @@ class PlanNode:
 
     def __post_init__(self):
         object.__setattr__(self, "features", _frozen_features(self.features))
+        v = self.storage_gbps
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValidationError("node", [(f"nodes.{self.name}.storage_gbps", v, "a finite number of GB/s >= 0 "
+                                                                                   "(0: no limit)")])
+
+    @property
+    def storage_gb_per_h(self) -> float:
+        """The storage rate in GB per hour, ``math.inf`` when unlimited."""
+        return self.storage_gbps * 3600.0 if self.storage_gbps > 0 else math.inf
 
     @property
     def capacity(self) -> Tuple[float, float, float]:
@@ -114,13 +128,17 @@ RESOURCE_LABELS: Tuple[str, ...] = ("cpu", "memory_gb", "gpu")
 
 @dataclass(frozen=True)
 class Network:
-    """Bandwidth between nodes in GB per hour: ``links[(a, b)]`` (either order) or ``default_gb_per_h``.
+    """Bandwidth between nodes in GB per hour: ``links[(a, b)]`` (either order) or ``default_gb_per_h``; and the
+    storage rate of some nodes in GB per hour, ``storage_gb_per_h[name]`` (absent: no limit).
 
-    ``math.inf`` means transfers are free. Two stages on one node need no transfer.
+    A transfer from ``a`` to ``b`` runs at ``rate(a, b)``: the lowest of the link and the two storage rates.
+    ``math.inf`` means transfers are free. Two stages on one node need no transfer. ``with_storage(nodes)`` adds the
+    nodes' ``storage_gbps``; a Network built without storage limits nothing but the links.
     """
 
     default_gb_per_h: float
     links: Mapping[Tuple[str, str], float] = field(default_factory=dict)
+    storage_gb_per_h: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         links = {}
@@ -131,20 +149,50 @@ class Network:
             links[(a, b)] = links[(b, a)] = float(bw)
         if not isinstance(self.default_gb_per_h, (int, float)) or not self.default_gb_per_h > 0:
             errors.append(("network.default_gb_per_h", self.default_gb_per_h, "a bandwidth in GB/h > 0"))
+        storage = {}
+        for name, rate in dict(self.storage_gb_per_h).items():
+            if not isinstance(rate, (int, float)) or not rate >= 0:
+                errors.append((f"network.storage_gb_per_h.{name}", rate, "a rate in GB/h >= 0 (0: no limit)"))
+            elif rate > 0 and rate != math.inf:
+                storage[name] = float(rate)
         if errors:
             raise ValidationError("network", errors)
         object.__setattr__(self, "links", links)
+        object.__setattr__(self, "storage_gb_per_h", storage)
 
     def __hash__(self):
-        return hash((self.default_gb_per_h, tuple(sorted(self.links.items()))))
+        return hash((self.default_gb_per_h, tuple(sorted(self.links.items())),
+                     tuple(sorted(self.storage_gb_per_h.items()))))
+
+    def with_storage(self, nodes: Sequence["PlanNode"]) -> "Network":
+        """This network with each node's ``storage_gbps`` as its storage rate (where > 0); idempotent."""
+        storage = dict(self.storage_gb_per_h)
+        storage.update({n.name: n.storage_gb_per_h for n in nodes if n.storage_gbps > 0})
+        if storage == self.storage_gb_per_h:
+            return self
+        return Network(self.default_gb_per_h, self.links, storage)
 
     def bandwidth(self, a: str, b: str) -> float:
+        """The link alone; ``rate`` is what a transfer gets."""
         return self.links.get((a, b), self.default_gb_per_h)
+
+    def rate(self, a: str, b: str) -> float:
+        """GB per hour of a transfer from ``a`` to ``b``: min(link, storage of a, storage of b)."""
+        bw = self.links.get((a, b), self.default_gb_per_h)
+        if self.storage_gb_per_h:
+            bw = min(bw, self.storage_gb_per_h.get(a, math.inf), self.storage_gb_per_h.get(b, math.inf))
+        return bw
+
+    def bottleneck(self, a: str, b: str) -> str:
+        """What sets ``rate(a, b)``: ``"link"``, or ``"storage of NODE"`` when a node's storage is slower."""
+        bw = self.bandwidth(a, b)
+        slow = min((self.storage_gb_per_h.get(n, math.inf), n) for n in (a, b))
+        return f"storage of {slow[1]}" if slow[0] < bw else "link"
 
     def transfer_h(self, gb: float, src: str, dst: str) -> float:
         if src == dst or gb <= 0:
             return 0.0
-        return gb / self.bandwidth(src, dst)
+        return gb / self.rate(src, dst)
 
 
 class PlanStatus(enum.Enum):

@@ -74,6 +74,7 @@ class Report:
 def verify(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network, plan: Plan,
            best_known_h: Optional[float] = None) -> Report:
     out: List[Violation] = []
+    network = network.with_storage(nodes)  # transfers run at Network.rate: the link or a slower node's storage
     stages = {s.name: s for s in pipeline.stages}
     by_node = {n.name: n for n in nodes}
 
@@ -127,6 +128,8 @@ def verify(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network, plan
         arrives = pp.finish_h + xfer
         if pc.start_h < arrives - TOL:
             how = (f"{gb:g} GB from {pp.node} take {xfer:g} h" if pp.node != pc.node else "same node, no transfer")
+            if pp.node != pc.node and network.bottleneck(pp.node, pc.node) != "link":
+                how += f" at {network.rate(pp.node, pc.node):g} GB/h, the {network.bottleneck(pp.node, pc.node)}"
             out.append(Violation(ViolationKind.DEPENDENCY, c, pc.node, arrives - pc.start_h,
                                  f"{c} starts at {pc.start_h:g} h on {pc.node}, before {p}'s output arrives at "
                                  f"{arrives:g} h ({p} finishes {pp.finish_h:g} h on {pp.node}; {how}): "

@@ -133,7 +133,7 @@ def load_cluster(path) -> Tuple[List[PlanNode], Network]:
         nodes = [PlanNode(n.name, n.node_type, cpu=n.cpu, memory_gb=_gb(path, f"nodes.{n.name}.memory", n.memory),
                           gpu=n.gpu, features=set(n.features), storage_gbps=n.storage_gbps) for n in f.nodes]
         net = Network(default_gb_per_h=f.network.default,
-                      links={tuple(l.nodes): l.bandwidth for l in f.network.links})
+                      links={tuple(l.nodes): l.bandwidth for l in f.network.links}).with_storage(nodes)
     except (ValueError, _ModelError) as e:
         raise LoadError(f"{path}: {e}") from None
     return nodes, net
