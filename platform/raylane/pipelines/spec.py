@@ -21,7 +21,7 @@ import copy
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from typing_extensions import Annotated, Literal
 
 from raylane.config.models import Allowed, Duration, Memory, Name, RunMetadata, StrictModel, NAME_MAX
@@ -33,6 +33,8 @@ STAGE_KINDS = ("train", "eval", "batch")
 #: Fields of a stage's workload the pipeline sets: a stage may not set them itself.
 PIPELINE_FIELDS = ("name", "team", "run", "pipeline")
 PLANNERS = ("heft", "olb", "cpsat")
+DURATION_ESTIMATE = ("an estimated duration (90s, 10m, 2h, or seconds), or a mapping of node type to one (key "
+                     "default for the other types)")
 
 
 class StageSpec(StrictModel):
@@ -43,11 +45,27 @@ class StageSpec(StrictModel):
     features: List[Name] = Field(default_factory=list)
     # The estimated duration: one duration, or one per node type (key ``default`` for the rest). Default: the
     # workload's runtime_estimate.
-    duration: Optional[Union[Duration, Dict[Name, Duration]]] = None
+    duration: Annotated[Any, Allowed(DURATION_ESTIMATE)] = None
     # The estimated size of what it writes, read by every stage that needs it (e.g. 20Gi).
     output: Memory = 0.0
     # The workload spec (kind train, eval or batch), without name, team and run: the pipeline gives those.
     workload: Dict[str, Any]
+
+    @field_validator("duration", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        from raylane.config.models import parse_duration
+
+        try:
+            if v is None:
+                return None
+            if isinstance(v, Mapping):
+                if not v or not all(isinstance(k, str) for k in v):
+                    raise ValueError
+                return {k: float(parse_duration(d)) for k, d in v.items()}
+            return float(parse_duration(v))
+        except (ValueError, TypeError):
+            raise ValueError(DURATION_ESTIMATE) from None
 
 
 class PipelineSpec(StrictModel):
