@@ -171,3 +171,30 @@ def test_a_stage_running_over_its_estimate_re_plans_what_has_not_started(env, tm
     assert ctl.pipeline("late-000001")["makespan_h"] * 3600 > 2  # a's run so far is counted again
     ctl.cancel("late-000001")
     wait_for(lambda: ctl.pipeline("late-000001")["state"] == "CANCELLED", timeout=30, what="pipeline cancelled")
+
+
+def test_a_lost_node_re_plans_the_stages_planned_on_it(env, tmp_path):
+    """Last in the module: it adds a node and kills it."""
+    from raylane.config.cluster import NodeGroup
+    from raylane.localcluster import node_labels
+    from tests.raytest import free_port
+
+    ctl, c = env["ctl"], env["cluster"]
+    node = c.add_node(num_cpus=2, num_gpus=0, labels=node_labels(NodeGroup(name="fast", node_type="fast")),
+                      temp_dir=c.raylane_temp_dir, dashboard_agent_listen_port=free_port(),
+                      runtime_env_dir_name="runtime_resources_fast")
+    c.wait_for_nodes()
+    fast = node.node_id
+    # b takes 1 minute on the fast node and 30 elsewhere: the plan puts it there.
+    b = {**stage(needs=["a"]), "duration": {"fast": "1m", "default": "30m"}}
+    view = ctl.pipeline_submit(pipeline("lost", a=stage(), b=b), pipeline_id="lost-000001",
+                               storage_path=str(tmp_path))
+    assert {s["stage"]: s["planned"]["node"] for s in view["stages"]}["b"] == fast
+    c.remove_node(node, allow_graceful=False)
+    got = wait_for(lambda: ctl.pipeline("lost-000001")["replans"], timeout=90, what="a re-plan after the loss")
+    assert got[0]["reason"] == f"node {fast[:12]} was lost"
+    assert got[0]["plan"]["b"]["node"] != fast
+    # b's new plan is 30 minutes, no longer 1.
+    assert got[0]["plan"]["b"]["finish_h"] - got[0]["plan"]["b"]["start_h"] == pytest.approx(0.5)
+    ctl.cancel("lost-000001")
+    wait_for(lambda: ctl.pipeline("lost-000001")["state"] == "CANCELLED", timeout=30, what="pipeline cancelled")
