@@ -92,7 +92,10 @@ class Link:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.stage} on {self.node} {self.start_h:g}-{self.finish_h:g} h: {self.reason}: {self.detail}"
+        head = f"{self.stage} on {self.node} {self.start_h:g}-{self.finish_h:g} h: "
+        if self.reason == "start":
+            return head + self.detail
+        return head + (f"after {self.after} " if self.after else "") + f"[{self.reason}] {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ def critical_path(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Networ
         if link is None and pl.start_h > TOL:
             link = _capacity_link(s, pl, by_node[pl.node], placed, stages, order)
         if link is None:
-            link = ("", "start", "first: nothing delays it") if pl.start_h <= TOL else (
+            link = ("", "start", "starts at 0 h") if pl.start_h <= TOL else (
                 "", "idle", f"starts at {pl.start_h:g} h; its inputs had arrived by "
                             f"{max((t for t, _ in arrivals), default=0.0):g} h and nothing on {pl.node} kept it waiting")
         path.append(Link(current, pl.node, pl.start_h, pl.finish_h, *link))

@@ -5,7 +5,7 @@ duration: a number of hours or "3h"/"90m", or a mapping node_type -> one of thos
 """
 import re
 from pathlib import Path
-from typing import Dict, List, Literal, Tuple, Union
+from typing import Dict, List, Literal, Tuple, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -96,9 +96,20 @@ def _read(path, model):
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        msgs = [f"{path}: {'.'.join(str(x) for x in d['loc']) or '(top)'}: got {d.get('input')!r}; {d['msg']}"
-                for d in e.errors()]
+        msgs = [f"{path}: {'.'.join(str(x) for x in d['loc']) or '(top)'}: got {d.get('input')!r}; "
+                + (f"unknown field; allowed: {_fields(model, d['loc'][:-1])}" if d["type"] == "extra_forbidden"
+                   else d["msg"]) for d in e.errors()]
         raise LoadError("\n".join(msgs)) from None
+
+
+def _fields(model, loc) -> str:
+    """The field names allowed at ``loc`` (a path through models, mappings and lists) in ``model``."""
+    for key in loc:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            model = model.model_fields[key].annotation
+        else:  # Dict[str, X] or List[X]: the key or index selects an X
+            model = get_args(model)[-1]
+    return ", ".join(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else "?"
 
 
 def load_pipeline(path) -> Pipeline:
