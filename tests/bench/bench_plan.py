@@ -1,11 +1,16 @@
 """Pipeline planners against the exact optimum, and their speed.
 
+Clusters (``tests/planning/gen.py``, ``random_instance``): 3-5 nodes of 8 or 16 cpu, 32 or 64 GB, features gpu and
+ssd each with probability 0.4 (4 GPUs with gpu); links of 10, 20, 30 or 60 GB/h (half the pairs drawn, the rest at
+a drawn default); about one node in three has storage of 10 or 20 GB/h (``storage_gbps`` 10/3600 or 20/3600), which
+binds on links faster than that. The 1,000-stage cluster (``large_instance``) has no storage limits.
+
 Printed:
-- over ``--n`` seeded random pipelines of 2-10 stages on 3-5 heterogeneous nodes (``tests/planning/gen.py``;
-  durations in quarter hours, transfers in whole minutes, so CP-SAT's minute resolution is exact), in two families
-  (``dense``: each stage needs each earlier one with probability 0.4; ``tight``: 0.15, and stages that take half to
-  all of a node's cpu, so capacity binds): the gap of HEFT and OLB to CP-SAT's makespan (mean, max, how often
-  optimal), and how many CP-SAT proved optimal within ``--time-limit`` seconds;
+- over ``--n`` seeded random pipelines of 2-10 stages on those clusters (durations in quarter hours, transfers in
+  whole minutes, so CP-SAT's minute resolution is exact), in two families (``dense``: each stage needs each earlier
+  one with probability 0.4; ``tight``: 0.15, and stages that take half to all of a node's cpu, so capacity binds):
+  the gap of HEFT and OLB to CP-SAT's makespan (mean, max, how often optimal), how many CP-SAT proved optimal within
+  ``--time-limit`` seconds, and in how many storage changed the optimum (CP-SAT again with no storage limits);
 - CP-SAT's time to proof on random pipelines of exactly 10 stages (median, max), beside HEFT's time on the same;
 - CP-SAT on 50 and 100 tight stages on 10 nodes within ``--time-limit``: status, makespan, bound, HEFT beside it;
 - HEFT's and OLB's wall time for one pipeline of 1,000 stages on 100 nodes (each stage needs up to 3 of the 50
@@ -19,6 +24,7 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
 from typing import List, Optional
 
 from raylane.planning import (
@@ -62,13 +68,17 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     for family, tight in (("dense", False), ("tight", True)):
         gaps = {"heft": [], "olb": []}
-        proven, sizes = 0, []
+        proven, sizes, limited, bound_by_storage = 0, [], 0, 0
         for i in range(args.n):
             inst = random_instance(random.Random(args.seed * 100_003 + i), max_stages=10, min_nodes=3, max_nodes=5,
                                    tight=tight)
             sizes.append(len(inst[0].stages))
             best = cpsat.plan(*inst)
             proven += best.status is PlanStatus.OPTIMAL
+            if any(n.storage_gbps for n in inst[1]):
+                limited += 1
+                free = [replace(n, storage_gbps=0.0) for n in inst[1]]
+                bound_by_storage += cpsat.plan(inst[0], free, inst[2]).makespan_h < best.makespan_h - 1e-9
             for name, planner in (("heft", heft), ("olb", olb)):
                 report = verify(*inst, planner.plan(*inst), best_known_h=best.makespan_h)
                 if not report.ok:
@@ -76,7 +86,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 gaps[name].append(report.gap)
         print(f"gap to CP-SAT over {args.n} {family} random pipelines of {min(sizes)}-{max(sizes)} stages (mean "
               f"{statistics.mean(sizes):.1f}) on 3-5 nodes; CP-SAT proved {proven}/{args.n} optimal "
-              f"within {args.time_limit:g} s each")
+              f"within {args.time_limit:g} s each; {limited} have nodes with storage limits, which lengthen the "
+              f"optimum of {bound_by_storage}")
         for name in ("heft", "olb"):
             print(f"  {name:5s} {_fmt(gaps[name])}")
 
