@@ -1,7 +1,8 @@
 """Raylane's pure pipeline planner: places a DAG of stages on heterogeneous nodes, and checks any plan.
 
 No Ray import, no clock, no randomness. Planners are looked up by name in ``PLANNERS`` (heft, olb, cpsat);
-``verify`` checks a plan from anywhere and measures its gap; ``exhaustive_plan`` proves optima of tiny pipelines.
+``verify`` checks a plan from anywhere and measures its gap; ``exhaustive_plan`` proves optima of tiny pipelines;
+``explain`` says why each stage is where it is and gives the critical path; ``write_gantt`` charts a plan (and a run).
 See docs/pipelines.md.
 """
 from raylane.planning import _cpsat, _heft, _olb  # noqa: F401  (registration)
@@ -10,6 +11,8 @@ from raylane.planning._heft import HeftPlanner, upward_ranks
 from raylane.planning._olb import OlbPlanner
 from raylane.planning.base import PLANNERS, Planner
 from raylane.planning.exhaustive import exhaustive_plan
+from raylane.planning.explain import Explanation, critical_path, explain
+from raylane.planning.gantt import write_gantt
 from raylane.planning.model import (
     Network, Pipeline, Placement, Plan, PlanNode, PlanStatus, Stage, feasible_nodes,
 )
@@ -18,5 +21,6 @@ from raylane.planning.verify import Report, Violation, ViolationKind, verify
 __all__ = [
     "PLANNERS", "Planner", "HeftPlanner", "OlbPlanner", "CpSatPlanner", "upward_ranks",
     "exhaustive_plan", "Network", "Pipeline", "Placement", "Plan", "PlanNode", "PlanStatus", "Stage",
-    "feasible_nodes", "Report", "Violation", "ViolationKind", "verify",
+    "feasible_nodes", "Report", "Violation", "ViolationKind", "verify", "Explanation", "critical_path", "explain",
+    "write_gantt",
 ]
