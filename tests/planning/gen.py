@@ -1,8 +1,8 @@
 """Seeded builders of the worked example and of random small pipelines, shared by tests and tests/bench/bench_plan.py.
 
 Random instances keep every duration a multiple of 15 minutes and every transfer a whole number of minutes
-(integer GB over 10, 20, 30 or 60 GB/h, links or node storage), so CP-SAT's minute resolution is exact and its optimum comparable to the
-exhaustive search's float one.
+(integer GB over 10, 20, 30 or 60 GB/h, links or node storage), so CP-SAT's minute resolution is exact and its
+optimum comparable to the exhaustive search's float one.
 """
 from __future__ import annotations
 

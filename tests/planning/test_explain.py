@@ -19,7 +19,8 @@ def test_t3_explanation_names_ssd_and_the_nodes_lacking_it(example):
     plan = PLANNERS.get("cpsat").plan(*example)
     why = {w.stage: w for w in explain(*example, plan).stages}["T3"]
     assert why.features == ("ssd",) and why.node == "ssd-1"
-    assert dict(why.excluded) == {"gpu-1": "lacks feature(s) ssd (has: gpu)", "cpu-1": "lacks feature(s) ssd (has: none)"}
+    assert dict(why.excluded) == {"gpu-1": "lacks feature(s) ssd (has: gpu)",
+                                  "cpu-1": "lacks feature(s) ssd (has: none)"}
     assert why.alternatives == () and "no other node can hold it" in why.lines()
 
 

@@ -18,5 +18,6 @@ class OlbPlanner(Planner):
     name = "olb"
 
     def plan(self, pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network) -> Plan:
-        return list_schedule(pipeline, nodes, network.with_storage(nodes), feasible_nodes(pipeline, nodes), pipeline.topological_order(),
+        return list_schedule(pipeline, nodes, network.with_storage(nodes), feasible_nodes(pipeline, nodes),
+                             pipeline.topological_order(),
                              key=lambda p: p.start_h, planner=self.name)

@@ -118,7 +118,8 @@ class Explanation:
 
 
 def _rate(i: Input) -> str:
-    return f"{i.rate_gb_per_h:g} GB/h, " + ("the link" if i.bottleneck == "link" else f"{i.bottleneck} is the bottleneck")
+    which = "the link" if i.bottleneck == "link" else f"{i.bottleneck} is the bottleneck"
+    return f"{i.rate_gb_per_h:g} GB/h, {which}"
 
 
 def _input(stages: Dict[str, Stage], network: Network, placed, producer: str, node: str) -> Input:
@@ -208,9 +209,10 @@ def critical_path(pipeline: Pipeline, nodes: Sequence[PlanNode], network: Networ
         if link is None and pl.start_h > TOL:
             link = _capacity_link(s, pl, by_node[pl.node], placed, stages, order)
         if link is None:
+            ready = max((t for t, _ in arrivals), default=0.0)
             link = ("", "start", "starts at 0 h") if pl.start_h <= TOL else (
-                "", "idle", f"starts at {pl.start_h:g} h; its inputs had arrived by "
-                            f"{max((t for t, _ in arrivals), default=0.0):g} h and nothing on {pl.node} kept it waiting")
+                "", "idle", f"starts at {pl.start_h:g} h; its inputs had arrived by {ready:g} h and nothing on "
+                            f"{pl.node} kept it waiting")
         path.append(Link(current, pl.node, pl.start_h, pl.finish_h, *link))
         current = link[0]
     return tuple(reversed(path))
