@@ -143,3 +143,37 @@ def test_the_replan_problem_fixes_finished_and_running_stages_where_they_ran():
     # A finished stage whose node is gone is read from anywhere: not pinned.
     reduced, _ = ps.replan_problem(pipe, nodes[:1], done={"a": "n2"}, running={})
     assert reduced.stage("a").features == frozenset()
+
+
+def test_fuzzed_pipelines_get_an_error_naming_where_never_a_traceback(tmp_path):
+    """300 seeded mutations of the example through every check `raylane spec check` and `raylane submit` run."""
+    import random
+
+    from raylane.errors import FatalError
+    from raylane.pipelines.driver import check
+
+    rnd = random.Random(13)
+    values = [None, 0, -1, 1.5, "", "x", "soon", [], {}, [1, "a"], {"stage": "prep"}, {"stage": "nope", "step": 0},
+              {"a": {"b": []}}, True, "9" * 400]
+
+    def paths(node, prefix=()):
+        yield prefix
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from paths(v, prefix + (k,))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from paths(v, prefix + (i,))
+
+    for _ in range(300):
+        d = copy.deepcopy(EXAMPLE)
+        for _ in range(rnd.randint(1, 3)):
+            where = rnd.choice([p for p in paths(d) if p])
+            node = d
+            for k in where[:-1]:
+                node = node[k]
+            node[where[-1]] = copy.deepcopy(rnd.choice(values))
+        try:
+            check(d, storage_path=str(tmp_path), load_code=False)
+        except FatalError as exc:
+            assert str(exc).strip()

@@ -130,11 +130,11 @@ def spec_check(
 
 
 def _is_pipeline(path: Path) -> bool:
-    import yaml
+    from raylane.config.loader import read_yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data, _ = read_yaml(path, "spec file")
+    except FatalError:
         return False  # load_spec reports it
     return isinstance(data, dict) and data.get("kind") == "pipeline"
 

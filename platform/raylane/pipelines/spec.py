@@ -101,6 +101,13 @@ def load_pipeline_spec(data: Any, source: str = "pipeline") -> PipelineSpec:
         for f in PIPELINE_FIELDS:
             if f in w:
                 errors.append((f"{base}.{f}", w[f], f"not set in a stage: the pipeline gives every stage its {f}"))
+        for f in ("config", "gang"):
+            if f in w and not isinstance(w[f], Mapping):
+                errors.append((f"{base}.{f}", w[f], "a mapping"))
+        g = w.get("gang")
+        if isinstance(g, Mapping) and "features" in g and not (
+                isinstance(g["features"], list) and all(isinstance(x, str) for x in g["features"])):
+            errors.append((f"{base}.gang.features", g["features"], "a list of node feature names"))
         kind = w.get("kind", "train")
         if kind not in STAGE_KINDS:
             errors.append((f"{base}.kind", kind, f"one of {', '.join(STAGE_KINDS)} (a stage is one run that ends)"))
@@ -109,7 +116,8 @@ def load_pipeline_spec(data: Any, source: str = "pipeline") -> PipelineSpec:
         if st.duration is None and w.get("runtime_estimate") is None:
             errors.append((f"stages.{name}.duration", None, "an estimated duration (or workload.runtime_estimate): "
                                                              "the planner needs one"))
-        errors += _ref_errors(spec, name, w.get("config") or {}, f"{base}.config")
+        if isinstance(w.get("config") or {}, Mapping):
+            errors += _ref_errors(spec, name, w.get("config") or {}, f"{base}.config")
     try:
         Pipeline(tuple(Stage(n, cpu=0, memory_gb=0, duration_h=1, needs=tuple(st.needs))
                        for n, st in spec.stages.items()))
@@ -150,7 +158,7 @@ def _ref_errors(spec: PipelineSpec, stage: str, config: Any, path: str) -> List[
     before = ancestors(spec, stage) if set(spec.stages[stage].needs) <= set(spec.stages) else set()
     errors = []
     for where, ref in _walk(config, path):
-        if ref["stage"] not in before:
+        if not isinstance(ref["stage"], str) or ref["stage"] not in before:
             errors.append((f"{where}.stage", ref["stage"], "a stage this one needs, directly or through others: "
                                                             f"one of {', '.join(sorted(before)) or '(none)'}"))
         step = ref.get("step", "latest")
