@@ -57,8 +57,8 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
         typer.echo(f"--solver: got {solver!r}; allowed: {', '.join(SOLVERS)}", err=True)
         raise typer.Exit(2)
     try:
-        p = load_pipeline(pipeline)
         nodes, net = load_cluster(cluster)
+        p = load_any_pipeline(pipeline, nodes)
         planner = CpSatPlanner(time_limit_s=time_limit) if solver == "cpsat" else PLANNERS.get(solver)
         if describe:
             typer.echo(describe_problem(p, nodes, net))
@@ -106,6 +106,24 @@ def _best_known(best) -> str:
     return f"best known {best.makespan_h:g} h: CP-SAT's plan, {how}" + (f"; {best.note}" if best.note else "")
 
 
+def load_any_pipeline(path: Path, nodes):
+    """A planning pipeline file, or a runnable ``kind: pipeline`` spec (stages with ``workload:``,
+    ``raylane.pipelines.spec``): its stages' demands are their gangs, their durations the estimates."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        data = None  # load_pipeline says what is wrong
+    stages = data.get("stages") if isinstance(data, dict) else None
+    if not (isinstance(stages, dict) and any(isinstance(v, dict) and "workload" in v for v in stages.values())):
+        return load_pipeline(path)
+    from raylane.pipelines import spec as ps
+
+    spec = ps.load_pipeline_spec(data, str(path))
+    return ps.planning_problem(spec, ps.expand(spec, f"{spec.name}-plan", "."), nodes, 1.0)[0]
+
+
 @plan_app.command("check")
 def check(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
           plan_file: Path = typer.Argument(..., metavar="PLAN", help="plan YAML (the format of --out)"),
@@ -116,8 +134,8 @@ def check(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
 
     Exit 0: valid; 1: violations; 2: bad input."""
     try:
-        p = load_pipeline(pipeline)
         nodes, net = load_cluster(cluster)
+        p = load_any_pipeline(pipeline, nodes)
         proposed = load_plan(plan_file)
         best = CpSatPlanner(time_limit_s=time_limit).plan(p, nodes, net)
     except (LoadError, ValidationError) as e:

@@ -97,3 +97,16 @@ def test_check_bad_input_is_a_named_error(tmp_path):
     assert r.exit_code == 2 and "missing.yaml: cannot read" in r.output
     r = run("plan", "check", PIPE, EX + "plans/optimal.yaml", "--cluster", CLUSTER, "--time-limit", "0")
     assert r.exit_code == 2 and "time_limit_s: got 0.0; a number of seconds > 0" in r.output
+
+
+def test_a_runnable_pipeline_spec_plans_offline_too():
+    """examples/pipelines/lm-lifecycle.yaml (stages with workloads) on the embedded cluster: each stage's demand is
+    its gang, its duration the estimate; features put prep on the ssd node and pretrain on the nvlink node."""
+    r = CliRunner().invoke(app, ["plan", EX + "lm-lifecycle.yaml", "--cluster", EX + "cluster-local.yaml",
+                                 "--solver", "cpsat", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert {s: v["node"] for s, v in data["stages"].items()}["prep"] == "gpu-b"
+    assert data["stages"]["pretrain"]["node"] == "gpu-a"
+    # 30 s + 2 min + 1 min + 30 s, one after the other.
+    assert data["makespan_h"] * 60 == pytest.approx(4.0, abs=0.05)
