@@ -735,21 +735,24 @@ class ControlActor(PipelineCalls):
         rec = self._get(wid)
         if rec.state.terminal:
             return rec.public()
-        now = time.time()
-        if self.state.is_pending(wid):
-            self.state.dequeue(wid)
-        elif wid in self.state.leases:
-            self.state.finish(wid, now)
-            self._remove_pg(rec)
-        self._append("cancelled", rec, by=p.user, note=f"cancelled by {p.user}")
-        await self._force_stop(rec)
+        self._cancel(rec, p.user, f"cancelled by {p.user}")
         if rec.job_id and self.pipes.stage_of(wid) is None:  # a stage's job is its pipeline's driver: it goes on
             self._stop_job(rec.job_id)
-        ev = self._admitted.get(wid)
-        if ev is not None:
-            ev.set()
         self._poke()
         return rec.public()
+
+    def _cancel(self, rec: Record, by: str, note: str) -> None:
+        """Out of the queue or off its lease, journaled as cancelled, its gang stopped, its waiters woken."""
+        if self.state.is_pending(rec.id):
+            self.state.dequeue(rec.id)
+        elif rec.id in self.state.leases:
+            self.state.finish(rec.id, time.time())
+            self._remove_pg(rec)
+        self._append("cancelled", rec, by=by, note=note)
+        self._kill_gang(rec)
+        ev = self._admitted.get(rec.id)
+        if ev is not None:
+            ev.set()
 
     async def _api_release(self, p: Principal, req: api.Release) -> Dict[str, Any]:
         """The workload stopped. ``outcome``: finished, failed or yielded (after a preemption)."""

@@ -234,19 +234,8 @@ class PipelineCalls:
     def _cancel_pipeline_stages(self, run: pl.PipelineRun, why: str) -> None:
         for w in run.stages.values():
             rec = self.records.get(w)
-            if rec is None or rec.state.terminal:
-                continue
-            if self.state.is_pending(w):
-                self.state.dequeue(w)
-            elif w in self.state.leases:
-                self.state.finish(w, time.time())
-                self._remove_pg(rec)
-            self._waiting.discard(w)
-            self._append("cancelled", rec, by="pipeline", note=f"cancelled: {why}")
-            self._kill_gang(rec)
-            ev = self._admitted.get(w)
-            if ev is not None:
-                ev.set()
+            if rec is not None and not rec.state.terminal:
+                self._cancel(rec, "pipeline", f"cancelled: {why}")
 
 
 def _ref_key(spec: Dict[str, Any]) -> str:
