@@ -38,6 +38,7 @@ __all__ = [
     "LEASES_RUNNING",
     "GPUS_HELD",
     "QUEUE_WAIT",
+    "CYCLE_SECONDS",
     "COST",
     "IDLE_COST",
     "TEAM_SPEND",
@@ -205,6 +206,12 @@ QUEUE_WAIT = Metric(
     "Seconds from submit (or requeue after a preemption) to admission. Labels: team, workload_class.",
     ("team", "workload_class"),
     (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 4 * 3600.0))
+CYCLE_SECONDS = Metric(
+    "raylane_cycle_seconds", "histogram",
+    "Wall seconds of one scheduling cycle in the control actor (the pure core's cycle(); garbage collection is "
+    "paused inside it).",
+    (),
+    (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0))
 
 # ------------------------------------------------------------------------------------------------- nodes
 NODE_STATE = Metric(
@@ -257,7 +264,7 @@ TEAM_BUDGET = Metric(
 ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
-    QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT,
+    QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT, CYCLE_SECONDS,
     NODE_STATE, NODE_QUARANTINES, NODE_PROBES, STRANDED_GPUS,
     COST, IDLE_COST, TEAM_SPEND, TEAM_BUDGET,
 )

@@ -45,6 +45,7 @@ from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, mon
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
 from raylane.scheduling.fragmentation import stranded_gpus
+from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.types import Resources
 
 log = logging.getLogger("raylane.control")
@@ -325,7 +326,11 @@ class ControlActor(PipelineCalls):
         self._service_pipelines(now)
         await self._enforce_deadlines(now)
         self.state.decay(now)
-        result = cycle(self.state.snapshot(), now)
+        snap = self.state.snapshot()
+        t0 = time.perf_counter()
+        with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)
+            result = cycle(snap, now)
+        metrics.CYCLE_SECONDS.observe(time.perf_counter() - t0)
         self.cycles += 1
         for p in result.preempted:
             for vid in p.victims:

@@ -44,6 +44,7 @@ from raylane.errors import FatalError
 from raylane.scheduling import PLACEMENTS, ClusterState, check_feasible, cycle
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.fragmentation import admissible, fragmentation, takes_any_gpu
+from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.types import Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass
 from raylane.sim.outages import Outages, next_failure, node_rng
 from raylane.sim.traces import Trace, TraceJob
@@ -516,7 +517,9 @@ class Simulator:
                 if now - last_decay >= decay_every:
                     state.decay(now)
                     last_decay = now
-                result = cycle(state.snapshot(limit=max_examined), now, max_examined=max_examined)
+                snap = state.snapshot(limit=max_examined)
+                with gc_paused():  # as the control actor runs it: no collection inside a cycle
+                    result = cycle(snap, now, max_examined=max_examined)
                 cycles += 1
                 for adm in result.admitted:
                     start(adm, now)
