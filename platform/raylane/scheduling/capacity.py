@@ -4,7 +4,9 @@ The cycle builds one ``Capacity`` from the snapshot's nodes and changes only thi
 (admissions take, preemption searches give back and undo). The snapshot itself is never touched.
 
 Nodes are bucketed by free GPUs so that a placement looks at a handful of buckets, not at every node: with 1,000
-nodes a single-GPU best-fit is a few dictionary lookups.
+nodes a single-GPU best-fit is a few dictionary lookups. Within a bucket nodes are kept in node id order: among
+equally good nodes the choice depends only on their ids, never on the order nodes were added or on what was freed
+before, so a replay's figures depend only on the trace, the cluster and the policy.
 """
 from __future__ import annotations
 
@@ -27,14 +29,16 @@ class Capacity:
         # An unschedulable (cordoned) node offers nothing: no placement lands there, and a preemption search that
         # gives back a victim's share on it frees nothing usable.
         self.free: Dict[str, Resources] = {nid: n.free if n.schedulable else _NOTHING for nid, n in self.nodes.items()}
-        self._buckets: Dict[float, Dict[str, None]] = {}
+        self._buckets: Dict[float, List[str]] = {}
         self._log: Optional[List[Tuple[str, Resources]]] = None
         buckets = self._buckets
         for nid, f in self.free.items():
             b = buckets.get(f.gpu)
             if b is None:
-                b = buckets[f.gpu] = {}
-            b[nid] = None
+                b = buckets[f.gpu] = []
+            b.append(nid)
+        for b in buckets.values():
+            b.sort()
         self._keys: List[float] = sorted(buckets)
         # Kept up to date from here on: every capacity-blocked workload's reason reads it.
         free = self.free.values()
@@ -44,13 +48,14 @@ class Capacity:
     def _bucket_add(self, node_id: str, gpu: float) -> None:
         b = self._buckets.get(gpu)
         if b is None:
-            b = self._buckets[gpu] = {}
+            self._buckets[gpu] = [node_id]
             bisect.insort(self._keys, gpu)
-        b[node_id] = None
+        else:
+            bisect.insort(b, node_id)
 
     def _bucket_remove(self, node_id: str, gpu: float) -> None:
         b = self._buckets[gpu]
-        del b[node_id]
+        del b[bisect.bisect_left(b, node_id)]
         if not b:
             del self._buckets[gpu]
             self._keys.pop(bisect.bisect_left(self._keys, gpu))
@@ -98,13 +103,13 @@ class Capacity:
 
     # -- queries -------------------------------------------------------------------------------------------
     def ascending(self, min_gpu: float) -> Iterator[str]:
-        """Node ids with at least ``min_gpu`` free GPUs, fewest free GPUs first (best fit)."""
+        """Node ids with at least ``min_gpu`` free GPUs, fewest free GPUs first (best fit), then by node id."""
         i = bisect.bisect_left(self._keys, min_gpu - 1e-9)
         for k in list(self._keys[i:]):
             yield from list(self._buckets.get(k, ()))
 
     def descending(self, min_gpu: float) -> Iterator[str]:
-        """Node ids with at least ``min_gpu`` free GPUs, most free GPUs first (worst fit)."""
+        """Node ids with at least ``min_gpu`` free GPUs, most free GPUs first (worst fit), then by node id."""
         i = bisect.bisect_left(self._keys, min_gpu - 1e-9)
         for k in list(reversed(self._keys[i:])):
             yield from list(self._buckets.get(k, ()))
@@ -123,7 +128,7 @@ class Capacity:
         c = Capacity.__new__(Capacity)
         c.nodes = self.nodes
         c.free = dict(self.free)
-        c._buckets = {k: dict(v) for k, v in self._buckets.items()}
+        c._buckets = {k: list(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
         c._log = None
         c._total = self._total
