@@ -9,7 +9,7 @@ import pytest
 
 from raylane.scheduling.types import WorkloadClass
 from raylane.sim import DEFAULT_CLASS, SimOptions, summarize
-from raylane.sim.engine import gang_for
+from raylane.sim.engine import SimulationError, gang_for
 from tests.sim.builders import job, outcome, replay, trace
 
 CKPT_60 = WorkloadClass("train", priority=100, preemptible=True, checkpoint_interval_s=60.0, grace_period_s=0.0)
@@ -154,6 +154,9 @@ def test_noisy_estimates_repeat_with_the_seed():
     (12, None, 8, (2, 6.0)),
     (128, None, 8, (16, 8.0)),
     (8, 4, 8, (4, 2.0)),
+    (0.5, None, 8, (1, 0.5)),
+    (2, 4, 8, (4, 0.5)),
+    (16.0, None, 8, (2, 8.0)),
 ])
 def test_gang_shape(gpus, workers, node, want):
     b = job("a").gpus(gpus)
@@ -161,3 +164,16 @@ def test_gang_shape(gpus, workers, node, want):
         b = b.workers(workers)
     g = gang_for(b.obj(), node)
     assert (g.workers, g.per_worker.gpu) == want
+    assert isinstance(g.workers, int)
+
+
+@pytest.mark.parametrize("gpus,workers,says", [
+    (1.5, None, "gpus 1.5 with no worker count"),
+    (6, 4, "1.5 per worker"),
+])
+def test_gang_shape_refuses_what_ray_would(gpus, workers, says):
+    b = job("a").gpus(gpus)
+    if workers:
+        b = b.workers(workers)
+    with pytest.raises(SimulationError, match=says):
+        gang_for(b.obj(), 8)

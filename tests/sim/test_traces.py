@@ -77,7 +77,10 @@ def test_team_column_none_puts_every_job_in_one_team(tmp_path):
      "row 2, column num_gpus", "1.5", "an integer >= 1"),
     ("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,5,1\n",
      "row 2, column (all)", "2017-10-09 07:01:55,5,1", "5 fields"),
-    ("submit_time,duration,gpus,workers\n0,10,6,4\n", "row 2, column workers", "4", "a divisor of gpus (6)"),
+    ("submit_time,duration,gpus,workers\n0,10,6,4\n", "row 2, column workers", "4",
+     "a fraction below 1 (a share of one GPU) or a whole number of GPUs per worker (gpus 6 / workers 4 = 1.5)"),
+    ("submit_time,duration,gpus\n0,10,1.5\n", "row 2, column gpus", "1.5", "a whole number of GPUs, or below 1"),
+    ("submit_time,duration,gpus\n0,10,0\n", "row 2, column gpus", "0", "above 0, unless the job asks for cpus"),
     ("submit_time,duration,gpus,colour\n0,10,1,red\n", "(header)", "colour", "a generic-format column"),
     ("id,submit_time,duration,gpus\na,0,10,1\na,1,10,1\n", "row 3, column id", "a", "unique job id (row 2"),
     ("job_id,num_gpu,submit_time,duration\n0,-2,0,10\n", "row 2, column num_gpu", "-2", "an integer >= 1"),
@@ -123,3 +126,12 @@ def test_gzip_trace_reads_like_the_plain_csv(tmp_path):
     assert a.format == b.format == "philly"
     assert [(j.submit, j.duration, j.gpus, j.team) for j in a.jobs] == [(j.submit, j.duration, j.gpus, j.team)
                                                                         for j in b.jobs]
+
+
+def test_generic_fractional_gpus(tmp_path):
+    """A share of one GPU per worker: alone (0.5) or a total split over workers (2 over 4: 0.5 each)."""
+    tr = load_trace(write(tmp_path, "id,submit_time,duration,gpus,workers\na,0,10,0.5,\nb,1,10,2,4\nc,2,10,0.25,1\n"
+                                    "d,3,10,8,\n"))
+    got = {j.id: (j.gpus, j.workers) for j in tr.jobs}
+    assert got == {"a": (0.5, None), "b": (2, 4), "c": (0.25, 1), "d": (8, None)}
+    assert isinstance(got["d"][0], int), "integer traces keep integer GPU counts"

@@ -70,6 +70,23 @@ class Resources:
 
 ZERO = Resources()
 
+# Float sums of fractional GPU shares (0.1 + 0.2 ...) are compared with this slack.
+GPU_EPS = 1e-9
+
+
+def gpu_request_error(per_worker_gpu: float) -> Optional[str]:
+    """Why a worker cannot ask for ``per_worker_gpu`` GPUs (Ray's rule), or None when it can.
+
+    A worker asks for a share of one GPU device (0 < g < 1) or for whole devices (a whole number); 1.5 GPUs would
+    be one device and half of another, which Ray refuses.
+    """
+    g = per_worker_gpu
+    if g != g or g < 0 or g == float("inf"):
+        return "a number >= 0"
+    if g < 1 or abs(g - round(g)) <= GPU_EPS:
+        return None
+    return "a fraction below 1 (a share of one GPU) or a whole number of GPUs per worker"
+
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -394,7 +411,7 @@ class CycleResult:
 
 
 __all__ = [
-    "RESOURCE_NAMES", "Resources", "ZERO", "Node", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
+    "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
     "Lease", "Quota", "Team", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
     "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
     "Preempt", "Pending", "Reject", "Decision", "CycleResult",

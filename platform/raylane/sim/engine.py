@@ -45,7 +45,9 @@ from raylane.scheduling import PLACEMENTS, ClusterState, check_feasible, cycle
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.fragmentation import admissible, fragmentation, takes_any_gpu
 from raylane.scheduling.gcpace import gc_paused
-from raylane.scheduling.types import Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass
+from raylane.scheduling.types import (
+    Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
+)
 from raylane.sim.outages import Outages, next_failure, node_rng
 from raylane.sim.traces import Trace, TraceJob
 
@@ -145,12 +147,22 @@ def gang_for(job: TraceJob, max_node_gpus: int, placement: str = "pack") -> Gang
     the trace's strategy, else ``placement``."""
     if job.workers:
         workers = job.workers
+    elif job.gpus > 1 and job.gpus != int(job.gpus):
+        raise SimulationError(f"job {job.id}: gpus {job.gpus:g} with no worker count: allowed: a whole number, "
+                              "below 1 (a share of one GPU), or a worker count that splits it into shares below 1 "
+                              "or whole GPUs per worker")
     elif job.gpus <= max_node_gpus or max_node_gpus <= 0:
         workers = 1
     else:
-        per = max(d for d in range(1, max_node_gpus + 1) if job.gpus % d == 0)
-        workers = job.gpus // per
-    per_worker = Resources(job.gpus / workers, job.cpus / workers, job.memory / workers)
+        total = int(job.gpus)
+        per = max(d for d in range(1, max_node_gpus + 1) if total % d == 0)
+        workers = total // per
+    g = job.gpus / workers
+    why = gpu_request_error(g)
+    if why is not None:
+        raise SimulationError(f"job {job.id}: {job.gpus:g} GPUs over {workers} workers is {g:g} per worker; "
+                              f"allowed: {why}")
+    per_worker = Resources(g, job.cpus / workers, job.memory / workers)
     return Gang(workers, per_worker, job.placement or placement, job.features)
 
 

@@ -15,8 +15,9 @@ Formats (chosen by ``format=`` or recognised from the header)
   AdaptDL). ``timestamp`` is ``YYYY-MM-DD HH:MM:SS`` (taken as UTC); rows are not in time order.
 - ``tiresias``: ``job_id,num_gpu,submit_time,iterations,model_name,duration,interval`` (Tiresias' simulator).
 - ``generic``: required ``submit_time`` (seconds, or an ISO 8601 date-time), ``duration`` (seconds), ``gpus``
-  (total GPUs of the job); optional ``id``, ``team``, ``user``, ``class``, ``workers`` (gang size; ``gpus`` must
-  divide evenly), ``cpus`` and ``memory`` (GiB; totals, split evenly over the workers), ``features``
+  (total GPUs of the job; may be fractional); optional ``id``, ``team``, ``user``, ``class``, ``workers`` (gang
+  size; each worker gets ``gpus / workers``, which must be a share of one GPU (below 1: ``gpus: 0.5`` alone, or
+  ``gpus: 2, workers: 4`` for 0.5 each) or a whole number of GPUs, as Ray requires), ``cpus`` and ``memory`` (GiB; totals, split evenly over the workers), ``features``
   (``;``-separated node tags every worker needs), ``estimate`` (the runtime the user declared, seconds) and
   ``placement`` (a gang placement strategy). Unknown columns are an error. See ``examples/traces/generic.csv``.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from raylane.errors import NotFoundError, ValidationError
+from raylane.scheduling.types import gpu_request_error
 
 __all__ = ["FORMATS", "TraceJob", "Trace", "load_trace", "detect_format", "parse_time"]
 
@@ -54,7 +56,8 @@ class TraceJob:
     id: str
     submit: float
     duration: float
-    gpus: int
+    # Total GPUs of the job; a float where workers take shares of a GPU (0.5, or 2 over 4 workers).
+    gpus: float
     team: str
     cls: Optional[str] = None
     # Gang shape when the trace gives one; the replay derives it from ``gpus`` and the node size otherwise.
@@ -317,7 +320,9 @@ def _generic_row(acc: _Rows, row: int, rec: Dict[str, str], team_col) -> Optiona
             acc.bad(row, "submit_time", raw_submit, "seconds >= 0 or an ISO 8601 date-time like 2024-05-01T08:00:00")
             submit = None
     duration = acc.number(row, rec, "duration", strict=True)
-    gpus = acc.number(row, rec, "gpus", integer=True)
+    gpus = acc.number(row, rec, "gpus")
+    if gpus is not None and gpus == int(gpus):
+        gpus = int(gpus)  # integer traces keep integer GPU counts
     ok = submit is not None and duration is not None and gpus is not None
 
     def opt(column: str, **kw) -> Optional[float]:
@@ -326,14 +331,21 @@ def _generic_row(acc: _Rows, row: int, rec: Dict[str, str], team_col) -> Optiona
         return acc.number(row, rec, column, **kw)
 
     workers = opt("workers", minimum=1, integer=True)
-    if workers is not None and gpus is not None and gpus % workers:
-        acc.bad(row, "workers", rec["workers"], f"a divisor of gpus ({gpus}) so every worker gets the same GPUs")
+    if gpus is not None and workers is not None and gpus:
+        why = gpu_request_error(gpus / workers)
+        if why is not None:
+            acc.bad(row, "workers", rec["workers"], f"a gang size that gives each worker {why} "
+                    f"(gpus {gpus:g} / workers {workers:g} = {gpus / workers:g})")
+            ok = False
+    elif gpus is not None and gpus > 1 and gpus != int(gpus):
+        acc.bad(row, "gpus", rec["gpus"], "a whole number of GPUs, or below 1 (a share of one GPU), or a "
+                "'workers' count that splits it into shares below 1 or whole GPUs per worker")
         ok = False
     cpus = opt("cpus") or 0.0
     memory = opt("memory") or 0.0
     estimate = opt("estimate", strict=True)
     if gpus == 0 and not cpus and not memory:
-        acc.bad(row, "gpus", rec["gpus"], "at least 1, unless the job asks for cpus or memory")
+        acc.bad(row, "gpus", rec["gpus"], "above 0, unless the job asks for cpus or memory")
         ok = False
     feats = frozenset(f.strip() for f in (rec.get("features") or "").split(";") if f.strip())
     if not ok:
