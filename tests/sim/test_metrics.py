@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from raylane.scheduling.types import Quota, Team
+from raylane.scheduling.types import Quota, Team, WorkloadClass
 from raylane.sim.metrics import binned, percentile, summarize
 from tests.sim.builders import job, replay, trace
 
@@ -44,3 +44,27 @@ def test_entitlement_follows_nominal_gpu_quota():
     t = summarize(r)["fairness"]["teams"]
     assert (t["x"]["entitlement"], t["y"]["entitlement"]) == (0.75, 0.25)
     assert t["x"]["share_over_entitlement"] == pytest.approx(0.5 / 0.75)
+
+
+def _las_pair(**config):
+    # a: 8 GPUs for 1,000 s; b (1 GPU, 50 s) arrives at 30 while a is in LAS queue 1 (past 100 GPU-s).
+    ckpt = WorkloadClass("train", priority=100, preemptible=True, checkpoint_interval_s=60.0, grace_period_s=0.0)
+    return replay(trace(job("a").gpus(8).at(0).runs(1000), job("b").at(30).runs(50)), default_class=ckpt,
+                  config=dict(ordering="las", preemption="ordering", las_thresholds=(100.0,), **config))
+
+
+def test_preemptions_per_hour_of_runtime():
+    s = summarize(_las_pair())["preemptions"]
+    # a is preempted once at 30 s, before its first checkpoint: it runs 30 + 1,000 s in all.
+    rate = 1 / (1030 / 3600)
+    assert s["per_hour"]["max"] == pytest.approx(rate)
+    assert s["per_hour"]["mean"] == pytest.approx(rate / 2)  # b: never preempted
+    assert s["per_hour"]["over_one"] == 1
+    assert s["per_hour"]["worst"] == {"id": "a", "preemptions": 1, "runtime_h": pytest.approx(1030 / 3600)}
+
+
+def test_hysteresis_removes_the_thrash_figure():
+    r = _las_pair(hysteresis_min_run_s=3600.0)
+    s = summarize(r)["preemptions"]
+    assert s["total"] == 0 and s["per_hour"]["max"] == 0 and s["per_hour"]["worst"] is None
+    assert r.finish == [1000.0, 1050.0]  # b waits for a instead of stopping it

@@ -231,6 +231,12 @@ class SchedulerSpec(_Model):
     las_thresholds: Tuple[Duration, ...] = _SCHED.las_thresholds
     fair_share_half_life: Duration = _SCHED.fair_share_half_life_s
     default_runtime: Duration = _SCHED.default_runtime_s
+    # Hysteresis of the ``ordering`` preemption (LAS, SRTF): a lease is not stopped by it before it has run, since
+    # its last (re)start, max(hysteresis_min_run, hysteresis_service_fraction x the time it had run before).
+    hysteresis_min_run: Duration = _SCHED.hysteresis_min_run_s
+    hysteresis_service_fraction: Annotated[float, Field(ge=0, le=100), Allowed(
+        "a number >= 0 and <= 100, like 0.5 (0: no scaling with attained service)")] = \
+        _SCHED.hysteresis_service_fraction
 
     @field_validator("las_thresholds")
     @classmethod
@@ -376,6 +382,8 @@ class ClusterPolicy(_Model):
             las_thresholds=tuple(s.las_thresholds),
             fair_share_half_life_s=s.fair_share_half_life,
             default_runtime_s=s.default_runtime,
+            hysteresis_min_run_s=s.hysteresis_min_run,
+            hysteresis_service_fraction=s.hysteresis_service_fraction,
         )
 
     def workload_class(self, name: str) -> WorkloadClass:

@@ -263,10 +263,26 @@ class OrderingPreemption:
         # takes away): leave them out rather than have find_victims step over each.
         team = preemptor.team
         open_ = {t: t == team or not ctx.protects() or ctx.team_borrows(t) for t in ctx.teams()}
+        # Hysteresis: a lease (re)started too recently is not stopped again by the ordering (see settled_after).
+        now = ctx.now
+        hold = cfg.hysteresis_min_run_s > 0 or cfg.hysteresis_service_fraction > 0
         # The worst-ranked go first: under LAS the most-served, under SRTF the longest remaining.
         return itertools.chain((l for _, l in fresh),
                                (ranked[i][1] for i in range(len(ranked) - 1, after - 1, -1)
-                                if open_[ranked[i][1].team]))
+                                if open_[ranked[i][1].team]
+                                and (not hold or now >= settled_after(ranked[i][1], cfg))))
+
+
+def settled_after(lease: Lease, cfg: SchedulerConfig) -> float:
+    """The instant from which the ``ordering`` policy may nominate a running ``lease`` (its hysteresis): its last
+    (re)start plus max(``hysteresis_min_run_s``, ``hysteresis_service_fraction`` x the wall time it had run before
+    that start, i.e. its attained GPU-seconds over its GPUs). A floor of one hour bounds every job to one
+    ordering-driven preemption per hour it runs; the fraction lets a job that ran long keep its GPUs longer each
+    time it gets them back, so long jobs are not stopped over and over by a stream of short arrivals."""
+    w = lease.workload
+    gpus = w.gang.total.gpu
+    ran_before = w.attained_gpu_s / gpus if gpus > 0 else 0.0
+    return lease.start_time + max(cfg.hysteresis_min_run_s, cfg.hysteresis_service_fraction * ran_before)
 
 
 @PREEMPTIONS.register("none")

@@ -240,6 +240,11 @@ class SchedulerConfig:
     fair_share_half_life_s: float = 7 * 24 * 3600.0
     # Runtime assumed for a lease with no estimate when computing reservations (EASY backfill).
     default_runtime_s: float = 24 * 3600.0
+    # Hysteresis of the ``ordering`` preemption policy (LAS, SRTF), against thrash: a running lease is not nominated
+    # before it has run, since its last (re)start, max(hysteresis_min_run_s, hysteresis_service_fraction x the wall
+    # time it had run before that start). 0 and 0: none (any lease past its class's minimum runtime).
+    hysteresis_min_run_s: float = 0.0
+    hysteresis_service_fraction: float = 0.0
 
 
 @dataclass(frozen=True)

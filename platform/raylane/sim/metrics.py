@@ -15,6 +15,9 @@ This module owns the definitions (they are what ``docs/simulator.md`` and the JS
   itself; Themis' rho with the whole cluster as the isolated share); the spread is the worst team's over the best's.
 - *preemptions per job*: mean over finished jobs, the largest, and the fraction of jobs preempted at least once.
   Only the scheduler's preemptions: drains and failures are counted apart (``outages``).
+- *preemptions per job-hour* (thrash): per finished job, its preemptions over the hours it ran (its *runtime*:
+  the time its leases held GPUs, i.e. its duration plus the work it lost and had to redo); the mean over finished
+  jobs, the largest (the worst-thrashed job, named in ``worst``) and how many jobs exceed 1 per hour.
 - *stranded GPUs*: free GPUs that no waiting gang could use because of how they are spread
   (``raylane.scheduling.fragmentation``), after each instant; time-weighted mean, p95 and largest, first submit
   to last finish, and the mean as a share of the cluster's GPUs. Compares placement policies.
@@ -30,7 +33,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from raylane.sim.engine import SimResult
 
-__all__ = ["summarize", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES"]
+__all__ = ["summarize", "thrash", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -47,6 +50,8 @@ FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("makespan_s", "makespan", "s"),
     ("utilization.mean", "GPU util", ""),
     ("preemptions.per_job", "preempt/job", ""),
+    ("preemptions.per_hour.mean", "preempt/job-h avg", ""),
+    ("preemptions.per_hour.max", "preempt/job-h max", ""),
     ("fairness.ftf_spread", "FTF spread", ""),
     ("fragmentation.stranded_mean", "stranded GPUs avg", "GPUs"),
     ("fragmentation.stranded_p95", "stranded GPUs p95", "GPUs"),
@@ -143,6 +148,29 @@ def binned(times: Sequence[float], values: Sequence[float], t0: float, t1: float
     return [t0 + (i + 0.5) * width for i in range(bins)], [s / width for s in sums]
 
 
+def thrash(r: SimResult, done: Sequence[int]) -> Dict[str, Any]:
+    """Preemptions per hour of runtime over the finished jobs ``done``: mean, largest, the job with the largest
+    (id, preemptions, runtime hours; None when no job was preempted) and how many exceed one per hour. A job's
+    runtime is its duration plus the work it lost (both run on its GPUs); a job of zero runtime counts 0."""
+    rates: List[float] = []
+    worst, worst_rate, over = None, -1.0, 0
+    for j in done:
+        hours = (r.jobs[j].duration + r.lost_work[j]) / 3600.0
+        rate = r.preemptions[j] / hours if hours > 0 else 0.0
+        rates.append(rate)
+        if rate > 1.0 + 1e-9:
+            over += 1
+        if r.preemptions[j] and rate > worst_rate:
+            worst_rate = rate
+            worst = {"id": r.jobs[j].id, "preemptions": r.preemptions[j], "runtime_h": hours}
+    return {
+        "mean": sum(rates) / len(rates) if rates else math.nan,
+        "max": max(rates, default=math.nan),
+        "over_one": over,
+        "worst": worst,
+    }
+
+
 def summarize(r: SimResult) -> Dict[str, Any]:
     """Every figure of the replay as a JSON-ready dict (NaN where nothing was measured)."""
     jobs = r.jobs
@@ -160,6 +188,7 @@ def summarize(r: SimResult) -> Dict[str, Any]:
     lost_gpu_s = sum(r.lost_work[j] * jobs[j].gpus for j in range(n))
     util = gpu_s_used / (r.total_gpus * span) if span > 0 and r.total_gpus else math.nan
     pre = [r.preemptions[j] for j in done]
+    per_hour = thrash(r, done)
 
     # Fairness, per team.
     teams = sorted({job.team for job in jobs})
@@ -232,6 +261,7 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "per_job": sum(pre) / len(pre) if pre else math.nan,
             "max": max(pre, default=0),
             "fraction_preempted": sum(1 for p in pre if p) / len(pre) if pre else math.nan,
+            "per_hour": per_hour,
         },
         "fairness": {
             "teams": per_team,
