@@ -109,6 +109,8 @@ SWEEP_CASES = [
      "only for scheduler pbt (this one is asha)"),
     ("synch on asha", "sweep/scheduler/synch", True, "sweep.scheduler.synch", True,
      "only for scheduler pbt (this one is asha)"),
+    ("synchronous not a bool", "sweep/scheduler/synchronous", "often", "sweep.scheduler.synchronous", "often",
+     "true or false"),
     ("metric empty", "sweep/metric", "", "sweep.metric", "", "at least 1 character"),
     ("mode", "sweep/mode", "minimize", "sweep.mode", "minimize", "one of min, max"),
     ("trials missing", "sweep/trials", DELETE, "sweep.trials", None, "required for algorithm tpe"),
@@ -242,6 +244,37 @@ def test_pbt_is_asynchronous_unless_synch(synch):
                                  "mutations": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}},
                                  **({} if synch is None else {"synch": synch})}
     assert build.scheduler(load_spec_from_dict(doc).sweep)._synch is bool(synch)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "median", "pbt"])
+def test_synchronous_is_an_asha_field(kind):
+    doc = raw()
+    doc["sweep"]["search"] = {"algorithm": "random"}
+    doc["sweep"]["scheduler"] = {"type": kind, "synchronous": True, **({"perturbation_interval": 20, "mutations": {
+        "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}} if kind == "pbt" else {})}
+    assert_has_error(errors_of(doc), "sweep.scheduler.synchronous", True,
+                     f"only for scheduler asha (this one is {kind})")
+
+
+@pytest.mark.parametrize("synchronous", [None, False, True])
+def test_asha_is_tunes_asynchronous_one_unless_synchronous(synchronous):
+    from ray.tune.schedulers import AsyncHyperBandScheduler
+
+    from raylane.sweeps.rungs import SynchronousHalvingScheduler
+
+    doc = with_field(raw(), "sweep/scheduler", {"type": "asha", "eta": 2, "grace_period": 10,
+                                                **({} if synchronous is None else {"synchronous": synchronous})})
+    sweep = load_spec_from_dict(doc).sweep
+    sched = build.scheduler(sweep)
+    if synchronous:
+        assert isinstance(sched, SynchronousHalvingScheduler)
+        h = sched.halving
+        assert (list(h.rungs), h.eta, h.expected, h.max_t) == ([10, 20, 40], 2, sweep.trials, 80)
+        # Trials waiting at a rung hold no slot: the search may keep every trial of the sweep unfinished.
+        assert build.live_trial_cap(sweep) == sweep.trials
+    else:
+        assert isinstance(sched, AsyncHyperBandScheduler)
+        assert build.live_trial_cap(sweep) == sweep.concurrency
 
 
 def test_asha_rungs():

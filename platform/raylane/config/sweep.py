@@ -200,7 +200,7 @@ class BudgetSpec(StrictModel):
 _SCHEDULER_FIELDS = {
     "fifo": (),
     "median": ("grace_period", "min_samples"),
-    "asha": ("grace_period", "eta"),
+    "asha": ("grace_period", "eta", "synchronous"),
     "pbt": ("perturbation_interval", "mutations", "quantile_fraction", "resample_probability", "synch"),
 }
 
@@ -209,7 +209,10 @@ class TrialSchedulerSpec(StrictModel):
     """When trials stop early, pause or change: ``fifo`` (never: every trial runs to ``budget.max``), ``median``
     (stop a trial whose best result is worse than the median of the others' at the same step, after
     ``grace_period``), ``asha`` (successive halving: at each rung ``grace_period * eta**k`` only the best
-    ``1/eta`` go on), ``pbt`` (population based training: every ``perturbation_interval`` steps the bottom
+    ``1/eta`` go on; asynchronous by default, each trial judged against the results recorded at the rung so far, so
+    which trials stop depends on the order they arrive in; with ``synchronous: true`` a rung is decided once, when
+    every trial of its cohort reached it, the others waiting paused: the same results give the same stopped trials
+    whatever the timing, ``raylane.sweeps.rungs``), ``pbt`` (population based training: every ``perturbation_interval`` steps the bottom
     ``quantile_fraction`` of trials copy the checkpoint and config of a top one and perturb the ``mutations``;
     with ``synch: true`` every trial waits at each perturbation until the whole population has reached it, so the
     quantiles are taken over all trials at the same step: asynchronous PBT compares a trial with the others' last
@@ -225,9 +228,10 @@ class TrialSchedulerSpec(StrictModel):
     quantile_fraction: Optional[float] = Field(default=None, gt=0, le=0.5)
     resample_probability: Optional[float] = Field(default=None, ge=0, le=1)
     synch: Optional[bool] = None
+    synchronous: Optional[bool] = None  # asha: decide each rung once over its whole cohort (default false)
 
     @field_validator("grace_period", "eta", "min_samples", "perturbation_interval", "mutations",
-                     "quantile_fraction", "resample_probability", "synch")
+                     "quantile_fraction", "resample_probability", "synch", "synchronous")
     @classmethod
     def _only_for_its_scheduler(cls, v: Any, info: ValidationInfo) -> Any:
         kind = info.data.get("type")

@@ -381,7 +381,8 @@ def _transition(v, before: Optional[tuple], metric: str = "", budget_max: Option
         if prev == Trial.PENDING:
             return f"trial {v.trial_id} resumed from its checkpoint{at}"
     if v.status == Trial.PAUSED:
-        why = "its slot was reclaimed" if v.paused_by == "quota" else "the scheduler paused it"
+        why = {"quota": "its slot was reclaimed", "rung": "it waits at its rung for the other trials"}.get(
+            v.paused_by, "the scheduler paused it")
         return f"trial {v.trial_id} paused{at} with its checkpoint ({why})"
     if v.status == Trial.TERMINATED:
         how = "finished" if v.step is None or budget_max is None or v.step >= budget_max else "stopped early"

@@ -10,6 +10,8 @@ Search algorithms, all seeded by ``search.seed`` and all gated by the sweep's gr
 combination of the ``grid`` parameters), the only kind Population Based Training accepts; ``tpe`` and
 ``evolutionary`` are Optuna samplers (``TPESampler``, ``NSGAIISampler``) behind Ray's ``OptunaSearch``, wrapped in
 ``GrantLimiter``. Every scheduler measures time in ``step``, the global step each result carries (``TIME_ATTR``).
+``asha`` is Tune's asynchronous ``ASHAScheduler``, or with ``synchronous: true`` Raylane's
+``raylane.sweeps.rungs.SynchronousHalvingScheduler`` (the same rungs, each decided once over its whole cohort).
 
 Words: see ``raylane.config.sweep`` (budget, rung, parameter path).
 """
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from raylane.config.sweep import ParamSpec, SweepSpec
 
 __all__ = ["TIME_ATTR", "SEARCHERS", "SCHEDULERS", "param_space", "search_algorithm", "num_samples", "scheduler",
-           "asha_rungs", "grace_period"]
+           "asha_rungs", "grace_period", "synchronous", "live_trial_cap"]
 
 TIME_ATTR = "step"
 
@@ -71,18 +73,30 @@ def param_space(sweep: "SweepSpec") -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ search
 
 
+def synchronous(sweep: "SweepSpec") -> bool:
+    """Whether trials may wait paused at a rung (synchronous ASHA)."""
+    return sweep.scheduler.type == "asha" and bool(sweep.scheduler.synchronous)
+
+
+def live_trial_cap(sweep: "SweepSpec") -> int:
+    """The most trials the search keeps unfinished: the slots asked for; all trials when some may wait at a rung
+    (a waiting trial holds no slot, and the next one must be drawn so that the rung can be decided). The grant is
+    the gate on what runs either way (``raylane.sweeps.quota``)."""
+    return int(sweep.trials) if synchronous(sweep) else sweep.concurrency
+
+
 def _optuna(sampler, sweep: "SweepSpec", grant_key: str):
     from ray.tune.search.optuna import OptunaSearch
 
     from raylane.sweeps.quota import GrantLimiter
 
-    return GrantLimiter(OptunaSearch(sampler=sampler), sweep.concurrency, grant_key)
+    return GrantLimiter(OptunaSearch(sampler=sampler), live_trial_cap(sweep), grant_key)
 
 
 def _variants(sweep: "SweepSpec", grant_key: str):
     from raylane.sweeps.quota import GrantedVariantGenerator
 
-    return GrantedVariantGenerator(grant_key, max_concurrent=sweep.concurrency, random_state=sweep.search.seed)
+    return GrantedVariantGenerator(grant_key, max_concurrent=live_trial_cap(sweep), random_state=sweep.search.seed)
 
 
 @SEARCHERS.register("random")
@@ -170,10 +184,16 @@ def _median_factory():
 @SCHEDULERS.register("asha")
 def _asha_factory():
     def build(sweep: "SweepSpec") -> "TrialScheduler":
+        eta = sweep.scheduler.eta or cfg.DEFAULT_ETA
+        if synchronous(sweep):
+            from raylane.sweeps.rungs import SynchronousHalvingScheduler
+
+            return SynchronousHalvingScheduler(time_attr=TIME_ATTR, rungs=asha_rungs(sweep), eta=eta,
+                                               trials=int(sweep.trials), max_t=sweep.budget.max)
         from ray.tune.schedulers import ASHAScheduler
 
         return ASHAScheduler(time_attr=TIME_ATTR, max_t=sweep.budget.max, grace_period=grace_period(sweep),
-                             reduction_factor=sweep.scheduler.eta or cfg.DEFAULT_ETA, brackets=1)
+                             reduction_factor=eta, brackets=1)
 
     return build
 

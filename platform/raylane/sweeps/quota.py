@@ -7,10 +7,13 @@ actor) and Tune's event loop (which starts, pauses and stops trials), and the th
   None while the trials running or starting fill the grant, so no paused trial resumes past it; ``on_trial_result``
   answers PAUSE (Tune then checkpoints the trial and stops its actor) when more trials run than are granted, which
   is how a sweep shrinks when the control actor reclaims a slot. Every other call goes to the wrapped scheduler.
+  A wrapped scheduler that pauses a trial to wait for others (synchronous ASHA waiting at a rung,
+  ``raylane.sweeps.rungs``) says so through ``waiting(trial_id)``; such a trial holds no slot (below).
 - ``GrantLimiter`` wraps a model-based searcher (a ``ConcurrencyLimiter`` with the spec's ``max_concurrent``) and
   ``GrantedVariantGenerator`` is Tune's random/grid generator: neither draws a new trial while the unfinished trials
   (running, starting or paused) fill the grant. Tune starts every new trial at once, without asking the scheduler,
-  so this is the gate on new trials; paused trials resume first.
+  so this is the gate on new trials; paused trials resume first. A trial waiting at a rung is not counted: it can
+  only go on once the trials not drawn yet reached the rung too, so counting it would deadlock the sweep.
 - ``GrantStopper`` ends the whole experiment when the driver asks (the sweep was cancelled), and a trial at the
   end of its budget.
 
@@ -25,6 +28,7 @@ Words
   not yet released. The invariant the sweep keeps is *running trials <= leased slots*: a reclaimed slot is released
   only after a trial paused (``Grant.over`` records the worst excess seen, which must stay 0).
 - *unfinished*: trials PENDING, RUNNING or PAUSED in Tune.
+- *claiming*: unfinished trials that hold or will take a slot: all but those paused to wait at a rung.
 """
 from __future__ import annotations
 
@@ -56,7 +60,8 @@ class TrialView:
     config: Dict[str, Any] = field(default_factory=dict)
     step: Optional[int] = None
     metric: Optional[float] = None
-    # Why it last paused: "quota" (a slot was reclaimed) or "scheduler" (PBT's time sharing or exploit).
+    # Why it last paused: "quota" (a slot was reclaimed), "rung" (it waits at a rung for the other trials of its
+    # cohort: synchronous ASHA) or "scheduler" (PBT's time sharing or exploit).
     paused_by: Optional[str] = None
 
 
@@ -144,6 +149,12 @@ class Grant:
         with self._lock:
             return sum(v.status in statuses for v in self._trials.values())
 
+    def claiming(self) -> int:
+        """Unfinished trials that hold or will take a slot: a trial paused to wait at a rung takes none."""
+        with self._lock:
+            return sum(v.status in UNFINISHED and not (v.status == Trial.PAUSED and v.paused_by == "rung")
+                       for v in self._trials.values())
+
     def _record(self) -> None:
         running = sum(v.status == Trial.RUNNING for v in self._trials.values())
         self.over = max(self.over, running - self._leased)
@@ -215,7 +226,8 @@ class QuotaScheduler(TrialScheduler):
                 g.note_paused(trial.trial_id, "quota")
                 return TrialScheduler.PAUSE
         if decision in (TrialScheduler.PAUSE, TrialScheduler.NOOP) or trial.status == Trial.PAUSED:
-            g.note_paused(trial.trial_id, "scheduler")
+            waits = getattr(self.inner, "waiting", None)
+            g.note_paused(trial.trial_id, "rung" if waits is not None and waits(trial.trial_id) else "scheduler")
         return decision
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: Dict) -> None:
@@ -258,7 +270,7 @@ class GrantLimiter(ConcurrencyLimiter):
 
     def suggest(self, trial_id: str) -> Optional[Dict]:
         g = grant_for(self.grant_key)
-        if g.count(*UNFINISHED) >= g.granted:
+        if g.claiming() >= g.granted:
             return None
         return super().suggest(trial_id)
 
@@ -272,7 +284,7 @@ class GrantedVariantGenerator(BasicVariantGenerator):
 
     def next_trial(self):
         g = grant_for(self.grant_key)
-        if g.count(*UNFINISHED) >= g.granted:
+        if g.claiming() >= g.granted:
             return None
         return super().next_trial()
 
