@@ -1,7 +1,8 @@
 """Conformance: invariants every registered policy keeps, on every axis, on small random clusters and queues.
 
 Each scenario is drawn from a seeded ``random.Random`` and driven to completion by ``driver.Driver``; every cycle of
-the run is checked (``check_cycle``). Whatever the policies, a cycle must never over-commit a node, split a gang,
+the run is checked (``check_cycle``). Whatever the policies, a cycle must never over-commit a node or one of its GPU
+devices (fractional workloads: ``fractional=True``; the snapshot's device books must balance too), split a gang,
 exceed a quota under ``quota`` admission, stop work it may not stop, leave an examined workload without a reason,
 depend on anything but its input, or change its input, or place anything on a cordoned (unschedulable) node; and a
 small finite scenario must run to the end, also when a node is lost under running work (its leases go back to the
@@ -41,6 +42,7 @@ from raylane.scheduling import (
     cycle,
     team_usage,
 )
+from raylane.scheduling.types import node_devices
 
 from .builders import CRITICAL, FINETUNE, PRETRAIN, PROD, SLOW_START, SWEEP
 from .driver import Driver
@@ -67,7 +69,9 @@ class Scenario:
     config: SchedulerConfig
 
 
-def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = None, n_workloads: int = 18) -> Scenario:
+def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = None, n_workloads: int = 18,
+                    fractional: bool = False) -> Scenario:
+    """``fractional``: workers ask shares of a GPU too (0.25 to 0.6), beside whole GPUs."""
     rng = random.Random(seed)
     nodes = []
     for i in range(rng.randint(2, 5)):
@@ -92,7 +96,7 @@ def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = N
     while len(workloads) < n_workloads:
         i += 1
         workers = rng.choice([1, 1, 2, 3])
-        gpus = rng.choice([1, 1, 2, 4])
+        gpus = rng.choice([0.25, 0.5, 0.5, 0.6, 1, 2] if fractional else [1, 1, 2, 4])
         w = Workload(
             id=f"w{i:02d}", team=rng.choice(names), cls=rng.choice(CLASSES),
             gang=Gang(workers, Resources(gpu=gpus, cpu=gpus, memory=8 * gpus), strategy or rng.choice(strategies),
@@ -182,6 +186,7 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
             free[nid] = free[nid] - g.per_worker
     for nid, f in free.items():
         assert f.gpu >= -EPS and f.cpu >= -EPS and f.memory >= -EPS, (nid, f)
+    check_devices(snap, res)
 
     # Quota never exceeded under `quota` admission (if it held before the cycle).
     usage = dict(snap.usage if snap.usage is not None else team_usage(snap.leases))
@@ -216,6 +221,47 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
         assert len(res.admitted) >= cfg.max_admissions_per_cycle or len(decided) >= max_examined
 
 
+def _worker_devices_ok(g: float, idx) -> bool:
+    if g <= 0:
+        return not idx
+    if g < 1:
+        return len(idx) == 1
+    return len(idx) == round(g) and len(set(idx)) == len(idx)
+
+
+def check_devices(snap: Snapshot, res: CycleResult) -> None:
+    """The snapshot's device books balance (a device's free share is 1 less what leases hold of it), and no
+    admission over-commits a device: a share of a GPU on one device, whole GPUs on as many fully free ones."""
+    nodes = {n.id: n for n in snap.nodes}
+    held: Dict[str, List[float]] = {nid: [0.0] * len(node_devices(n)) for nid, n in nodes.items()}
+    for l in snap.leases:
+        g = l.workload.gang.per_worker.gpu
+        if g <= 0:
+            continue
+        assert len(l.devices) == len(l.placement), f"{l.id} holds no named devices"
+        for nid, idx in zip(l.placement, l.devices):
+            assert _worker_devices_ok(g, idx), (l.id, g, idx)
+            for i in idx:
+                held[nid][i] += g if g < 1 else 1.0
+    free = {}
+    for nid, n in nodes.items():
+        devs = node_devices(n)
+        if n.free.gpu == n.capacity.gpu - sum(held[nid]) or abs(n.free.gpu - (n.capacity.gpu - sum(held[nid]))) < EPS:
+            for i, d in enumerate(devs):
+                assert abs(d - (1.0 - held[nid][i])) < EPS, (nid, i, devs, held[nid])
+        free[nid] = list(devs) if n.schedulable else [0.0] * len(devs)
+    for a in res.admitted:
+        g = a.workload.gang.per_worker.gpu
+        if g <= 0:
+            continue
+        assert len(a.devices) == len(a.placement), a
+        for nid, idx in zip(a.placement, a.devices):
+            assert _worker_devices_ok(g, idx), (a.workload.id, g, idx)
+            for i in idx:
+                free[nid][i] -= g if g < 1 else 1.0
+                assert free[nid][i] >= -EPS, f"{a.workload.id} over-commits device {i} of {nid}: {free[nid]}"
+
+
 # ---------------------------------------------------------------------------------------------------- tests
 
 SEEDS = [1, 2, 3]
@@ -239,6 +285,23 @@ def test_every_policy_runs_random_scenarios_to_completion(axis, name, seed):
     cfg = random_config(rng, **{axis: name})
     scn = random_scenario(rng.randint(0, 10**6), cfg)
     assert_all_ran(scn, drive(scn))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("axis,name", [(a, n) for a, reg in AXES.items() for n in reg.names()]
+                         + [("placement", n) for n in PLACEMENTS.names()])
+def test_every_policy_keeps_devices_whole_on_fractional_workloads(axis, name, seed):
+    """Shares of a GPU beside whole GPUs, with preemption and finishes: no device over-committed in any cycle
+    (``check_devices``), and every device whole again at the end."""
+    rng = random.Random(f"devices/{axis}/{name}/{seed}")
+    cfg = random_config(rng, **({} if axis == "placement" else {axis: name}))
+    scn = random_scenario(rng.randint(0, 10**6), cfg, strategy=name if axis == "placement" else None,
+                          fractional=True)
+    assert any(0 < w.gang.per_worker.gpu < 1 for w in scn.workloads)
+    d = drive(scn)
+    assert_all_ran(scn, d)
+    for n in d.state.nodes.values():
+        assert all(abs(x - 1.0) < EPS for x in node_devices(n)), (n.id, n.devices)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -76,7 +76,7 @@ def shadow(head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,
     need_gpu = head.gang.total.gpu
     free_gpu = sum(r.gpu for r in scratch.free.values())
     for lease in sorted(leases, key=lambda l: expected_end(l, now, cfg)):
-        scratch.give_placement(lease.placement, lease.workload.gang.per_worker)
+        scratch.give_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
         free_gpu += lease.workload.gang.total.gpu
         if free_gpu + 1e-9 < need_gpu:
             continue

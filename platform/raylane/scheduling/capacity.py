@@ -1,4 +1,5 @@
-"""Working capacity of one cycle: free resources per node, indexed for fast best-fit and worst-fit lookups.
+"""Working capacity of one cycle: free resources per node and per GPU device, indexed for fast best-fit and
+worst-fit lookups.
 
 The cycle builds one ``Capacity`` from the snapshot's nodes and changes only this copy while it decides
 (admissions take, preemption searches give back and undo). The snapshot itself is never touched.
@@ -7,30 +8,118 @@ Nodes are bucketed by free GPUs so that a placement looks at a handful of bucket
 nodes a single-GPU best-fit is a few dictionary lookups. Within a bucket nodes are kept in node id order: among
 equally good nodes the choice depends only on their ids, never on the order nodes were added or on what was freed
 before, so a replay's figures depend only on the trace, the cluster and the policy.
+
+Devices (see ``raylane.scheduling.types``): beside a node's free resources, the free share of each of its GPU
+devices. The free GPU count (buckets, reasons, quotas) is their sum; whether a worker *fits* is decided on the
+devices. Which device a worker takes follows Ray's own rule, so that the core's books match what Ray does with the
+bundle pinned to that node: a share below 1 goes to the device it fits tightest (best fit, lowest index on ties),
+a whole number of GPUs to the lowest-numbered fully free devices. A take or give-back is of named devices
+(``Lease.devices``), so finishing, preemption and undo return exactly what was taken.
 """
 from __future__ import annotations
 
 import bisect
 from operator import attrgetter
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from raylane.scheduling.types import Node, Resources
-
+from raylane.scheduling.types import GPU_EPS, Node, Resources, node_devices
 
 _GPU, _CPU, _MEMORY = attrgetter("gpu"), attrgetter("cpu"), attrgetter("memory")
 _NOTHING = Resources()
+_MANY = 1 << 30
+
+Devices = Tuple[float, ...]
+# The devices one worker holds: one index for a share of a GPU, k indices for k whole GPUs, none for no GPU.
+WorkerDevices = Tuple[int, ...]
+
+
+# -- devices: pure functions of one node's free shares ------------------------------------------------------------
+def gpu_slots(devs: Devices, g: float) -> int:
+    """How many workers of ``g`` GPUs fit on devices with these free shares."""
+    if g <= 0:
+        return _MANY
+    if g < 1:
+        return sum(int(d / g + GPU_EPS) for d in devs)
+    full = 0
+    for d in devs:
+        if d >= 1 - GPU_EPS:
+            full += 1
+    return full // int(round(g))
+
+
+def choose_devices(devs: Devices, g: float) -> Optional[WorkerDevices]:
+    """The devices a worker of ``g`` GPUs takes by Ray's rule, or None when none fit."""
+    if g <= 0:
+        return ()
+    if g < 1:
+        best, best_left = -1, 2.0
+        for i, d in enumerate(devs):
+            left = d - g
+            if left >= -GPU_EPS and left < best_left - GPU_EPS:
+                best, best_left = i, left
+        return None if best < 0 else (best,)
+    k = int(round(g))
+    out = tuple(i for i, d in enumerate(devs) if d >= 1 - GPU_EPS)[:k]
+    return out if len(out) == k else None
+
+
+def _returned_devices(devs: Devices, g: float) -> WorkerDevices:
+    """For a give-back whose devices are not known: the most used devices that can take ``g`` back, highest index
+    first (where ``node_devices`` puts what is used)."""
+    if g <= 0:
+        return ()
+    order = sorted(range(len(devs)), key=lambda i: (devs[i], -i))
+    if g < 1:
+        for i in order:
+            if devs[i] + g <= 1 + GPU_EPS:
+                return (i,)
+        return (order[0],) if order else ()
+    return tuple(order[:int(round(g))])
+
+
+def _shift(devs: Devices, idx: WorkerDevices, g: float, sign: int) -> Devices:
+    """``devs`` with a worker of ``g`` GPUs on devices ``idx`` taken (sign -1) or given back (+1)."""
+    if not idx:
+        return devs
+    share = g if g < 1 else 1.0
+    out = list(devs)
+    for i in idx:
+        out[i] = round(out[i] + sign * share, 9)
+    return tuple(out)
+
+
+def pick_devices(devs: Dict[str, Devices], placement: Sequence[str], g: float) -> Tuple[WorkerDevices, ...]:
+    """The devices each worker of ``placement`` would take, in order, from ``devs`` (not changed)."""
+    if g <= 0:
+        return ((),) * len(placement)
+    local: Dict[str, Devices] = {}
+    out = []
+    for nid in placement:
+        d = local.get(nid)
+        if d is None:
+            d = devs[nid]
+        idx = choose_devices(d, g)
+        if idx is None:
+            raise ValueError(f"node {nid}: no GPU device has room for {g:g} GPU (free shares {list(d)})")
+        local[nid] = _shift(d, idx, g, -1)
+        out.append(idx)
+    return tuple(out)
 
 
 class Capacity:
-    __slots__ = ("nodes", "free", "_buckets", "_keys", "_log", "_total")
+    __slots__ = ("nodes", "free", "dev", "_buckets", "_keys", "_log", "_total")
 
     def __init__(self, nodes: Iterable[Node]):
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
         # An unschedulable (cordoned) node offers nothing: no placement lands there, and a preemption search that
         # gives back a victim's share on it frees nothing usable.
         self.free: Dict[str, Resources] = {nid: n.free if n.schedulable else _NOTHING for nid, n in self.nodes.items()}
+        self.dev: Dict[str, Devices] = {}
+        for nid, n in self.nodes.items():
+            d = node_devices(n)
+            self.dev[nid] = d if n.schedulable else (0.0,) * len(d)
         self._buckets: Dict[float, List[str]] = {}
-        self._log: Optional[List[Tuple[str, Resources]]] = None
+        self._log: Optional[List[Tuple[str, Resources, Devices]]] = None
         buckets = self._buckets
         for nid, f in self.free.items():
             b = buckets.get(f.gpu)
@@ -61,32 +150,59 @@ class Capacity:
             self._keys.pop(bisect.bisect_left(self._keys, gpu))
 
     # -- changes -------------------------------------------------------------------------------------------
-    def _set(self, node_id: str, new: Resources) -> None:
+    def _set(self, node_id: str, new: Resources, devs: Devices) -> None:
         old = self.free[node_id]
+        if self._log is not None:
+            self._log.append((node_id, old, self.dev[node_id]))
         if old.gpu != new.gpu:
             self._bucket_remove(node_id, old.gpu)
             self._bucket_add(node_id, new.gpu)
         self.free[node_id] = new
+        self.dev[node_id] = devs
         self._total = self._total - old + new
 
-    def take(self, node_id: str, res: Resources) -> None:
-        if self._log is not None:
-            self._log.append((node_id, res))
-        self._set(node_id, self.free[node_id] - res)
+    def take(self, node_id: str, res: Resources, devices: Optional[WorkerDevices] = None) -> WorkerDevices:
+        """One worker of ``res`` on ``node_id``: on ``devices``, or on the devices Ray's rule picks. Returns them."""
+        devs = self.dev[node_id]
+        if devices is None:
+            devices = choose_devices(devs, res.gpu)
+            if devices is None:
+                raise ValueError(f"node {node_id}: no GPU device has room for {res.gpu:g} GPU "
+                                 f"(free shares {list(devs)})")
+        free = self.free[node_id] - res
+        if res.gpu % 1:
+            free = free.rounded()  # shares of a GPU: the same free count whatever the order of takes and gives
+        self._set(node_id, free, _shift(devs, devices, res.gpu, -1))
+        return devices
 
-    def give(self, node_id: str, res: Resources) -> None:
-        if self._log is not None:
-            self._log.append((node_id, res.scale(-1)))
-        self._set(node_id, self.free[node_id] + res)
+    def give(self, node_id: str, res: Resources, devices: Optional[WorkerDevices] = None) -> None:
+        """Give back one worker of ``res`` on ``node_id``: exactly ``devices``, when known."""
+        devs = self.dev[node_id]
+        if not devices and res.gpu > 0:
+            devices = _returned_devices(devs, res.gpu)
+        free = self.free[node_id] + res
+        if res.gpu % 1:
+            free = free.rounded()
+        self._set(node_id, free, _shift(devs, devices or (), res.gpu, +1))
 
-    def take_placement(self, placement: Tuple[str, ...], per_worker: Resources) -> None:
-        for nid in placement:
-            self.take(nid, per_worker)
+    def take_placement(self, placement: Tuple[str, ...], per_worker: Resources,
+                       devices: Sequence[WorkerDevices] = ()) -> Tuple[WorkerDevices, ...]:
+        """Every worker of a placement (on ``devices`` when given); returns the devices each took."""
+        if devices:
+            for nid, d in zip(placement, devices):
+                self.take(nid, per_worker, d)
+            return tuple(devices)
+        return tuple(self.take(nid, per_worker) for nid in placement)
 
-    def give_placement(self, placement: Tuple[str, ...], per_worker: Resources) -> None:
-        for nid in placement:
+    def give_placement(self, placement: Tuple[str, ...], per_worker: Resources,
+                       devices: Sequence[WorkerDevices] = ()) -> None:
+        for i, nid in enumerate(placement):
             if nid in self.free and self.nodes[nid].schedulable:
-                self.give(nid, per_worker)
+                self.give(nid, per_worker, devices[i] if devices else None)
+
+    def pick(self, placement: Sequence[str], per_worker: Resources) -> Tuple[WorkerDevices, ...]:
+        """The devices each worker of ``placement`` would take here by Ray's rule (nothing changes)."""
+        return pick_devices(self.dev, placement, per_worker.gpu)
 
     # -- trial changes (remove-and-undo, as Kueue's preemption search does) -----------------------------------
     def begin(self) -> None:
@@ -95,13 +211,38 @@ class Capacity:
 
     def undo(self) -> None:
         log, self._log = self._log or [], None
-        for node_id, res in reversed(log):
-            self._set(node_id, self.free[node_id] + res)
+        for node_id, old, devs in reversed(log):
+            self._set(node_id, old, devs)
 
     def commit(self) -> None:
         self._log = None
 
     # -- queries -------------------------------------------------------------------------------------------
+    def slots(self, node_id: str, per_worker: Resources) -> int:
+        """How many workers of ``per_worker`` fit on ``node_id`` now: CPU and memory by the free amounts, GPUs by
+        the devices."""
+        f = self.free[node_id]
+        n = _MANY
+        for req, have in ((per_worker.gpu, f.gpu), (per_worker.cpu, f.cpu), (per_worker.memory, f.memory)):
+            if req > 0:
+                k = int(have / req + 1e-9)
+                if k < n:
+                    n = k
+        if n > 0 and per_worker.gpu > 0:
+            k = gpu_slots(self.dev[node_id], per_worker.gpu)
+            if k < n:
+                n = k
+        return max(0, n)
+
+    def best_device_left(self, node_id: str, g: float) -> float:
+        """What the tightest-fitting device would have left after a share ``g`` (< 1) of it; 2.0 when none fits."""
+        best = 2.0
+        for d in self.dev[node_id]:
+            left = d - g
+            if -GPU_EPS <= left < best:
+                best = left
+        return best
+
     def ascending(self, min_gpu: float) -> Iterator[str]:
         """Node ids with at least ``min_gpu`` free GPUs, fewest free GPUs first (best fit), then by node id."""
         i = bisect.bisect_left(self._keys, min_gpu - 1e-9)
@@ -128,6 +269,7 @@ class Capacity:
         c = Capacity.__new__(Capacity)
         c.nodes = self.nodes
         c.free = dict(self.free)
+        c.dev = dict(self.dev)
         c._buckets = {k: list(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
         c._log = None

@@ -58,6 +58,7 @@ from raylane.scheduling.types import (
     WaitingForPreemption,
     Workload,
     ZERO,
+    gpu_request_error,
 )
 
 # Slurm's bf_max_job_test: how many pending workloads one cycle looks at, at most. Keeps a cycle short when the
@@ -76,7 +77,8 @@ def team_usage(leases) -> Dict[str, Resources]:
     usage: Dict[str, Resources] = {}
     for l in leases:
         usage[l.team] = usage.get(l.team, Resources()) + l.workload.gang.total
-    return usage
+    # Rounded as ClusterState rounds what it keeps: fractional sums then agree whatever the order.
+    return {t: u.rounded() for t, u in usage.items()}
 
 
 def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -> CycleResult:
@@ -176,27 +178,29 @@ class _Future:
 
     def _sync(self, nodes) -> None:
         now, then, avail = self.present.free, self.cap.free, self.avail
+        dnow, dthen = self.present.dev, self.cap.dev
         for nid in set(nodes):
             if nid in avail.free:
                 a, b = now[nid], then[nid]
                 m = Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.memory, b.memory))
-                if m != avail.free[nid]:
-                    avail._set(nid, m)
+                d = tuple(map(min, dnow[nid], dthen[nid]))
+                if m != avail.free[nid] or d != avail.dev[nid]:
+                    avail._set(nid, m, d)
 
     def release(self, lease: Lease) -> None:
-        self.cap.give_placement(lease.placement, lease.workload.gang.per_worker)
+        self.cap.give_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
         self.ledger.remove(lease.team, lease.workload.gang.total)
         self.stopping.append(lease)
         self._sync(lease.placement)
 
-    def claim(self, w: Workload, plan: Tuple[str, ...]) -> None:
-        """``w`` will hold ``plan`` (it starts now, or once what it waits for is gone)."""
-        self.cap.take_placement(plan, w.gang.per_worker)
+    def claim(self, w: Workload, plan: Tuple[str, ...], devices=()) -> None:
+        """``w`` will hold ``plan`` (it starts now, or once what it waits for is gone), on ``devices`` if given."""
+        self.cap.take_placement(plan, w.gang.per_worker, devices)
         self.ledger.add(w.team, w.gang.total)
         self._sync(plan)
 
-    def unclaim(self, w: Workload, plan: Tuple[str, ...]) -> None:
-        self.cap.give_placement(plan, w.gang.per_worker)
+    def unclaim(self, w: Workload, plan: Tuple[str, ...], devices=()) -> None:
+        self.cap.give_placement(plan, w.gang.per_worker, devices)
         self.ledger.remove(w.team, w.gang.total)
         self._sync(plan)
 
@@ -364,7 +368,7 @@ class _Walk:
         """Whether the backfill policy would let ``w`` start where it would go once ``victims`` are gone."""
         fcap.begin()
         for v in victims:
-            fcap.give_placement(v.placement, v.workload.gang.per_worker)
+            fcap.give_placement(v.placement, v.workload.gang.per_worker, v.devices)
         plan = place(w.gang, fcap, w.data_snapshot)
         fcap.undo()
         # On a copy: asking must not use up what the head leaves spare.
@@ -399,12 +403,15 @@ class _Walk:
     def _admit(self, w: Workload, plan: Tuple[str, ...], position: int) -> None:
         need = w.gang.total
         borrowing = self.admission.protects_in_quota and not self.ledger.within_nominal(w.team, need)
-        self.cap.take_placement(plan, w.gang.per_worker)
+        # The devices are chosen where the plan was found (what is free now and stays free for the waiting work),
+        # then taken there and in the future alike.
+        devices = (self.future.avail if self.future is not None else self.cap).pick(plan, w.gang.per_worker)
+        self.cap.take_placement(plan, w.gang.per_worker, devices)
         self.ledger.add(w.team, need)
         if self.future is not None:
-            self.future.claim(w, plan)
-        admit = Admit(w, plan, borrowing)
-        lease = Lease(w, plan, self.now)
+            self.future.claim(w, plan, devices)
+        admit = Admit(w, plan, borrowing, devices)
+        lease = Lease(w, plan, self.now, devices=devices)
         self.admitted.append(admit)
         self.admitted_leases.append(lease)
         self.positions[w.id] = position
@@ -420,10 +427,10 @@ class _Walk:
         w, plan = lease.workload, lease.placement
         self.admitted = [a for a in self.admitted if a.workload.id != w.id]
         self.admitted_leases = [l for l in self.admitted_leases if l.id != w.id]
-        self.cap.give_placement(plan, w.gang.per_worker)
+        self.cap.give_placement(plan, w.gang.per_worker, lease.devices)
         self.ledger.remove(w.team, w.gang.total)
         if self.future is not None:
-            self.future.unclaim(w, plan)
+            self.future.unclaim(w, plan, lease.devices)
         self.pctx.stop(lease)
         self.budget += 1
         self.version += 1
@@ -464,6 +471,9 @@ def check_feasible(w: Workload, nodes, teams, admission_name: str = "quota") -> 
     if w.gang.strategy not in PLACEMENTS:
         return Infeasible("gang.placement", f"unknown strategy {w.gang.strategy!r}; known: "
                           + ", ".join(PLACEMENTS.names()))
+    why = gpu_request_error(w.gang.per_worker.gpu)
+    if why is not None:
+        return Infeasible("gang.per_worker.gpu", f"{w.gang.per_worker.gpu:g} GPUs per worker; allowed: {why}")
     if admission.protects_in_quota:
         if w.team not in teams:
             return Infeasible("team", f"unknown team {w.team!r}; known: {', '.join(sorted(teams))}")

@@ -14,6 +14,11 @@ Strategies (the Ray placement-group strategy each maps to is in ``RAY_STRATEGY``
   domain); the fullest group that fits is chosen.
 - data-locality: pack onto nodes that cache the workload's data snapshot; if they cannot hold it, pack anywhere.
 
+GPUs are counted per device (``raylane.scheduling.capacity``): a worker fits on a node only where a device has room
+for its share (below 1 GPU) or enough devices are fully free (whole GPUs). For fractional work, pack prefers the
+node whose tightest-fitting device is left fullest (fewest partly used devices in the cluster); spread prefers the
+emptiest nodes, as for whole GPUs.
+
 Before any strategy, a gang with preferred nodes (``Gang.prefer``: a pipeline stage's planned node, then the nodes
 holding its inputs) goes whole onto the first of them that holds it now; otherwise the strategy decides.
 """
@@ -60,11 +65,11 @@ def slots(free: Resources, per_worker: Resources) -> int:
 
 
 def _matching(cap: Capacity, gang: Gang, ids: Iterable[str]) -> Iterable[Tuple[str, int]]:
-    feats = gang.features
+    feats, pw, node_slots = gang.features, gang.per_worker, cap.slots
     for nid in ids:
         if feats and not feats <= cap.nodes[nid].features:
             continue
-        k = slots(cap.free[nid], gang.per_worker)
+        k = node_slots(nid, pw)
         if k > 0:
             yield nid, k
 
@@ -88,16 +93,27 @@ def _single_node(gang: Gang, cap: Capacity, ids: Iterable[str]) -> Optional[Plac
     return None
 
 
+def _fullest(gang: Gang, cap: Capacity) -> Iterable[str]:
+    """Nodes that may hold the whole gang, best fit first. For a share of a GPU (0 < g < 1): by what the tightest
+    device fitting one worker would have left, so partly used devices fill up before a fresh one is opened."""
+    ids = cap.ascending(gang.per_worker.gpu * gang.workers)
+    g = gang.per_worker.gpu
+    if not 0 < g < 1:
+        return ids
+    left = cap.best_device_left
+    return sorted(ids, key=lambda nid: (round(left(nid, g), 9), cap.free[nid].gpu, nid))
+
+
 @PLACEMENTS.register("strict-pack")
 class StrictPack:
     def place(self, gang, cap, data_snapshot=None):
-        return _single_node(gang, cap, cap.ascending(gang.per_worker.gpu * gang.workers))
+        return _single_node(gang, cap, _fullest(gang, cap))
 
 
 @PLACEMENTS.register("pack")
 class Pack:
     def place(self, gang, cap, data_snapshot=None):
-        one = _single_node(gang, cap, cap.ascending(gang.per_worker.gpu * gang.workers))
+        one = _single_node(gang, cap, _fullest(gang, cap))
         if one is not None or gang.workers == 1:
             return one
         # No single node holds the gang: fill the emptiest nodes first so it spans as few nodes as possible.

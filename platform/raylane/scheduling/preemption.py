@@ -306,12 +306,12 @@ def find_victims(
     removed: List[Lease] = []
 
     def take_out(lease: Lease) -> None:
-        cap.give_placement(lease.placement, lease.workload.gang.per_worker)
+        cap.give_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
         ledger.remove(lease.team, lease.workload.gang.total)
         ctx._hold(lease, -1)
 
     def put_back(lease: Lease) -> None:
-        cap.take_placement(lease.placement, lease.workload.gang.per_worker)
+        cap.take_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
         ledger.add(lease.team, lease.workload.gang.total)
         ctx._hold(lease, +1)
 

@@ -1,6 +1,7 @@
 """The state a driver keeps between cycles, and the snapshots it hands out (Kueue's cache, in small).
 
-``ClusterState`` owns: nodes and what is free on them, the team queues (each kept sorted by the ordering's queue
+``ClusterState`` owns: nodes and what is free on them (per GPU device too: ``Node.devices``, and each lease's
+``Lease.devices``), the team queues (each kept sorted by the ordering's queue
 key), the leases, team usage and decayed usage. Only a driver (the control actor, the simulator) changes it, and
 only through these methods; the cycle reads the immutable ``Snapshot`` it returns. Keeping usage and free capacity
 up to date incrementally is what lets a cycle over 10,000 pending workloads and 1,000 nodes stay in milliseconds.
@@ -15,6 +16,7 @@ from dataclasses import replace
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from raylane.errors import NotFoundError
+from raylane.scheduling.capacity import _shift, pick_devices
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.types import (
     Admit,
@@ -26,6 +28,7 @@ from raylane.scheduling.types import (
     Snapshot,
     Team,
     Workload,
+    node_devices,
 )
 
 
@@ -33,7 +36,7 @@ class ClusterState:
     def __init__(self, nodes: Iterable[Node], teams: Mapping[str, Team], config: SchedulerConfig = SchedulerConfig()):
         self.config = config
         self._order = ORDERINGS.get(config.ordering)
-        self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
+        self.nodes: Dict[str, Node] = {n.id: _with_devices(n) for n in nodes}
         self.teams: Dict[str, Team] = dict(teams)
         self.leases: Dict[str, Lease] = {}
         self.usage: Dict[str, Resources] = {}
@@ -49,7 +52,7 @@ class ClusterState:
 
     # -- nodes ---------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> None:
-        self.nodes[node.id] = node
+        self.nodes[node.id] = _with_devices(node)
         self._nodes_cache = None
 
     def remove_node(self, node_id: str, now: float) -> List[Lease]:
@@ -72,12 +75,14 @@ class ClusterState:
             self.nodes[node_id] = replace(n, schedulable=schedulable)
             self._nodes_cache = None
 
-    def _adjust(self, placement: Tuple[str, ...], per_worker: Resources, sign: int) -> None:
-        for nid in placement:
+    def _adjust(self, placement: Tuple[str, ...], per_worker: Resources, devices, sign: int) -> None:
+        g = per_worker.gpu
+        for i, nid in enumerate(placement):
             n = self.nodes.get(nid)
             if n is not None:
-                free = n.free + per_worker if sign > 0 else n.free - per_worker
-                self.nodes[nid] = replace(n, free=free)
+                free = (n.free + per_worker if sign > 0 else n.free - per_worker).rounded()
+                devs = _shift(n.devices, devices[i], g, sign) if devices else n.devices
+                self.nodes[nid] = replace(n, free=free, devices=devs)
         self._nodes_cache = None
 
     # -- queue ---------------------------------------------------------------------------------------------
@@ -115,10 +120,22 @@ class ClusterState:
     def start(self, admit: Admit, now: float) -> Lease:
         """Apply an Admit decision: the workload leaves its queue and holds its placement from ``now``."""
         w = self.dequeue(admit.workload.id)
-        lease = Lease(w, tuple(admit.placement), now, None, LeaseState.RUNNING)
+        placement = tuple(admit.placement)
+        devices = tuple(admit.devices)
+        if not devices and w.gang.per_worker.gpu > 0:
+            # Not chosen by a cycle (a driver re-admitting what it found running): Ray's rule, on the devices now.
+            devs = {nid: n.devices for nid, n in self.nodes.items() if nid in placement}
+            missing = [nid for nid in placement if nid not in devs]
+            devices = pick_devices(devs, [nid for nid in placement if nid in devs], w.gang.per_worker.gpu) \
+                if not missing else ()
+            if devices:
+                # back in worker order (nodes of the placement that are gone have none)
+                it = iter(devices)
+                devices = tuple(next(it) for _ in placement)
+        lease = Lease(w, placement, now, None, LeaseState.RUNNING, devices)
         self._put(lease)
-        self._adjust(lease.placement, w.gang.per_worker, -1)
-        self.usage[w.team] = self.usage.get(w.team, Resources()) + w.gang.total
+        self._adjust(lease.placement, w.gang.per_worker, lease.devices, -1)
+        self.usage[w.team] = (self.usage.get(w.team, Resources()) + w.gang.total).rounded()
         self._leases_cache = None
         return lease
 
@@ -140,8 +157,8 @@ class ClusterState:
         w = lease.workload
         del self._team_leases[w.team][workload_id]
         self._team_leases_cache.pop(w.team, None)
-        self._adjust(lease.placement, w.gang.per_worker, +1)
-        self.usage[w.team] = self.usage.get(w.team, Resources()) - w.gang.total
+        self._adjust(lease.placement, w.gang.per_worker, lease.devices, +1)
+        self.usage[w.team] = (self.usage.get(w.team, Resources()) - w.gang.total).rounded()
         self._leases_cache = None
         self._charge(w.team, w.gang.total.gpu * max(0.0, now - lease.start_time), now)
         return lease
@@ -211,3 +228,9 @@ class ClusterState:
                 by_team[team] = t
         return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
                         usage=dict(self.usage), leases_by_team=by_team)
+
+
+def _with_devices(node: Node) -> Node:
+    """``node`` with its device shares written out, so that leases can take and give back named devices."""
+    devs = node_devices(node)
+    return node if devs is node.devices else replace(node, devices=devs)

@@ -5,6 +5,9 @@ simulator, the benchmark) builds. Nothing here imports Ray, reads a clock or dra
 
 Glossary
 - *resources*: GPU count, CPU count and memory in GiB. Logical: what Ray schedules by, not what a process uses.
+- *device*: one GPU of a node (index 0..n-1, n its whole GPU capacity). A worker asking 0 < g < 1 GPUs takes g of
+  ONE device; a worker asking g >= 1 (a whole number) takes g whole, fully free devices (Ray's rule). A node's free
+  GPU count is the sum over its devices, but a worker fits only where a device (or enough whole ones) has room.
 - *gang*: ``workers`` identical bundles of ``per_worker`` resources that start all together or not at all.
 - *placement*: one node id per worker of a gang, in worker order.
 - *workload*: one submission (a training gang, a sweep, a serving shortfall...) as the core sees it.
@@ -17,6 +20,7 @@ Glossary
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Tuple, Union
 
@@ -53,6 +57,10 @@ class Resources:
 
     def items(self):
         return ((n, getattr(self, n)) for n in RESOURCE_NAMES)
+
+    def rounded(self) -> "Resources":
+        """To 9 decimals: sums of fractional GPU shares then compare equal whatever order they were added in."""
+        return Resources(round(self.gpu, 9), round(self.cpu, 9), round(self.memory, 9))
 
     def is_zero(self) -> bool:
         return self.gpu == 0 and self.cpu == 0 and self.memory == 0
@@ -103,6 +111,28 @@ class Node:
     datasets: frozenset = frozenset()
     # False while the node is cordoned, draining or quarantined: what runs there stays, nothing new is placed.
     schedulable: bool = True
+    # Free GPU share of each device (1.0: fully free). None: derived from ``capacity`` and ``free`` by
+    # ``node_devices`` (whole free GPUs first, the fractional rest on the next device).
+    devices: Optional[Tuple[float, ...]] = None
+
+
+def device_count(capacity_gpu: float) -> int:
+    """How many GPU devices a node of ``capacity_gpu`` GPUs has (a fractional rest counts as one more)."""
+    return max(0, math.ceil(capacity_gpu - GPU_EPS))
+
+
+def node_devices(node: "Node") -> Tuple[float, ...]:
+    """The free share of each of ``node``'s GPU devices: its own when it has them and they add up to its free GPUs
+    (a node copied with another ``free``, as a repaired node is, has stale ones), else derived from its free GPUs."""
+    devs = node.devices
+    if devs is not None and abs(sum(devs) - node.free.gpu) <= 1e-6:
+        return devs
+    left, out = node.free.gpu, []
+    for _ in range(device_count(node.capacity.gpu)):
+        d = min(1.0, max(0.0, left))
+        out.append(round(d, 9))
+        left -= d
+    return tuple(out)
 
 
 class Strategy(str, enum.Enum):
@@ -178,6 +208,9 @@ class Lease:
     start_time: float
     last_checkpoint_time: Optional[float] = None
     state: LeaseState = LeaseState.RUNNING
+    # The GPU devices each worker holds, in worker order (a worker of 0.5 GPU: one index; of 2 GPUs: two). Empty
+    # when not known (a lease built without them): giving back then derives them from the node's devices.
+    devices: Tuple[Tuple[int, ...], ...] = ()
 
     @property
     def id(self) -> str:
@@ -379,6 +412,8 @@ class Admit:
     workload: Workload
     placement: Tuple[str, ...]
     borrowing: bool = False
+    # The GPU devices each worker takes (see ``Lease.devices``); empty: the state chooses them by Ray's rule.
+    devices: Tuple[Tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +451,7 @@ class CycleResult:
 
 
 __all__ = [
-    "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
+    "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "device_count", "node_devices", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
     "Lease", "Quota", "Team", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
     "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
     "Preempt", "Pending", "Reject", "Decision", "CycleResult",
