@@ -318,6 +318,8 @@ SPEC_CASES = [
     ("workers 0", "gang.workers", 0, "gang.workers", 0, "an integer >= 1"),
     ("workers float", "gang.workers", 1.5, "gang.workers", 1.5, "an integer >= 1"),
     ("gpu negative", "gang.resources.gpu", -1, "gang.resources.gpu", -1, "a number >= 0"),
+    ("gpu share above 1", "gang.resources.gpu", 1.5, "gang.resources.gpu", 1.5,
+     "a fraction below 1 (a share of one GPU) or a whole number of GPUs per worker, like 0.5 or 2"),
     ("memory GB", "gang.resources.memory", "16GB", "gang.resources.memory", "16GB", "like 16Gi, 512Mi"),
     ("resource typo", "gang.resources.gpus", 1, "gang.resources.gpus", 1, "allowed fields: gpu, cpu, memory"),
     ("placement", "gang.placement", "scatter", "gang.placement", "scatter", "one of balanced, data-locality"),

@@ -42,6 +42,7 @@ from raylane.scheduling.types import (
     Team,
     Workload,
     WorkloadClass,
+    gpu_request_error,
 )
 
 __all__ = [
@@ -400,11 +401,20 @@ class ClusterPolicy(_Model):
 
 
 class ResourcesSpec(_Model):
-    """What one worker of a gang needs."""
+    """What one worker of a gang needs. ``gpu`` below 1 is a share of one GPU device (0.5: two such workers share a
+    GPU); 1 or more must be a whole number of GPUs (Ray's rule)."""
 
     gpu: NonNegative = _RES.gpu
     cpu: NonNegative = _RES.cpu
     memory: Memory = _RES.memory
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_share_or_whole(cls, v: float) -> float:
+        why = gpu_request_error(v)
+        if why is not None:
+            raise _err("gpu_share", f"{why}, like 0.5 or 2 (not {v:g})")
+        return v
 
     def to_core(self) -> Resources:
         return Resources(gpu=self.gpu, cpu=self.cpu, memory=self.memory)
