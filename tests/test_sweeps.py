@@ -155,6 +155,36 @@ def test_asha_sweep_of_the_lm_stops_weak_trials_at_the_rungs_and_records_mlflow(
     assert parent.data.tags["raylane.best_trial_id"] == best[0].data.tags["raylane.trial_id"] == rec["best"]["trial_id"]
 
 
+def test_synchronous_asha_stops_the_same_trials_whatever_the_order_they_reach_a_rung(env):
+    """Eight points of the quadratic, drawn worst first, two slots: Tune's asynchronous ASHA never stops the first
+    trials to reach a rung, so it would let the worst go on; synchronous rungs wait for all eight (the first ones
+    paused, holding no slot) and keep exactly the best half at each rung."""
+    xs = [-0.7, 1.2, -0.4, 0.95, -0.1, 0.6, 0.2, 0.35]  # distance to the optimum 0.3: 1.0 down to 0.05
+    s = sweep_spec("sync-asha", {
+        "trainable": "tests.sweep_fns:quadratic",
+        "space": {"x": {"type": "grid", "values": xs}},
+        "search": {"algorithm": "grid"},
+        "budget": {"max": 8, "report_every": 1},
+        "scheduler": {"type": "asha", "eta": 2, "grace_period": 1, "synchronous": True},  # rungs 1, 2, 4
+        "metric": "loss", "mode": "min", "max_concurrent": 2,
+        "resources": {"gpu": 1, "cpu": 0.5}}, {"max_steps": 8, "report_every": 1})
+    rec = run(env, s)
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 8 and rec["max_running_over_leased"] == 0
+    final = {r.config["x"]: r.metrics["step"] for r in rec["results"]}
+    assert final == {-0.7: 1, 1.2: 1, -0.4: 1, 0.95: 1, -0.1: 2, 0.6: 2, 0.2: 4, 0.35: 8}
+    assert rec["trained_steps"] == 20 and rec["stopped_early"] == 7
+    assert float(rec["best"]["config"]["x"]) == 0.35  # MLflow params are strings
+    # Each trial reported every step up to its last once: the promoted ones resumed from their rung's checkpoint.
+    by_x = {r.metrics["trial_id"]: r.config["x"] for r in rec["results"]}
+    for tid, (_, rows) in trial_curves(env, rec).items():
+        assert [row["step"] for row in rows] == list(range(1, final[by_x[tid]] + 1)), (by_x[tid], rows)
+    resumed = [r for r in rec["results"] if r.metrics.get("resumed_from") is not None]
+    assert {r.config["x"] for r in resumed} == {-0.1, 0.6, 0.2, 0.35}
+    notes = " ".join(e.get("note", "") for r in slot_records(env, "sync-asha")
+                     for e in env["ctl"].explain(r.id)["journal"])
+    assert "waits at its rung for the other trials" in notes and "stopped early at step 1" in notes
+
+
 # ----------------------------------------------------------------------------------------------------- PBT
 
 
