@@ -139,3 +139,48 @@ def test_placement_flag_makes_one_run_per_placement():
     assert "stranded_p95" in runs["greedy pack"]["fragmentation"]
     res = runner.invoke(app, [TIRESIAS, "--nodes", "2", "--placement", "scatter"])
     assert res.exit_code == 1 and "--placement: got 'scatter'; one of balanced" in res.stderr
+
+
+def test_generate_replays_a_mix_and_writes_it_as_a_trace(tmp_path):
+    out = tmp_path / "gangs.csv"
+    args = ["--generate", "big-gangs", "--jobs", "150", "--seed", "4", "--nodes", "16", "--preset", "las-easy",
+            "--json", "--no-plots", "--write-trace", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["trace"] == "generated:big-gangs:seed=4:jobs=150:load=0.9:cluster_gpus=128"
+    run = report["runs"]["las-easy"]
+    assert run["jobs"]["finished"] == 150
+    assert set(run["preemptions"]["per_hour"]) == {"mean", "max", "over_one", "worst"}
+    # The written CSV replays to the same figures as the generated trace.
+    again = runner.invoke(app, [str(out), "--nodes", "16", "--preset", "las-easy", "--json", "--no-plots"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["runs"]["las-easy"]["jct"] == run["jct"]
+
+
+def test_hysteresis_flags_override_the_preset_and_the_table_shows_thrash(tmp_path):
+    # a: 8 GPUs for 1,000 s, demoted past 100 GPU-s; b arrives at 30 s and preempts it unless a hysteresis holds.
+    tr = tmp_path / "pair.csv"
+    tr.write_text("id,submit_time,duration,gpus\na,0,1000,8\nb,30,50,1\n")
+    base = [str(tr), "--nodes", "1", "--preset", "las", "--las-thresholds", "100", "--no-plots"]
+    res = runner.invoke(app, base + ["--hysteresis-min-run", "0"])
+    assert res.exit_code == 0, res.output
+    assert "preempt/job-h max" in res.stdout
+    assert "most preempted per hour of runtime: job a, 1 preemption(s) in 0.29 h (3.50/h)" in res.stdout
+    res = runner.invoke(app, base + ["--hysteresis-min-run", "20m", "--hysteresis-fraction", "0.5", "--json"])
+    run = json.loads(res.stdout)["runs"]["las"]
+    assert (run["policy"]["hysteresis_min_run_s"], run["policy"]["hysteresis_service_fraction"]) == (1200.0, 0.5)
+    assert run["preemptions"]["total"] == 0 and run["preemptions"]["per_hour"]["worst"] is None
+
+
+def test_bad_generate_and_hysteresis_flags_are_all_reported():
+    res = runner.invoke(app, [TIRESIAS, "--generate", "long-tail", "--jobs", "0", "--load", "0", "--nodes", "2",
+                              "--hysteresis-min-run", "soon", "--hysteresis-fraction", "-1"])
+    assert res.exit_code == 1
+    err = res.stderr
+    assert "TRACE/--generate" in err and "exactly one of a trace file or --generate MIX" in err
+    assert "--generate: got 'long-tail'; one of heavy-tail, shared-burst, big-gangs" in err
+    assert "--jobs: got 0; an integer >= 1" in err and "--load: got 0.0; a number > 0" in err
+    assert "--hysteresis-min-run: got 'soon'" in err and "--hysteresis-fraction: got -1.0" in err
+    res = runner.invoke(app, ["--nodes", "2", "--write-trace", "x.csv"])
+    assert res.exit_code == 1 and "TRACE/--generate" in res.stderr and "--write-trace" in res.stderr

@@ -12,6 +12,7 @@ from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.types import SchedulerConfig
 from raylane.sim import COMPARISON, PRESETS, SimOptions, Simulator, apply_preset, cluster_from_flags, get_preset
 from raylane.sim import load_trace, summarize
+from raylane.sim.presets import HYSTERESIS
 
 from tests.sim.builders import PHILLY, TIRESIAS
 
@@ -48,3 +49,13 @@ def test_strict_fifo_decides_alike_at_any_depth():
     deep = summarize(Simulator(tr, nodes, {}, cfg, options=replace(opts, max_examined=MAX_EXAMINED)).run())
     for key in ("mean", "p50", "p95"):
         assert shallow["jct"][key] == pytest.approx(deep["jct"][key], rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_las_presets_and_only_they_hold_the_hysteresis(name):
+    cfg, _ = apply_preset(get_preset(name), SchedulerConfig(admission="none"), SimOptions())
+    held = (cfg.hysteresis_min_run_s, cfg.hysteresis_service_fraction)
+    if cfg.ordering == "las":
+        assert held == (HYSTERESIS["hysteresis_min_run_s"], 0.0) and held[0] == 3600.0
+    else:  # the SRTF oracle stays the unconstrained reference
+        assert held == (0.0, 0.0)

@@ -8,6 +8,10 @@ policy file the trace's teams share one cluster with no quotas (admission ``none
 
 Several ``--preset`` (or ``--preset compare``) replay the same trace once per preset and add the ratios of each
 figure to the ``srtf-oracle`` and ``fifo`` runs when those are among them.
+
+Instead of a trace file, ``--generate MIX`` draws a synthetic trace of a workload mix (``raylane.sim.generate``:
+heavy-tail, shared-burst, big-gangs) from ``--seed``, sized by ``--jobs`` and ``--load`` against the chosen
+cluster; ``--write-trace FILE`` also writes it as a generic CSV that replays as a file later.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from raylane.errors import FatalError, ValidationError
 from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, Simulator
+from raylane.sim.generate import MIXES, generate, write_csv
 from raylane.sim.metrics import FIGURES, OUTAGE_FIGURES, get, summarize
 from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
@@ -195,7 +200,16 @@ def _split(value: Optional[str]) -> List[str]:
 
 
 def sim(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="trace CSV (Philly, Tiresias or generic format)"),
+    trace_path: Optional[Path] = typer.Argument(None, metavar="[TRACE]",
+                                                help="trace CSV (Philly, Tiresias or generic format); none with "
+                                                     "--generate"),
+    generate_mix: Optional[str] = typer.Option(None, "--generate", help="replay a generated trace of this workload "
+                                               "mix instead of a file: " + ", ".join(MIXES) + " (drawn from --seed)"),
+    jobs: int = typer.Option(2000, "--jobs", help="with --generate: how many jobs"),
+    load: float = typer.Option(0.9, "--load", help="with --generate: GPU-time asked over the cluster's, over the "
+                                                   "submit span"),
+    write_trace: Optional[Path] = typer.Option(None, "--write-trace", help="with --generate: also write the trace "
+                                               "as a generic CSV"),
     format: Optional[str] = typer.Option(None, "--format", help="trace format: " + ", ".join(FORMATS)
                                          + " (default: recognised from the header)"),
     team_column: Optional[str] = typer.Option(None, "--team-column",
@@ -218,11 +232,16 @@ def sim(
     preemption: Optional[str] = typer.Option(None, help="override the preemption policy"),
     admission: Optional[str] = typer.Option(None, help="override the admission policy (quota | none)"),
     las_thresholds: Optional[str] = typer.Option(None, help="LAS queue thresholds in GPU-time, e.g. '1h,10h'"),
+    hysteresis_min_run: Optional[str] = typer.Option(
+        None, help="ordering preemption (LAS, SRTF) stops no lease that ran less than this since its (re)start, "
+                   "e.g. 1h (0: off)"),
+    hysteresis_fraction: Optional[float] = typer.Option(
+        None, help="... nor one that ran less than this fraction of the time it had run before its (re)start"),
     job_class: Optional[str] = typer.Option(None, "--class", help="policy class of jobs whose trace names none"),
     checkpoint_every: Optional[str] = typer.Option(None, help="override the class's checkpoint interval, e.g. 5m"),
     estimates: Optional[str] = typer.Option(None, help="runtime estimates the policy sees: " + ", ".join(ESTIMATES)),
     noise_sigma: Optional[float] = typer.Option(None, help="log-normal sigma of noisy estimates"),
-    seed: int = typer.Option(0, help="seed of the noisy estimates"),
+    seed: int = typer.Option(0, help="seed of the noisy estimates, the drawn failures and --generate"),
     stop_delay: Optional[float] = typer.Option(None, help="seconds from a preemption to the resources being free"),
     tick: Optional[float] = typer.Option(None, help="seconds between clock-triggered cycles (default: 300 when "
                                                     "preemption is on, else none)"),
@@ -254,9 +273,9 @@ def sim(
         _fail(exc)
 
 
-def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, gpus_per_node, cpus_per_node,
-         memory_per_node, features, policy, preset, ordering, backfill, preemption, admission, las_thresholds,
-         job_class, checkpoint_every, estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail,
+def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_column, start, end, limit, cluster,
+         nodes, gpus_per_node, cpus_per_node, memory_per_node, features, policy, preset, ordering, backfill,
+         preemption, admission, las_thresholds, hysteresis_min_run, hysteresis_fraction, job_class, checkpoint_every, estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail,
          drain, node_events, mtbf, repair, drain_deadline, out, as_json, plots, progress) -> None:
     flag_errors = []
     if format is not None and format not in FORMATS:
@@ -265,6 +284,28 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
         flag_errors.append(("--estimates", estimates, "one of " + ", ".join(ESTIMATES)))
     if (cluster is None) == (nodes is None):
         flag_errors.append(("--cluster/--nodes", cluster or nodes, "exactly one of --cluster FILE or --nodes N"))
+    if (trace_path is None) == (generate_mix is None):
+        flag_errors.append(("TRACE/--generate", trace_path or generate_mix,
+                            "exactly one of a trace file or --generate MIX"))
+    if generate_mix is not None and generate_mix not in MIXES:
+        flag_errors.append(("--generate", generate_mix, "one of " + ", ".join(MIXES)))
+    if generate_mix is not None and jobs < 1:
+        flag_errors.append(("--jobs", jobs, "an integer >= 1"))
+    if generate_mix is not None and not (math.isfinite(load) and 0 < load <= 10):
+        flag_errors.append(("--load", load, "a number > 0 and <= 10"))
+    if generate_mix is None and write_trace is not None:
+        flag_errors.append(("--write-trace", str(write_trace), "only with --generate MIX"))
+    hysteresis: Dict[str, float] = {}
+    if hysteresis_min_run is not None:
+        try:
+            hysteresis["hysteresis_min_run_s"] = parse_duration(hysteresis_min_run)
+        except ValueError:
+            flag_errors.append(("--hysteresis-min-run", hysteresis_min_run, "a duration >= 0 like 0, 30m or 1h"))
+    if hysteresis_fraction is not None:
+        if not (math.isfinite(hysteresis_fraction) and 0 <= hysteresis_fraction <= 100):
+            flag_errors.append(("--hysteresis-fraction", hysteresis_fraction, "a number >= 0 and <= 100, like 0.5"))
+        else:
+            hysteresis["hysteresis_service_fraction"] = hysteresis_fraction
     names: List[str] = []
     for p in preset or []:
         names += COMPARISON if p == "compare" else [p]
@@ -302,7 +343,13 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
         outage_kw["drains"] += more_drains
     outages = Outages(**{k: tuple(v) if isinstance(v, list) else v for k, v in outage_kw.items()})
     outages.check_nodes(n.id for n in spec.nodes())
-    trace = load_trace(trace_path, format=format, team_column=team_column, start=start, end=end, limit=limit)
+    if generate_mix is not None:
+        trace = generate(generate_mix, seed=seed, jobs=jobs, cluster_gpus=spec.total_gpus, load=load)
+        if write_trace is not None:
+            write_csv(trace, write_trace)
+            _err.print(f"wrote the generated trace to {write_trace}", markup=False)
+    else:
+        trace = load_trace(trace_path, format=format, team_column=team_column, start=start, end=end, limit=limit)
     if not trace.jobs:
         raise ValidationError(str(trace_path), [("(rows)", 0, "at least one job in the chosen window")])
 
@@ -333,6 +380,7 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
     base_opts = SimOptions(seed=seed, outages=outages)
     overrides = {k: v for k, v in dict(ordering=ordering, backfill=backfill, preemption=preemption,
                                        admission=admission, las_thresholds=thresholds).items() if v is not None}
+    overrides.update(hysteresis)
     opt_overrides = {k: v for k, v in dict(estimates=estimates, noise_sigma=noise_sigma, stop_delay_s=stop_delay,
                                            tick_s=tick, max_examined=max_examined).items() if v is not None}
     runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
@@ -371,6 +419,11 @@ def _sim(*, trace_path, format, team_column, start, end, limit, cluster, nodes, 
         for label, r in results:
             _out.print(f"{label}: replayed {len(r.jobs)} jobs in {r.wall_s:.1f}s wall ({r.cycles} cycles)"
                        + (" [partial: stopped early]" if r.partial else ""), markup=False)
+            worst = summaries[label]["preemptions"]["per_hour"]["worst"]
+            if worst is not None:
+                _out.print(f"{label}: most preempted per hour of runtime: job {worst['id']}, "
+                           f"{worst['preemptions']} preemption(s) in {worst['runtime_h']:.2f} h "
+                           f"({worst['preemptions'] / worst['runtime_h']:.2f}/h)", markup=False)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -235,6 +235,8 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "ordering": r.config.ordering, "admission": r.config.admission, "backfill": r.config.backfill,
             "preemption": r.config.preemption, "las_thresholds": list(r.config.las_thresholds),
             "max_admissions_per_cycle": r.config.max_admissions_per_cycle,
+            "hysteresis_min_run_s": r.config.hysteresis_min_run_s,
+            "hysteresis_service_fraction": r.config.hysteresis_service_fraction,
         },
         "options": {
             "estimates": r.options.estimates, "noise_sigma": r.options.noise_sigma, "seed": r.options.seed,
