@@ -66,8 +66,9 @@ def health_rules(policy) -> HealthRules:
 
 
 def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
-    """Core ``Node``s (capacity only) from ``ray.nodes()``; feature tags come from ``feature.raylane.io/<tag>``."""
-    from raylane.scheduling.types import Node
+    """Core ``Node``s (capacity only) from ``ray.nodes()``; feature tags come from ``feature.raylane.io/<tag>``. Each
+    GPU Ray counts on a node is one device (a fractional request takes a share of one, as in Ray)."""
+    from raylane.scheduling.types import Node, device_count
 
     out = []
     for n in ray_nodes:
@@ -79,7 +80,8 @@ def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
         feats = frozenset(k[len(FEATURE_LABEL_PREFIX):] for k, v in labels.items()
                           if k.startswith(FEATURE_LABEL_PREFIX) and v in ("true", "1", "yes"))
         datasets = frozenset(filter(None, labels.get(DATASETS_LABEL, "").split(".")))
-        out.append(Node(n["NodeID"], cap, cap, feats, labels, labels.get(NODE_TYPE_LABEL, ""), datasets))
+        out.append(Node(n["NodeID"], cap, cap, feats, labels, labels.get(NODE_TYPE_LABEL, ""), datasets,
+                        devices=(1.0,) * device_count(cap.gpu)))
     return out
 
 
@@ -201,7 +203,8 @@ class ControlActor(PipelineCalls):
                     self.state.enqueue(self._core(rec))
                     continue
                 if not recovering or rec.pg_name in existing or rec.job_id:
-                    self.state.start(Admit(w, rec.placement), rec.admitted_at or time.time())
+                    # The devices journaled with the admission (none in older journals: Ray's rule again).
+                    self.state.start(Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or time.time())
                     if rec.state is State.PREEMPTING:
                         self.state.mark_terminating(rec.id)
                 else:
@@ -268,14 +271,20 @@ class ControlActor(PipelineCalls):
         changed = ids != self._node_ids
         if changed:
             used: Dict[str, Resources] = {}
+            held: Dict[str, Dict[int, float]] = {}  # node -> device -> the share leases hold of it
             for lease in self.state.leases.values():
-                for nid in lease.placement:
+                g = lease.workload.gang.per_worker.gpu
+                for i, nid in enumerate(lease.placement):
                     used[nid] = used.get(nid, Resources()) + lease.workload.gang.per_worker
+                    for d in (lease.devices[i] if lease.devices else ()):
+                        held.setdefault(nid, {})[d] = held.get(nid, {}).get(d, 0.0) + (g if g < 1 else 1.0)
             from dataclasses import replace
 
             for n in nodes:
                 if n.id not in self._node_ids:
-                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources()),
+                    h = held.get(n.id, {})
+                    devs = tuple(round(d - h.get(i, 0.0), 9) for i, d in enumerate(n.devices or ()))
+                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources()), devices=devs,
                                                 schedulable=self.nodes.schedulable(n.id)))
             self._node_ids = ids
         return changed
@@ -450,6 +459,7 @@ class ControlActor(PipelineCalls):
         pg_name = f"raylane-{rec.id}"
         # Journal first, then act; roll back if the reservation cannot be made.
         self._append("admitted", rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
+                     devices=[list(d) for d in a.devices],
                      note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
                           + (" (borrowing)" if a.borrowing else ""))
         self.state.start(a, now)

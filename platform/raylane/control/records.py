@@ -45,6 +45,8 @@ class Record:
     reason_data: Dict[str, Any] = field(default_factory=dict)
     position: Optional[int] = None
     placement: Tuple[str, ...] = ()
+    # The GPU devices each worker holds (raylane.scheduling.types.Lease.devices), journaled with the admission.
+    devices: Tuple[Tuple[int, ...], ...] = ()
     pg_name: Optional[str] = None
     admitted_at: Optional[float] = None
     attained_gpu_s: float = 0.0
@@ -88,6 +90,7 @@ class Record:
         elif e.kind == "admitted":
             self.state = State.ADMITTED
             self.placement = tuple(d["placement"])
+            self.devices = tuple(tuple(x) for x in d.get("devices") or ())
             self.pg_name = d.get("pg_name")
             self.admitted_at = e.ts
             self.attempts += 1
@@ -119,6 +122,7 @@ class Record:
             self.step = d.get("step", self.step)
             self.restarts += 1 if d.get("restart") else 0
             self.placement, self.pg_name, self.admitted_at, self.stop_deadline = (), None, None, None
+            self.devices = ()
         elif e.kind in ("finished", "cancelled"):
             self.state = State.CANCELLED if e.kind == "cancelled" else State(d.get("state", "SUCCEEDED"))
             self.outcome = d.get("outcome", "")
