@@ -59,6 +59,11 @@ def choose_devices(devs: Devices, g: float) -> Optional[WorkerDevices]:
                 best, best_left = i, left
         return None if best < 0 else (best,)
     k = int(round(g))
+    if k == 1:
+        for i, d in enumerate(devs):
+            if d >= 1 - GPU_EPS:
+                return (i,)
+        return None
     out = tuple(i for i, d in enumerate(devs) if d >= 1 - GPU_EPS)[:k]
     return out if len(out) == k else None
 
@@ -81,11 +86,19 @@ def _shift(devs: Devices, idx: WorkerDevices, g: float, sign: int) -> Devices:
     """``devs`` with a worker of ``g`` GPUs on devices ``idx`` taken (sign -1) or given back (+1)."""
     if not idx:
         return devs
-    share = g if g < 1 else 1.0
     out = list(devs)
-    for i in idx:
-        out[i] = round(out[i] + sign * share, 9)
+    if g < 1:
+        for i in idx:
+            out[i] = round(out[i] + sign * g, 9)
+    else:
+        for i in idx:
+            out[i] += sign  # whole devices: 1.0 <-> 0.0, exact
     return tuple(out)
+
+
+def partial(devs: Devices) -> bool:
+    """Whether some device is partly used (neither fully free nor fully taken)."""
+    return devs.count(1.0) + devs.count(0.0) != len(devs)
 
 
 def pick_devices(devs: Dict[str, Devices], placement: Sequence[str], g: float) -> Tuple[WorkerDevices, ...]:
@@ -107,17 +120,23 @@ def pick_devices(devs: Dict[str, Devices], placement: Sequence[str], g: float) -
 
 
 class Capacity:
-    __slots__ = ("nodes", "free", "dev", "_buckets", "_keys", "_log", "_total")
+    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_log", "_total")
 
     def __init__(self, nodes: Iterable[Node]):
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
         # An unschedulable (cordoned) node offers nothing: no placement lands there, and a preemption search that
         # gives back a victim's share on it frees nothing usable.
         self.free: Dict[str, Resources] = {nid: n.free if n.schedulable else _NOTHING for nid, n in self.nodes.items()}
+        # A node's own devices are trusted to add up to its free GPUs (ClusterState keeps them so); derived if absent.
         self.dev: Dict[str, Devices] = {}
         for nid, n in self.nodes.items():
-            d = node_devices(n)
+            d = n.devices
+            if d is None:
+                d = node_devices(n)
             self.dev[nid] = d if n.schedulable else (0.0,) * len(d)
+        # Nodes with a partly used device: only there does a fit need a look at the devices (elsewhere the free
+        # count says it: whole free GPUs are whole free devices).
+        self._partial = {nid for nid, d in self.dev.items() if partial(d)}
         self._buckets: Dict[float, List[str]] = {}
         self._log: Optional[List[Tuple[str, Resources, Devices]]] = None
         buckets = self._buckets
@@ -158,7 +177,12 @@ class Capacity:
             self._bucket_remove(node_id, old.gpu)
             self._bucket_add(node_id, new.gpu)
         self.free[node_id] = new
-        self.dev[node_id] = devs
+        if devs is not self.dev[node_id]:
+            self.dev[node_id] = devs
+            if partial(devs):
+                self._partial.add(node_id)
+            else:
+                self._partial.discard(node_id)
         self._total = self._total - old + new
 
     def take(self, node_id: str, res: Resources, devices: Optional[WorkerDevices] = None) -> WorkerDevices:
@@ -200,6 +224,20 @@ class Capacity:
             if nid in self.free and self.nodes[nid].schedulable:
                 self.give(nid, per_worker, devices[i] if devices else None)
 
+    def holds(self, placement: Sequence[str], per_worker: Resources, devices: Sequence[WorkerDevices]) -> bool:
+        """Whether every worker of ``placement`` fits on its ``devices`` here now."""
+        g = per_worker.gpu
+        if g <= 0:
+            return True
+        local: Dict[str, Devices] = {}
+        for nid, idx in zip(placement, devices):
+            d = local.get(nid, self.dev[nid])
+            share = g if g < 1 else 1.0
+            if any(d[i] < share - GPU_EPS for i in idx):
+                return False
+            local[nid] = _shift(d, idx, g, -1)
+        return True
+
     def pick(self, placement: Sequence[str], per_worker: Resources) -> Tuple[WorkerDevices, ...]:
         """The devices each worker of ``placement`` would take here by Ray's rule (nothing changes)."""
         return pick_devices(self.dev, placement, per_worker.gpu)
@@ -228,8 +266,9 @@ class Capacity:
                 k = int(have / req + 1e-9)
                 if k < n:
                     n = k
-        if n > 0 and per_worker.gpu > 0:
-            k = gpu_slots(self.dev[node_id], per_worker.gpu)
+        g = per_worker.gpu
+        if n > 0 and g > 0 and (g < 1 or node_id in self._partial):
+            k = gpu_slots(self.dev[node_id], g)
             if k < n:
                 n = k
         return max(0, n)
@@ -270,6 +309,7 @@ class Capacity:
         c.nodes = self.nodes
         c.free = dict(self.free)
         c.dev = dict(self.dev)
+        c._partial = set(self._partial)
         c._buckets = {k: list(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
         c._log = None

@@ -34,6 +34,7 @@ from raylane.scheduling import ordering as _ordering  # noqa: F401  (registers t
 from raylane.scheduling.admission import ADMISSIONS, QuotaLedger
 from raylane.scheduling.backfill import BACKFILLS, Reservation
 from raylane.scheduling.capacity import Capacity
+from raylane.scheduling.capacity import partial
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
@@ -182,8 +183,20 @@ class _Future:
         for nid in set(nodes):
             if nid in avail.free:
                 a, b = now[nid], then[nid]
-                m = Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.memory, b.memory))
-                d = tuple(map(min, dnow[nid], dthen[nid]))
+                dn, dt = dnow[nid], dthen[nid]
+                if partial(dn) or partial(dt):
+                    # Shares of GPUs: per device, what is free both now and then.
+                    d = tuple(map(min, dn, dt))
+                    m = Resources(round(sum(d), 9), min(a.cpu, b.cpu), min(a.memory, b.memory))
+                else:
+                    # Whole GPUs are interchangeable: as many as are free both now and then, on devices free now
+                    # (which devices the waiting work takes later is chosen then).
+                    m = Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.memory, b.memory))
+                    k, out = int(m.gpu + 1e-9), []
+                    for x in dn:
+                        out.append(1.0 if x == 1.0 and k > 0 else 0.0)
+                        k -= x == 1.0
+                    d = tuple(out)
                 if m != avail.free[nid] or d != avail.dev[nid]:
                     avail._set(nid, m, d)
 
@@ -194,7 +207,10 @@ class _Future:
         self._sync(lease.placement)
 
     def claim(self, w: Workload, plan: Tuple[str, ...], devices=()) -> None:
-        """``w`` will hold ``plan`` (it starts now, or once what it waits for is gone), on ``devices`` if given."""
+        """``w`` will hold ``plan`` (it starts now, or once what it waits for is gone): on ``devices`` when they are
+        free then too (the same shares of GPUs), else on what Ray's rule picks then (whole GPUs)."""
+        if devices and not self.cap.holds(plan, w.gang.per_worker, devices):
+            devices = ()
         self.cap.take_placement(plan, w.gang.per_worker, devices)
         self.ledger.add(w.team, w.gang.total)
         self._sync(plan)
@@ -405,11 +421,13 @@ class _Walk:
         borrowing = self.admission.protects_in_quota and not self.ledger.within_nominal(w.team, need)
         # The devices are chosen where the plan was found (what is free now and stays free for the waiting work),
         # then taken there and in the future alike.
-        devices = (self.future.avail if self.future is not None else self.cap).pick(plan, w.gang.per_worker)
-        self.cap.take_placement(plan, w.gang.per_worker, devices)
-        self.ledger.add(w.team, need)
-        if self.future is not None:
+        if self.future is None:
+            devices = self.cap.take_placement(plan, w.gang.per_worker)
+        else:
+            devices = self.future.avail.pick(plan, w.gang.per_worker)
+            self.cap.take_placement(plan, w.gang.per_worker, devices)
             self.future.claim(w, plan, devices)
+        self.ledger.add(w.team, need)
         admit = Admit(w, plan, borrowing, devices)
         lease = Lease(w, plan, self.now, devices=devices)
         self.admitted.append(admit)
