@@ -47,3 +47,9 @@ def test_every_error_of_a_file_at_once(tmp_path):
     with pytest.raises(ValidationError) as e:
         load_cluster(p)
     assert e.value.errors == [("node_groups[1].name", "b", "a name no other node group has")]
+
+
+def test_nodes_have_one_device_per_gpu():
+    nodes = cluster_from_flags(2, 4).nodes()
+    assert [n.devices for n in nodes] == [(1.0,) * 4] * 2
+    assert cluster_from_flags(1, 0).nodes()[0].devices == ()

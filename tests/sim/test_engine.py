@@ -177,3 +177,18 @@ def test_gang_shape_refuses_what_ray_would(gpus, workers, says):
         b = b.workers(workers)
     with pytest.raises(SimulationError, match=says):
         gang_for(b.obj(), 8)
+
+
+def test_a_fractional_trace_replays_on_devices():
+    """Two 0.6 GPU jobs on a 2-GPU node leave 0.8 GPU free but no device with 0.5: the 0.5 job waits until one
+    ends, while a 0.4 job behind it fits at once (greedy backfill); every device is whole again at the end."""
+    tr = trace(job("a").at(0).runs(100).gpus(0.6), job("b").at(0).runs(200).gpus(0.6),
+               job("c").at(1).runs(10).gpus(0.5), job("d").at(2).runs(10).gpus(0.4),
+               job("e").at(3).runs(10).gpus(2).workers(4))
+    r = replay(tr, nodes=1, gpus=2, config=dict(backfill="greedy"))
+    got = outcome(r)
+    assert got["a"][0] == 0 and got["b"][0] == 0
+    assert got["d"][0] == 2  # 0.4 fits next to a 0.6 share
+    assert got["c"][0] == 100  # 0.5 waits for a device with room: a's, at t=100
+    # e: four workers of 0.5, two per device: both devices must be empty first (b ends at 200)
+    assert got["e"][0] == 200 and r.rejected == []

@@ -58,7 +58,9 @@ class NodeGroupSpec(_Model):
             labels = dict(self.labels)
             if self.rack_size:
                 labels["rack"] = f"{self.name}-r{i // self.rack_size}"
-            out.append(Node(f"{self.name}-{i:0{width}d}", cap, cap, feats, labels, self.node_type))
+            # One GPU device per GPU: a job asking a share of a GPU takes part of one (raylane.scheduling.types).
+            out.append(Node(f"{self.name}-{i:0{width}d}", cap, cap, feats, labels, self.node_type,
+                            devices=(1.0,) * self.gpus))
         return out
 
 
