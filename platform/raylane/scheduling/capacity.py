@@ -119,6 +119,11 @@ def pick_devices(devs: Dict[str, Devices], placement: Sequence[str], g: float) -
     return tuple(out)
 
 
+def _devices_of(node: Node) -> Devices:
+    d = node_devices(node)
+    return d if node.schedulable else (0.0,) * len(d)
+
+
 class Capacity:
     __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_log", "_total")
 
@@ -128,15 +133,11 @@ class Capacity:
         # gives back a victim's share on it frees nothing usable.
         self.free: Dict[str, Resources] = {nid: n.free if n.schedulable else _NOTHING for nid, n in self.nodes.items()}
         # A node's own devices are trusted to add up to its free GPUs (ClusterState keeps them so); derived if absent.
-        self.dev: Dict[str, Devices] = {}
-        for nid, n in self.nodes.items():
-            d = n.devices
-            if d is None:
-                d = node_devices(n)
-            self.dev[nid] = d if n.schedulable else (0.0,) * len(d)
-        # Nodes with a partly used device: only there does a fit need a look at the devices (elsewhere the free
-        # count says it: whole free GPUs are whole free devices).
-        self._partial = {nid for nid, d in self.dev.items() if partial(d)}
+        self.dev: Dict[str, Devices] = {nid: n.devices if n.devices is not None and n.schedulable else
+                                        _devices_of(n) for nid, n in self.nodes.items()}
+        # Whether a node has a partly used device, worked out when first asked (a cycle looks at few nodes): only
+        # there does a fit need a look at the devices; elsewhere whole free GPUs are whole free devices.
+        self._partial: Dict[str, bool] = {}
         self._buckets: Dict[float, List[str]] = {}
         self._log: Optional[List[Tuple[str, Resources, Devices]]] = None
         buckets = self._buckets
@@ -179,10 +180,7 @@ class Capacity:
         self.free[node_id] = new
         if devs is not self.dev[node_id]:
             self.dev[node_id] = devs
-            if partial(devs):
-                self._partial.add(node_id)
-            else:
-                self._partial.discard(node_id)
+            self._partial.pop(node_id, None)
         self._total = self._total - old + new
 
     def take(self, node_id: str, res: Resources, devices: Optional[WorkerDevices] = None) -> WorkerDevices:
@@ -267,10 +265,15 @@ class Capacity:
                 if k < n:
                     n = k
         g = per_worker.gpu
-        if n > 0 and g > 0 and (g < 1 or node_id in self._partial):
-            k = gpu_slots(self.dev[node_id], g)
-            if k < n:
-                n = k
+        if n > 0 and g > 0:
+            if g >= 1:
+                p = self._partial.get(node_id)
+                if p is None:
+                    p = self._partial[node_id] = partial(self.dev[node_id])
+            if g < 1 or p:
+                k = gpu_slots(self.dev[node_id], g)
+                if k < n:
+                    n = k
         return max(0, n)
 
     def best_device_left(self, node_id: str, g: float) -> float:
@@ -309,7 +312,7 @@ class Capacity:
         c.nodes = self.nodes
         c.free = dict(self.free)
         c.dev = dict(self.dev)
-        c._partial = set(self._partial)
+        c._partial = dict(self._partial)
         c._buckets = {k: list(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
         c._log = None
