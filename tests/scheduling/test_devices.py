@@ -160,3 +160,18 @@ def test_check_feasible_refuses_a_share_above_one(g, ok):
     assert (why is None) == ok, why
     if not ok:
         assert why.field == "gang.per_worker.gpu" and "whole number" in why.detail
+
+
+def test_backfill_counts_what_the_head_leaves_per_device():
+    """The head needs a whole GPU, free once r1 ends (est. 100 s) on r1's device. A 0.4 share with no estimate fits
+    now, and 0.4 GPU is spare in the sum at the head's start, but Ray's rule puts it on r1's device, which the head
+    needs: EASY backfill refuses it."""
+    base = dict(nodes=[node("n1").gpus(2)], admission="none", backfill="easy",
+                running=[running(wl("r1").gpus(0.6).est(100), on=("n1",)),
+                         running(wl("r2").gpus(0.6).est(1000), on=("n1",))])
+    out = decide(**base, pending=[wl("head").gpus(1).at(1), wl("small").gpus(0.4).at(2)], now=10)
+    assert out.reason_type("head") == "Reserved"
+    assert out.reason_type("small") == "BlockedByReservation"
+    # A share that ends before the head's start may use r1's device.
+    out = decide(**base, pending=[wl("head").gpus(1).at(1), wl("quick").gpus(0.4).est(30).at(2)], now=10)
+    assert "quick" in out.admitted

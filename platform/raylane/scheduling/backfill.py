@@ -8,15 +8,18 @@ what the workloads behind it may do:
   workload may start now if it fits now and either ends, by its own estimate, before the shadow time, or uses only
   what the head will not need on those nodes at the shadow time. A workload with no estimate can only use the latter.
 - ``greedy``: anything that fits starts (Kueue's BestEffortFIFO); large gangs can starve.
+What the head leaves spare is counted per GPU device too: on a node the head is planned on, a workload may use the
+spare only if, with it holding its devices (a share of a GPU stays on the device it takes now), the head's workers
+there still fit on the devices at the shadow time.
 Leases with no runtime estimate are assumed to end ``cfg.default_runtime_s`` after they started; leases already
 terminating are assumed gone now.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Protocol, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Optional, Protocol, Sequence, Tuple
 
-from raylane.scheduling.capacity import Capacity
+from raylane.scheduling.capacity import Capacity, Devices, WorkerDevices, _shift, choose_devices, gpu_slots
 from raylane.scheduling.placement import place
 from raylane.scheduling.registry import Registry
 from raylane.scheduling.types import Lease, LeaseState, Resources, SchedulerConfig, Workload
@@ -29,6 +32,16 @@ class Reservation:
     shadow_time: Optional[float]
     # What the head leaves unused at the shadow time on the nodes it is planned on; other nodes are not limited.
     spare: Dict[str, Resources]
+    # On those nodes: the free share of each GPU device at the shadow time without the head (less what backfilled
+    # work took), and how many of the head's workers, of ``head_gpu`` GPUs each, go there.
+    devices: Dict[str, Devices] = field(default_factory=dict)
+    head_workers: Dict[str, int] = field(default_factory=dict)
+    head_gpu: float = 0.0
+
+    def copy(self) -> "Reservation":
+        """A copy whose spare can be used up without changing this one."""
+        return Reservation(self.head, self.shadow_time, dict(self.spare), dict(self.devices),
+                           self.head_workers, self.head_gpu)
 
 
 class BackfillPolicy(Protocol):
@@ -36,8 +49,10 @@ class BackfillPolicy(Protocol):
                 cfg: SchedulerConfig) -> Optional[Reservation]:
         """Called once per cycle for the first capacity-blocked workload. None: nothing is reserved."""
 
-    def allows(self, w: Workload, placement: Tuple[str, ...], res: Optional[Reservation], now: float) -> bool:
-        """Whether ``w`` may start now on ``placement`` given the reservation; may consume the reservation's spare."""
+    def allows(self, w: Workload, placement: Tuple[str, ...], res: Optional[Reservation], now: float,
+               devices: Sequence[WorkerDevices] = ()) -> bool:
+        """Whether ``w`` may start now on ``placement`` (each worker on ``devices``, when given) given the
+        reservation; may consume the reservation's spare."""
 
 
 BACKFILLS: Registry[BackfillPolicy] = Registry("backfill", default="easy")
@@ -48,7 +63,7 @@ class NoBackfill:
     def reserve(self, head, cap, leases, now, cfg):
         return Reservation(head.id, None, {})
 
-    def allows(self, w, placement, res, now):
+    def allows(self, w, placement, res, now, devices=()):
         return res is None
 
 
@@ -57,7 +72,7 @@ class Greedy:
     def reserve(self, head, cap, leases, now, cfg):
         return None
 
-    def allows(self, w, placement, res, now):
+    def allows(self, w, placement, res, now, devices=()):
         return True
 
 
@@ -83,9 +98,12 @@ def shadow(head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,
         plan = place(head.gang, scratch, head.data_snapshot)
         if plan is not None:
             spare: Dict[str, Resources] = {}
+            workers: Dict[str, int] = {}
             for nid in plan:
                 spare[nid] = spare.get(nid, scratch.free[nid]) - head.gang.per_worker
-            return Reservation(head.id, expected_end(lease, now, cfg), spare)
+                workers[nid] = workers.get(nid, 0) + 1
+            return Reservation(head.id, expected_end(lease, now, cfg), spare,
+                               {nid: scratch.dev[nid] for nid in workers}, workers, head.gang.per_worker.gpu)
     return Reservation(head.id, None, {})
 
 
@@ -94,7 +112,7 @@ class Easy:
     def reserve(self, head, cap, leases, now, cfg):
         return shadow(head, cap, leases, now, cfg)
 
-    def allows(self, w, placement, res, now):
+    def allows(self, w, placement, res, now, devices=()):
         if res is None:
             return True
         est = w.runtime_estimate_s
@@ -107,8 +125,25 @@ class Easy:
                 use[nid] = use.get(nid, Resources()) + w.gang.per_worker
         if res.shadow_time is None and use:
             return False
-        if all(u.fits_in(res.spare[nid]) for nid, u in use.items()):
-            for nid, u in use.items():
-                res.spare[nid] = res.spare[nid] - u
-            return True
-        return False
+        if not all(u.fits_in(res.spare[nid]) for nid, u in use.items()):
+            return False
+        devs = {nid: res.devices[nid] for nid in use if nid in res.devices}
+        g = w.gang.per_worker.gpu
+        if g > 0 and devs:
+            for i, nid in enumerate(placement):
+                if nid not in devs:
+                    continue
+                d = devs[nid]
+                # A share stays on the device it takes now; whole GPUs are alike, any free ones will do.
+                idx = devices[i] if devices and g < 1 else None
+                if idx is None or any(d[k] < g - 1e-9 for k in idx):
+                    idx = choose_devices(d, g)
+                if idx is None:
+                    return False
+                devs[nid] = _shift(d, idx, g, -1)
+            if any(gpu_slots(d, res.head_gpu) < res.head_workers[nid] for nid, d in devs.items()):
+                return False  # room in the sum, but the head's workers would not fit on the devices left
+        for nid, u in use.items():
+            res.spare[nid] = res.spare[nid] - u
+        res.devices.update(devs)
+        return True

@@ -25,7 +25,6 @@ ceiling even without all of its own candidates is known to fail without trying e
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
 from itertools import compress
 from operator import attrgetter
 from typing import Dict, List, Optional, Tuple
@@ -272,7 +271,7 @@ class _Walk:
         plan = None if quota_reason is not None else self._place_now(w)
 
         if quota_reason is None and plan is not None:
-            if res is not None and not self.backfill.allows(w, plan, res, self.now):
+            if res is not None and not self.backfill.allows(w, plan, res, self.now, self._pick(w, plan)):
                 self.pending.append(Pending(w, _blocked(res), position))
                 return False
             self._admit(w, plan, position)
@@ -386,9 +385,10 @@ class _Walk:
         for v in victims:
             fcap.give_placement(v.placement, v.workload.gang.per_worker, v.devices)
         plan = place(w.gang, fcap, w.data_snapshot)
+        devices = fcap.pick(plan, w.gang.per_worker) if plan is not None else ()
         fcap.undo()
         # On a copy: asking must not use up what the head leaves spare.
-        return plan is not None and self.backfill.allows(w, plan, replace(res, spare=dict(res.spare)), self.now)
+        return plan is not None and self.backfill.allows(w, plan, res.copy(), self.now, devices)
 
     def _search(self, w: Workload, need: Resources, res, fcap: Capacity, fledger: QuotaLedger):
         """``find_victims`` over the policy's candidates, short-cut where the outcome is known to be a failure."""
@@ -424,7 +424,7 @@ class _Walk:
         if self.future is None:
             devices = self.cap.take_placement(plan, w.gang.per_worker)
         else:
-            devices = self.future.avail.pick(plan, w.gang.per_worker)
+            devices = self._pick(w, plan)
             self.cap.take_placement(plan, w.gang.per_worker, devices)
             self.future.claim(w, plan, devices)
         self.ledger.add(w.team, need)
@@ -461,6 +461,10 @@ class _Walk:
             # they would have to preempt again once their victims are gone.
             reason = self.admission.check(self.future.ledger, w.team, need)
         return reason
+
+    def _pick(self, w: Workload, plan: Tuple[str, ...]):
+        """The devices each worker of ``plan`` takes if it starts now (Ray's rule, where the plan was found)."""
+        return (self.future.avail if self.future is not None else self.cap).pick(plan, w.gang.per_worker)
 
     def _place_now(self, w: Workload) -> Optional[Tuple[str, ...]]:
         return place(w.gang, self.future.avail if self.future is not None else self.cap, w.data_snapshot)
