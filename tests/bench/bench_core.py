@@ -16,7 +16,10 @@ snapshot build time p50/p99, and the same for baselines run in the same process,
 The main run is repeated with the driver collecting garbage between cycles (``idle GC``): with ~100,000 live
 objects a full collection takes tens of milliseconds, and where it falls inside a cycle it sets the p99.
 
-    python -m tests.bench.bench_core [--cycles N] [--ordering NAME] [--profile]
+``--fractional P``: a share P of the workloads asks a share of a GPU (0.25 or 0.5) instead of a whole one, so that
+the cost of counting GPUs per device shows (the default scene has whole GPUs only).
+
+    python -m tests.bench.bench_core [--cycles N] [--ordering NAME] [--fractional P] [--profile]
 """
 from __future__ import annotations
 
@@ -58,6 +61,8 @@ GPUS_PER_NODE = 8
 N_TEAMS = 50
 N_PENDING = 10_000
 STEP_S = 5.0
+# The share of workloads that ask a share of a GPU (--fractional).
+FRACTIONAL = 0.0
 GRACE_S = 10.0
 
 CLASSES = [
@@ -101,9 +106,12 @@ class Feed:
         wid = f"w{self.n:07d}"
         dur = max(STEP_S, self.rng.expovariate(1 / 900.0))
         self.duration[wid] = dur
+        gpu = 1.0
+        if FRACTIONAL and self.rng.random() < FRACTIONAL:  # no extra draw in the default scene
+            gpu = self.rng.choice((0.25, 0.5))
         return Workload(
             id=wid, team=self.rng.choice(self.teams), cls=self.rng.choices(self.classes, self.weights)[0],
-            gang=Gang(1, Resources(gpu=1, cpu=8, memory=64)), submit_time=now,
+            gang=Gang(1, Resources(gpu=gpu, cpu=8 * gpu, memory=64 * gpu)), submit_time=now,
             runtime_estimate_s=dur if self.rng.random() < 0.5 else None,
         )
 
@@ -243,12 +251,19 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=150, help="cycles not measured (the cluster fills up)")
     ap.add_argument("--ordering", default="priority", choices=ORDERINGS.names())
     ap.add_argument("--profile", action="store_true", help="cProfile the main run and print the top functions")
+    ap.add_argument("--fractional", type=float, default=0.0, metavar="P",
+                    help="share of workloads asking 0.25 or 0.5 GPU (default 0: whole GPUs only)")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.fractional <= 1.0:
+        ap.error(f"--fractional: got {args.fractional:g}; allowed: a share between 0 and 1")
+    global FRACTIONAL
+    FRACTIONAL = args.fractional
 
     cfg = SchedulerConfig(ordering=args.ordering, admission="quota", backfill="easy", preemption="default")
     print(f"bench_core: {N_NODES} nodes x {GPUS_PER_NODE} GPUs, {N_TEAMS} teams, ~{N_PENDING:,} pending, "
           f"{cfg.ordering}/{cfg.admission}/{cfg.backfill}/{cfg.preemption}, {args.cycles} cycles after "
-          f"{args.warmup} warm-up, {STEP_S:g} s per cycle, max {cfg.max_admissions_per_cycle} admissions per cycle")
+          f"{args.warmup} warm-up, {STEP_S:g} s per cycle, max {cfg.max_admissions_per_cycle} admissions per cycle"
+          + (f", {FRACTIONAL:.0%} of workloads on a share of a GPU" if FRACTIONAL else ""))
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

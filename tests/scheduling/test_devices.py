@@ -175,3 +175,16 @@ def test_backfill_counts_what_the_head_leaves_per_device():
     # A share that ends before the head's start may use r1's device.
     out = decide(**base, pending=[wl("head").gpus(1).at(1), wl("quick").gpus(0.4).est(30).at(2)], now=10)
     assert "quick" in out.admitted
+
+
+def test_stranded_gpus_are_counted_on_devices():
+    """0.8 GPU free on two devices of 0.4: a waiting 0.5 worker cannot use them (blocked by where they are), so
+    both are stranded; a waiting 0.4 worker could, so none is."""
+    from raylane.scheduling.fragmentation import fragmentation
+
+    st = make_state(**_two_devices_each_0_6_used())
+    nodes = st.snapshot().nodes
+    got = fragmentation(nodes, [Gang(1, Resources(gpu=0.5), "pack")])
+    assert got.blocked_shapes == 1 and got.total == pytest.approx(0.8)
+    got = fragmentation(nodes, [Gang(1, Resources(gpu=0.4), "pack")])
+    assert got.blocked_shapes == 0 and got.total == 0

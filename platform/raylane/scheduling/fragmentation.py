@@ -44,8 +44,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from raylane.scheduling.admission import ADMISSIONS, QuotaLedger
 from raylane.scheduling.cycle import team_usage
+from raylane.scheduling.capacity import gpu_slots, partial
 from raylane.scheduling.placement import slots
-from raylane.scheduling.types import Gang, Node, Resources, Snapshot, Team, Workload
+from raylane.scheduling.types import Gang, Node, Resources, Snapshot, Team, Workload, node_devices
 
 __all__ = ["Fragmentation", "PendingMemo", "UNTYPED", "FILL_STEPS", "admissible", "best_fill", "fragmentation",
            "pending_gangs", "stranded_gpus", "takes_any_gpu"]
@@ -135,10 +136,13 @@ class _Class:
     """Nodes alike for this purpose: same type, free resources and features (and, while group gangs are decided,
     the same values of their labels; after that, the same group gangs usable there)."""
 
-    __slots__ = ("node_type", "free", "features", "labels", "count", "usable")
+    __slots__ = ("node_type", "free", "features", "labels", "count", "usable", "devices")
 
-    def __init__(self, node_type: str, free: Resources, features: frozenset, labels: Tuple = ()):
+    def __init__(self, node_type: str, free: Resources, features: frozenset, labels: Tuple = (),
+                 devices: Optional[Tuple[float, ...]] = None):
         self.node_type, self.free, self.features, self.labels = node_type, free, features, labels
+        # The free share of each GPU device where one is partly used (a worker fits by devices there), else None.
+        self.devices = devices
         self.count = 0
         self.usable: Dict[Resources, None] = {}
 
@@ -159,12 +163,14 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
             continue
         t = n.node_type or UNTYPED
         free[t] = free.get(t, 0.0) + f.gpu
-        whole = whole and f.gpu % 1 == 0
+        devs = n.devices if n.devices is not None else node_devices(n)
+        devs = devs if partial(devs) else None
+        whole = whole and f.gpu % 1 == 0 and devs is None
         labels = tuple(n.labels.get(k) for k in label_keys) if label_keys else ()
-        key = (t, f.gpu, f.cpu, f.memory, n.features, labels)  # floats: hashed faster than a Resources
+        key = (t, f.gpu, f.cpu, f.memory, n.features, labels, devs)  # floats: hashed faster than a Resources
         c = fine.get(key)
         if c is None:
-            c = fine[key] = _Class(t, f, n.features, labels)
+            c = fine[key] = _Class(t, f, n.features, labels, devs)
         c.count += 1
     if not gangs or not fine or (whole and any(map(takes_any_gpu, gangs))):
         # Nothing waits, nothing is free, or a waiting single 1-GPU worker could take any free GPU.
@@ -193,7 +199,7 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
                 continue
             matching_gpus += c.free.gpu * c.count
             value = c.labels[at]
-            k = room(c.free, pw)
+            k = room(c.free, pw, c.devices)
             if value is not None and k > 0:
                 per_value[value] = per_value.get(value, 0) + k * c.count
                 fits.append(c)
@@ -207,10 +213,10 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
     # 3. The classes merged again, label values left out.
     merged: Dict[Tuple, _Class] = {}
     for c in fine_list:
-        key = (c.node_type, c.free, c.features, tuple(c.usable))
+        key = (c.node_type, c.free, c.features, tuple(c.usable), c.devices)
         m = merged.get(key)
         if m is None:
-            m = merged[key] = _Class(c.node_type, c.free, c.features)
+            m = merged[key] = _Class(c.node_type, c.free, c.features, devices=c.devices)
             m.usable = dict(c.usable)
         m.count += c.count
     cls = list(merged.values())
@@ -219,7 +225,7 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
     for (pw, feats, group_by), members in by_shape.items():
         if group_by is not None:
             continue
-        ks = [0 if feats and not feats <= c.features else room(c.free, pw) for c in cls]
+        ks = [0 if feats and not feats <= c.features else room(c.free, pw, c.devices) for c in cls]
         matching_gpus = sum(c.free.gpu * c.count for c in cls if not feats or feats <= c.features)
         slots_total = sum(k * c.count for c, k in zip(cls, ks))
         nodes_with_room = sum(c.count for c, k in zip(cls, ks) if k > 0)
@@ -249,10 +255,10 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
     memo: Dict[Tuple, float] = {}
     for c in cls:
         shapes = tuple(sorted(c.usable, key=lambda r: (-r.gpu, r.cpu, r.memory)))
-        key = (c.free, shapes)
+        key = (c.free, shapes, c.devices)
         used = memo.get(key)
         if used is None:
-            used = memo[key] = best_fill(c.free, shapes)
+            used = memo[key] = best_fill(c.free, shapes, c.devices)
         left = c.free.gpu - used
         if left > _EPS:
             stranded[c.node_type] += left * c.count
@@ -274,21 +280,28 @@ class _Slots:
     def __init__(self):
         self.seen: Dict[Tuple[Resources, Resources], int] = {}
 
-    def __call__(self, free: Resources, per_worker: Resources) -> int:
-        key = (free, per_worker)
+    def __call__(self, free: Resources, per_worker: Resources, devices: Optional[Tuple[float, ...]] = None) -> int:
+        key = (free, per_worker, devices)
         k = self.seen.get(key)
         if k is None:
-            k = self.seen[key] = slots(free, per_worker)
+            k = slots(free, per_worker)
+            if devices is not None and per_worker.gpu > 0:
+                k = min(k, gpu_slots(devices, per_worker.gpu))
+            self.seen[key] = k
         return k
 
 
-def best_fill(free: Resources, shapes: Sequence[Resources]) -> float:
+def best_fill(free: Resources, shapes: Sequence[Resources], devices: Optional[Tuple[float, ...]] = None) -> float:
     """The most GPUs that workers of ``shapes`` (each any number of times) fill in ``free``: an exact
-    depth-first search over worker counts, largest workers first, bounded by ``FILL_STEPS``."""
+    depth-first search over worker counts, largest workers first, bounded by ``FILL_STEPS``. On a node with partly
+    used ``devices``, one shape's fill counts by devices; several shapes are filled by the free amounts."""
     if not shapes:
         return 0.0
     if len(shapes) == 1:
-        return slots(free, shapes[0]) * shapes[0].gpu
+        k = slots(free, shapes[0])
+        if devices is not None and shapes[0].gpu > 0:
+            k = min(k, gpu_slots(devices, shapes[0].gpu))
+        return k * shapes[0].gpu
     best = 0.0
     steps = 0
 
