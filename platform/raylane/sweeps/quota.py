@@ -150,7 +150,9 @@ class Grant:
             return sum(v.status in statuses for v in self._trials.values())
 
     def claiming(self) -> int:
-        """Unfinished trials that hold or will take a slot: a trial paused to wait at a rung takes none."""
+        """Unfinished trials that hold or will take a slot: a trial paused to wait at a rung takes none. A trial
+        its rung promoted keeps the mark until it resumes; that is harmless, since a first rung is decided only once
+        every trial of the sweep was drawn, so there is none left to draw in its place."""
         with self._lock:
             return sum(v.status in UNFINISHED and not (v.status == Trial.PAUSED and v.paused_by == "rung")
                        for v in self._trials.values())
