@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from raylane.errors import NotFoundError
-from raylane.scheduling.capacity import _shift, pick_devices
+from raylane.scheduling.capacity import _returned_devices, _shift, choose_devices, pick_devices
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.types import (
     Admit,
@@ -81,7 +81,13 @@ class ClusterState:
             n = self.nodes.get(nid)
             if n is not None:
                 free = (n.free + per_worker if sign > 0 else n.free - per_worker).rounded()
-                devs = _shift(n.devices, devices[i], g, sign) if devices else n.devices
+                if devices:
+                    idx = devices[i]
+                elif g > 0:  # a lease that names no devices (some of its nodes were gone when it started)
+                    idx = (choose_devices(n.devices, g) if sign < 0 else _returned_devices(n.devices, g)) or ()
+                else:
+                    idx = ()
+                devs = _shift(n.devices, idx, g, sign)
                 self.nodes[nid] = replace(n, free=free, devices=devs)
         self._nodes_cache = None
 
@@ -124,14 +130,14 @@ class ClusterState:
         devices = tuple(admit.devices)
         if not devices and w.gang.per_worker.gpu > 0:
             # Not chosen by a cycle (a driver re-admitting what it found running): Ray's rule, on the devices now.
-            devs = {nid: n.devices for nid, n in self.nodes.items() if nid in placement}
-            missing = [nid for nid in placement if nid not in devs]
-            devices = pick_devices(devs, [nid for nid in placement if nid in devs], w.gang.per_worker.gpu) \
-                if not missing else ()
-            if devices:
-                # back in worker order (nodes of the placement that are gone have none)
-                it = iter(devices)
-                devices = tuple(next(it) for _ in placement)
+            # (a worker on a node that is gone holds no device)
+            devs = {nid: self.nodes[nid].devices for nid in placement if nid in self.nodes}
+            here = [nid for nid in placement if nid in devs]
+            try:
+                it = iter(pick_devices(devs, here, w.gang.per_worker.gpu))
+                devices = tuple(next(it) if nid in devs else () for nid in placement)
+            except ValueError:
+                devices = ()  # Ray runs more there than the books have room for: counted, on no named device
         lease = Lease(w, placement, now, None, LeaseState.RUNNING, devices)
         self._put(lease)
         self._adjust(lease.placement, w.gang.per_worker, lease.devices, -1)
