@@ -192,3 +192,14 @@ def test_a_fractional_trace_replays_on_devices():
     assert got["c"][0] == 100  # 0.5 waits for a device with room: a's, at t=100
     # e: four workers of 0.5, two per device: both devices must be empty first (b ends at 200)
     assert got["e"][0] == 200 and r.rejected == []
+
+
+def test_a_checkpoint_due_at_an_instant_whose_float_sum_falls_short_is_taken_once():
+    """a starts at 3518.4; its checkpoints (every 300 s) are due at 3518.4 + 300 + 300 + 300 = 4418.4, where
+    (4418.4 - 3518.4) / 300 is 2.9999999999999987 in floats. b arrives then and preempts it (LAS): the replay must
+    go on (it used to queue that checkpoint again at the same instant forever) and a keeps all 900 s of work."""
+    tr = trace(job("a").gpus(8).at(3518.4).runs(5000), job("b").gpus(8).at(4418.4).runs(10))
+    r = replay(tr, nodes=1, config=LAS_100)
+    got = outcome(r)
+    assert got["a"] == (3518.4, pytest.approx(4428.4 + 4100), 1) and got["b"] == (4418.4, 4428.4, 0)
+    assert r.lost_work == [0.0, 0.0]

@@ -406,8 +406,9 @@ class Simulator:
             """Requeue job ``j``, whose lease ran ``run`` seconds of work, keeping the work up to its last
             checkpoint."""
             every = ckpt_every[j]
-            kept = math.floor(run / every) * every if every > 0 else 0.0
-            kept = min(max(kept, 0.0), remaining[j])
+            # 1e-9: a run that ends on a checkpoint keeps it, though float sums of the times fall just short.
+            kept = math.floor(run / every + 1e-9) * every if every > 0 else 0.0
+            kept = min(max(kept, 0.0), remaining[j], run)
             lost[j] += run - kept
             lost_gpu_s[cause] += (run - kept) * gpus[j]
             requeues[cause] += 1
@@ -523,7 +524,9 @@ class Simulator:
                         if a != attempt[j] or stop_req[j] >= 0 or finish[j] >= 0:
                             continue
                         every = ckpt_every[j]
-                        last = start_at[j] + math.floor((now - start_at[j]) / every) * every
+                        # 1e-9: (now - start) / every just short of a whole number at a checkpoint due now must
+                        # count it, or the same checkpoint is queued again at now forever.
+                        last = start_at[j] + math.floor((now - start_at[j]) / every + 1e-9) * every
                         state.checkpointed(wl[j].id, last)
                         heappush(ckpts, (last + every, j, a))
                 if now - last_decay >= decay_every:
