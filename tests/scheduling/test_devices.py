@@ -52,7 +52,8 @@ def test_the_issues_example_two_devices_each_0_6_used_hold_no_0_5():
 
 def test_infeasible_on_devices_is_said_with_the_free_sum():
     out = decide(**_two_devices_each_0_6_used(), pending=[wl("half").gpus(0.5)])
-    assert "0.8 GPU" in str(out.reason("half"))  # the reason still gives the node's free sum
+    # The reason gives the node's free sum, and why it does not hold the worker: what is free on each GPU.
+    assert "has 0.8 GPU" in str(out.reason("half")) and "(per GPU: 0.4, 0.4)" in str(out.reason("half"))
 
 
 def test_whole_gpus_need_whole_free_devices():

@@ -299,7 +299,9 @@ class _Walk:
 
         # d. Blocked by capacity: the first such workload gets a reservation; later ones must respect it.
         best, best_free = cap.best_node_for(w.gang.per_worker, w.gang.features)
-        inner = NoCapacity(w.gang.workers, w.gang.per_worker, best, best_free, cap.total_free())
+        devs = cap.dev.get(best, ()) if best is not None else ()
+        inner = NoCapacity(w.gang.workers, w.gang.per_worker, best, best_free, cap.total_free(),
+                           devs if partial(devs) else ())
         if self.reservation is None:
             self.reservation = self.backfill.reserve(w, cap, list(self.snapshot.leases) + self.admitted_leases,
                                                      self.now, self.cfg)

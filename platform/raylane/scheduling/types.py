@@ -325,9 +325,13 @@ class NoCapacity:
     best_node: Optional[str]
     best_node_free: Resources
     free_total: Resources
+    # The free share of each GPU of the best node, when one is partly used (its free GPUs may not hold a worker).
+    best_node_devices: Tuple[float, ...] = ()
 
     def __str__(self) -> str:
         best = f"best node {self.best_node} has {self.best_node_free} free" if self.best_node else "no node matches"
+        if self.best_node_devices:
+            best += " (per GPU: " + ", ".join(f"{d:g}" for d in self.best_node_devices) + ")"
         return (
             f"needs {self.workers} x ({self.per_worker}); {best}; cluster has {self.free_total} free in all"
         )
