@@ -244,3 +244,15 @@ def draws(key: str) -> bool:
     by_limiter, by_gen = limiter.suggest("new") is not None, gen.next_trial() is not None
     assert by_limiter == by_gen
     return by_limiter
+
+
+def test_a_resumed_experiment_adds_its_finished_trials_and_they_do_not_hold_the_first_rung():
+    sched = SynchronousHalvingScheduler(time_attr="step", rungs=(10, 20), eta=2, trials=3, max_t=40)
+    sched.set_search_properties("loss", "min")
+    trials = [FakeTrial("a", Trial.TERMINATED), FakeTrial("b", Trial.PENDING), FakeTrial("c", Trial.PENDING)]
+    tc = FakeController(trials)
+    for t in trials:
+        sched.on_trial_add(tc, t)
+    assert sched.on_trial_result(tc, trials[1], {"step": 10, "loss": 2.0}) == TrialScheduler.PAUSE
+    assert sched.on_trial_result(tc, trials[2], {"step": 10, "loss": 1.0}) == TrialScheduler.CONTINUE
+    assert tc.stopped == ["b"]

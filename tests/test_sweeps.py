@@ -1,5 +1,6 @@
 """Sweeps on a real local Ray cluster (one node of 2 logical GPUs) under the control actor: an ASHA sweep of the small
-LM whose weak trials stop at the rungs, with its MLflow parent and child runs; a PBT sweep whose exploit copies a
+LM whose weak trials stop at the rungs, with its MLflow parent and child runs; a synchronous ASHA sweep that stops
+exactly the weaker half at each rung; a PBT sweep whose exploit copies a
 checkpoint; an Optuna TPE sweep; a sweep that shrinks when a higher-class gang of its team arrives and grows back
 after; a sweep whose driver is killed and resumed.
 

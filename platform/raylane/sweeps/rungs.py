@@ -27,7 +27,9 @@ Words
   to the lower trial id (Tune numbers trials in the order the search drew them); a missing or NaN score is worst.
 
 The cost of determinism: a rung waits for the slowest trial of its cohort, and a promoted trial that waited restarts
-its actor from its checkpoint. Trials that pass the last rung run to ``budget.max``.
+its actor from its checkpoint. Trials that pass the last rung run to ``budget.max``. A sweep resumed by a new driver
+starts with a fresh scheduler (Tune pickles it once, at the start): its finished trials leave the cohorts and the
+rungs still open are decided among the unfinished trials, so determinism holds for a sweep run by one driver.
 """
 from __future__ import annotations
 
@@ -209,6 +211,10 @@ class SynchronousHalvingScheduler(FIFOScheduler):
             raise ValueError(f"{type(self).__name__} needs a metric and a mode (got {self._metric!r}, "
                              f"{self._mode!r}): pass them to tune.TuneConfig")
         self.halving.add(trial.trial_id)
+        if trial.status in (Trial.TERMINATED, Trial.ERROR):
+            # A resumed experiment (``Tuner.restore``) adds its finished trials again; the scheduler starts afresh
+            # (Tune pickles it once, at the start), so they leave the cohorts rather than hold a rung forever.
+            self._carry_out(tune_controller, self.halving.on_end(trial.trial_id), current=trial)
 
     def on_trial_result(self, tune_controller: "TuneController", trial: Trial, result: Dict) -> str:
         if self._time_attr not in result or self._metric not in result:
