@@ -275,8 +275,8 @@ def sim(
 
 def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_column, start, end, limit, cluster,
          nodes, gpus_per_node, cpus_per_node, memory_per_node, features, policy, preset, ordering, backfill,
-         preemption, admission, las_thresholds, hysteresis_min_run, hysteresis_fraction, job_class, checkpoint_every, estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail,
-         drain, node_events, mtbf, repair, drain_deadline, out, as_json, plots, progress) -> None:
+         preemption, admission, las_thresholds, hysteresis_min_run, hysteresis_fraction, job_class, checkpoint_every,
+         estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail, drain, node_events, mtbf, repair, drain_deadline, out, as_json, plots, progress) -> None:
     flag_errors = []
     if format is not None and format not in FORMATS:
         flag_errors.append(("--format", format, "one of " + ", ".join(FORMATS)))

@@ -9,9 +9,10 @@ Determinism: ``generate(mix, seed=s, ...)`` draws every number from one ``random
 global random state), in a fixed order, so the same arguments give the same trace, job for job, on every machine.
 
 Words
-- *load*: GPU-seconds the jobs ask for over (the span of their submits x the cluster's GPUs). The submit times are
-  a Poisson process (bursts, for ``shared-burst``) whose rate is chosen so that the trace has this load on a
-  cluster of ``cluster_gpus`` GPUs. A mix with jobs of weeks replays for longer than its submit span.
+- *load*: the GPU-time the jobs ask for within the span of their submits, over the GPU-time a cluster of
+  ``cluster_gpus`` GPUs has in that span; a job longer than the span counts for the span's length only (a job of
+  weeks loads a two-day trace for two days, and runs on after it). The submit times are a Poisson process (bursts,
+  for ``shared-burst``) whose span is chosen so that the trace has this load.
 - *shared job*: a job whose workers each ask for a share of one GPU (0.25 or 0.5: ``TraceJob.gpus`` is then the
   total, e.g. 4 workers x 0.25 = 1.0, with ``workers`` set).
 
@@ -135,8 +136,7 @@ def generate(mix: str, *, seed: int = 0, jobs: int = 2000, cluster_gpus: float =
     rng = random.Random(seed)
     drawn = [m.draw(rng) for _ in range(jobs)]
     owners = [f"team-{rng.randrange(teams)}" for _ in range(jobs)]
-    gpu_s = sum(d * g for d, g, _, _ in drawn)
-    span = gpu_s / (load * cluster_gpus)
+    span = _span(drawn, load * cluster_gpus)
     # Arrivals: the body is a Poisson process over the span; burst jobs come in bursts (a Poisson process of bursts,
     # each burst's jobs uniform in a short window), so both kinds spread over the same span.
     body = [i for i, d in enumerate(drawn) if d[3] != "burst"]
@@ -158,6 +158,22 @@ def generate(mix: str, *, seed: int = 0, jobs: int = 2000, cluster_gpus: float =
                     workers=drawn[i][2]) for n, i in enumerate(order)]
     return Trace(out, source=f"generated:{mix}:seed={seed}:jobs={jobs}:load={load:g}:cluster_gpus={cluster_gpus:g}",
                  format="generated", notes=[f"{mix}: {m.summary}"])
+
+
+def _span(drawn: List[_Draw], capacity: float) -> float:
+    """The span S at which sum(gpus x min(duration, S)) = capacity x S (unique: the left side over S falls as S
+    grows), by bisection; deterministic."""
+    def over(span: float) -> bool:
+        return sum(g * min(d, span) for d, g, _, _ in drawn) > capacity * span
+
+    lo, hi = 0.0, sum(g * d for d, g, _, _ in drawn) / capacity
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if over(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def _poisson(rng: random.Random, n: int, span: float) -> List[float]:
