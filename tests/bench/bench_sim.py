@@ -219,6 +219,13 @@ def goals(scenes: Dict[str, Dict[str, dict]]) -> None:
               + (f"; worst now: {worst['id']} {worst['preemptions']} in {worst['runtime_h']:.2f} h" if worst else ""))
         print(f"  {name}: las-easy avg JCT {le['jct']['mean']:,.0f} s vs baseline {base['jct']['mean']:,.0f} s: "
               f"{jct:.3f}x (goal <= {GOAL_JCT:g}x: {'met' if jct <= GOAL_JCT else 'NOT met'})")
+    # One duration-blind policy on every scene: each preset's worst ratio over the scenes.
+    worst = {k: max(runs[k]["jct"]["mean"] / runs["srtf-oracle"]["jct"]["mean"] for runs in scenes.values())
+             for k in PRESETS if not PRESETS[k].knows_durations}
+    best = min(worst, key=worst.get)
+    print(f"  all scenes: one duration-blind preset within {GOAL_RATIO}x of the oracle on every scene: best {best}, "
+          f"worst scene {worst[best]:.2f}x ({'met' if worst[best] <= GOAL_RATIO else 'NOT met'}); las-easy "
+          f"{worst['las-easy']:.2f}x")
 
 
 def mixes(args) -> None:
