@@ -13,7 +13,8 @@ Rules every policy keeps (enforced here, not by each policy):
 
 Policies: ``default`` (Kueue-like: within a team a higher class preempts a lower one; a team that stays within its
 nominal quota reclaims what others borrowed), ``ordering`` (any lease that ranks after the preemptor under the
-ordering policy: LAS demotion, SRTF), ``none``.
+ordering policy: LAS demotion, SRTF; but none (re)started too recently for the config's hysteresis,
+``settled_after``, so that no workload is stopped over and over), ``none``.
 
 Cost of a victim, smallest first: class priority, then GPU-seconds of work since its last checkpoint (what a stop
 loses), then the most recently started. Cheaper than any of them: a workload admitted earlier in the same cycle
