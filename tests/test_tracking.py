@@ -288,3 +288,71 @@ def test_the_logger_is_picklable_and_validates_its_options(uri):
     with pytest.raises(ValidationError) as err:
         MetricLogger("", uri, flush_every=True, flush_interval_s=0)
     assert [e[0] for e in err.value.errors] == ["run_id", "flush_every", "flush_interval_s"]
+
+
+def test_rank_zero_logs_reports_made_before_its_logger_was_built_in_order(uri, monkeypatch):
+    """raylane.train builds rank 0's MetricLogger in a background thread (MLflow's import is off the way to the
+    first step): reports made meanwhile are kept and logged in order, and a flush waits for the logger."""
+    import threading
+
+    import raylane.tracking
+    from raylane.train import _DeferredLogger
+
+    gate = threading.Event()
+
+    class SlowLogger(MetricLogger):
+        def __init__(self, *a, **kw):
+            gate.wait(30)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(raylane.tracking, "MetricLogger", SlowLogger)
+    run_id = started(uri).run_id
+    deferred = _DeferredLogger(run_id, uri)
+    for step in (1, 2, 3):
+        deferred.log(step, metrics(float(step)))
+    assert deferred._logger is None and len(deferred._early) == 3  # not built yet: kept
+    gate.set()
+    deferred.log(4, metrics(4.0))  # may or may not find it built; either way nothing is lost
+    deferred.flush()
+    assert steps(uri, run_id) == [1, 2, 3, 4]
+    assert {m.step: m.value for m in client(uri).get_metric_history(run_id, "loss")} == {1: 1.0, 2: 2.0, 3: 3.0,
+                                                                                          4: 4.0}
+
+
+# --- the run started in a child process beside the driver's start-up (raylane.runstart) ---------------------------
+
+
+def test_a_run_started_by_the_child_is_the_one_the_driver_s_tracker_finds(uri):
+    from raylane.runstart import LateTracker, RunStarter
+
+    starter = RunStarter(team=SPEC["team"], tracking_uri=uri)
+    starter.ask(workload_id="pretrain-child-1", spec=SPEC)
+    started_run = starter.result()
+    assert started_run.tracking_uri == uri and not started_run.resumed
+    run = client(uri).get_run(started_run.run_id)
+    assert run.data.tags["raylane.workload_id"] == "pretrain-child-1" and run.info.status == "RUNNING"
+    # The driver's own tracker, built on first use, lands on the same run; a second child finds it too.
+    late = LateTracker(lambda: RunTracker(workload_id="pretrain-child-1", spec=SPEC, tracking_uri=uri))
+    assert late.run_id == started_run.run_id
+    again = RunStarter(team=SPEC["team"], tracking_uri=uri)
+    again.ask(workload_id="pretrain-child-1", spec=SPEC)
+    assert again.result().run_id == started_run.run_id
+
+
+def test_the_child_s_errors_reach_the_driver_typed_with_the_field_named(tmp_path):
+    from raylane.runstart import RunStarter
+
+    starter = RunStarter(team=SPEC["team"], tracking_uri=f"file://{tmp_path}/mlruns")
+    starter.ask(workload_id="pretrain-child-2", spec=SPEC)
+    with pytest.raises(ValidationError) as err:
+        starter.result()
+    assert "tracking_uri" in str(err.value) and "file://" in str(err.value) and "sqlite" in str(err.value)
+
+
+def test_a_starter_closed_before_asking_creates_no_run(uri):
+    from raylane.runstart import RunStarter
+
+    starter = RunStarter(team=SPEC["team"], tracking_uri=uri)
+    starter.close()
+    found = client(uri).get_experiment_by_name(f"raylane/{SPEC['team']}")
+    assert found is None or not client(uri).search_runs([found.experiment_id])

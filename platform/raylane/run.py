@@ -65,16 +65,26 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     from raylane.config.loader import load_spec_from_dict
 
     load_spec_from_dict(spec, "spec")  # its shape first: every problem named, before any code is imported
-    if train_fn is None:
-        with entrypoints.on_path(working_dir):
-            entrypoints.check_spec(spec)
-    if not ray.is_initialized():
-        _init_ray()
-    launcher = launcher_for(kind)
-    ctl, who = connect_driver()
+    kwargs: Dict[str, Any] = {}
+    if kind == "train":  # MLflow's import and store open beside the rest of the start-up (raylane.runstart)
+        from raylane.runstart import RunStarter
+
+        kwargs["run_starter"] = RunStarter(team=spec.get("team"), tracking_uri=tracking_uri)
+    try:
+        if train_fn is None:
+            with entrypoints.on_path(working_dir):
+                entrypoints.check_spec(spec)
+        if not ray.is_initialized():
+            _init_ray()
+        launcher = launcher_for(kind)
+        ctl, who = connect_driver()
+    except BaseException:
+        if "run_starter" in kwargs:
+            kwargs["run_starter"].close()
+        raise
     if who.get("auth"):  # MLflow records the caller as the owner, not what the spec claims
         spec = {**spec, "run": {**(spec.get("run") or {}), "owner": who["user"]}}
-    kwargs: Dict[str, Any] = {"ctl": ctl, "job_id": _job_id()}
+    kwargs.update(ctl=ctl, job_id=_job_id())
     if kind != "serve":
         kwargs.update(storage_path=storage_path, tracking_uri=tracking_uri, poll_s=poll_s)
     if train_fn is not None:

@@ -147,6 +147,51 @@ def _plain(value: Any) -> Any:
     return repr(value)[:1000]
 
 
+class _DeferredLogger:
+    """Rank 0's ``raylane.tracking.MetricLogger``, built in a background thread so that importing MLflow (about 2 s
+    on a small machine) is not on the way to the loop's first step. Reports logged before it is ready wait in a
+    list and go to it, in order, when it is; ``flush`` waits for it, so a checkpoint's metrics are still in MLflow
+    before the checkpoint is handed to Ray."""
+
+    def __init__(self, run_id: str, tracking_uri: str):
+        self._logger = None
+        self._error: Optional[BaseException] = None
+        self._early: list = []
+        self._thread = threading.Thread(target=self._build, args=(run_id, tracking_uri),
+                                        name="raylane-metric-logger", daemon=True)
+        self._thread.start()
+
+    def _build(self, run_id: str, tracking_uri: str) -> None:
+        try:
+            from raylane.tracking import MetricLogger
+
+            self._logger = MetricLogger(run_id, tracking_uri)
+        except BaseException as exc:  # noqa: BLE001 - raised in the loop's thread at its next flush
+            self._error = exc
+
+    def _ready(self, wait: bool):
+        if self._thread.is_alive():
+            if not wait:
+                return None
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        for step, metrics in self._early:
+            self._logger.log(step, metrics)
+        self._early = []
+        return self._logger
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        logger = self._ready(wait=False)
+        if logger is None:
+            self._early.append((step, dict(metrics)))
+        else:
+            logger.log(step, metrics)
+
+    def flush(self) -> None:
+        self._ready(wait=True).flush()
+
+
 class _Session:
     """The worker side of one attempt: the wrapped Ray Train calls, the metric logger and the fault drills."""
 
@@ -159,11 +204,9 @@ class _Session:
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
         self.poll = StopPoll(opts.workload_id, opts.control)
-        self.logger = None
+        self.logger: Optional[_DeferredLogger] = None
         if self.rank == 0 and opts.run_id:
-            from raylane.tracking import MetricLogger
-
-            self.logger = MetricLogger(opts.run_id, opts.tracking_uri or "")
+            self.logger = _DeferredLogger(opts.run_id, opts.tracking_uri or "")
         self.faults = Faults(marker_dir=opts.marker_dir or "", **opts.fault) if opts.fault else None
         self.resumed = ray.train.get_checkpoint() is not None
         self.asked = False

@@ -128,6 +128,9 @@ class ControlActor(PipelineCalls):
         self._node_ids: set = set()
         self._wake: Optional[asyncio.Event] = None
         self._admitted: Dict[str, asyncio.Event] = {}
+        # Workloads whose current admission's reservation the actor saw placed (``_confirm``), so that readiness
+        # needs no call to Ray; cleared by each new admission.
+        self._confirmed: set = set()
         self._loop_task: Optional[asyncio.Task] = None
         self._workers: Dict[str, list] = {}
         self._preemptor_cls: Dict[str, str] = {}
@@ -457,6 +460,7 @@ class ControlActor(PipelineCalls):
     def _admit(self, a: Admit, now: float) -> None:
         rec = self.records[a.workload.id]
         pg_name = f"raylane-{rec.id}"
+        self._confirmed.discard(rec.id)
         # Journal first, then act; roll back if the reservation cannot be made.
         self._append("admitted", rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
                      devices=[list(d) for d in a.devices],
@@ -487,6 +491,7 @@ class ControlActor(PipelineCalls):
             remove_placement_group(pg)
             self._rollback(rec, f"reservation not ready in {self.admit_timeout_s:g}s ({type(exc).__name__})")
             return
+        self._confirmed.add(rec.id)
         ev = self._admitted.get(rec.id)
         if ev is not None:
             ev.set()
@@ -868,7 +873,10 @@ class ControlActor(PipelineCalls):
         """Wait up to ``timeout_s`` for the workload's reservation to be ready; returns its record either way."""
         wid, timeout_s = req.workload_id, req.timeout_s
         rec = self._get(wid)
-        if rec.state in (State.PENDING, State.ADMITTED):
+        # A reservation placed before the driver asked (the usual case on an idle cluster: admitted and confirmed
+        # within a tick of the submit) is answered at once; waiting on the event then would sleep the whole
+        # timeout, since the confirmation that set it came first.
+        if rec.state in (State.PENDING, State.ADMITTED) and not self._ready(rec):
             ev = self._admitted.setdefault(wid, asyncio.Event())
             try:
                 await asyncio.wait_for(ev.wait(), timeout=timeout_s)
@@ -877,13 +885,19 @@ class ControlActor(PipelineCalls):
             finally:
                 ev.clear()
         out = self.gate.view(p, rec.public())
-        # Ready means placed, not only decided. A lease freed by a forced stop is admitted to the preemptor at once,
-        # while the stopped gang's own placement group holds the GPUs until Ray Train tears it down; a driver that
-        # started then would hand over (remove) a reservation never placed, and the admission would be rolled
-        # back under its running gang.
-        out["ready"] = rec.pg_name is not None and (
-            rec.state is State.RUNNING or (rec.state is State.ADMITTED and _placed(rec.pg_name)))
+        out["ready"] = self._ready(rec)
         return out
+
+    def _ready(self, rec: Record) -> bool:
+        """Whether the workload's reservation is placed, not only decided. A lease freed by a forced stop is admitted
+        to the preemptor at once, while the stopped gang's own placement group holds the GPUs until Ray Train tears
+        it down; a driver that started then would hand over (remove) a reservation never placed, and the admission
+        would be rolled back under its running gang."""
+        if rec.pg_name is None:
+            return False
+        if rec.state is State.RUNNING:
+            return True
+        return rec.state is State.ADMITTED and (rec.id in self._confirmed or _placed(rec.pg_name))
 
     async def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
         """The workload a Ray job registered, if any."""

@@ -11,7 +11,6 @@ retried from the latest checkpoint with backoff up to the class's retry budget.
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -19,52 +18,15 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from ray.train.v2._internal.execution.callback import ReportCallback, WorkerGroupCallback
 
 from raylane.control.actor import GiB
 from raylane.errors import ValidationError
 from raylane.launchers.faults import FAULT_KEYS
+from raylane.launchers.train_callbacks import RecordCheckpoints, RegisterWorkers
 from raylane.scheduling.placement import RAY_STRATEGY
 from raylane.train import LoopOptions, StopPoll, UserLoop  # noqa: F401 - StopPoll re-exported
 
-log = logging.getLogger("raylane.launchers.train")
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".raylane", "runs")
-
-
-class RegisterWorkers(WorkerGroupCallback):
-    """Tells the control actor which actors form the gang, so it can stop them by force after the grace period."""
-
-    def __init__(self, workload_id: str, control):
-        self.workload_id = workload_id
-        self.control = control
-
-    def after_worker_group_start(self, worker_group):
-        handles = [w.actor for w in worker_group.get_workers()]
-        self.control.register_workers(self.workload_id, handles, timeout=30)
-
-
-class RecordCheckpoints(ReportCallback):
-    """Tells the control actor of every checkpoint the gang registers, whatever loop wrote it.
-
-    Runs in Train's controller after Train's own checkpoint manager took the report (and its retention deleted what
-    fell out of ``num_to_keep``), so the checkpoint named here is on storage. The actor journals it, pins it for a
-    consumer that waits for that step (raylane.control.checkpoints), and counts it as the gang's last checkpoint.
-    """
-
-    def __init__(self, workload_id: str, control):
-        self.workload_id = workload_id
-        self.control = control
-
-    def after_report(self, training_report, metrics):
-        checkpoint = getattr(training_report, "checkpoint", None)
-        if checkpoint is None:
-            return
-        reported = getattr(training_report, "metrics", None) or {}
-        step = {"step": reported["step"]} if "step" in reported else {}
-        try:
-            self.control.checkpoint_saved(self.workload_id, checkpoint.path, step, timeout=60)
-        except Exception as exc:  # noqa: BLE001 - the control plane restarting must not fail the training run
-            log.warning("could not tell the control actor of checkpoint %s: %s", checkpoint.path, exc)
 
 
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
@@ -122,10 +84,14 @@ def latest_checkpoint(storage_path: str, workload_id: str) -> Optional[str]:
 
 def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
                  tracking_uri: Optional[str] = None, poll_s: float = 2.0,
-                 train_fn: Optional[Callable] = None, workload_id: Optional[str] = None) -> Dict[str, Any]:
+                 train_fn: Optional[Callable] = None, workload_id: Optional[str] = None,
+                 run_starter=None) -> Dict[str, Any]:
     """The training launcher (``raylane.launchers``): register, wait, run the gang through preemptions, forced
     stops and retries, and return the final record. ``train_fn`` runs a function object instead of the spec's
-    entrypoint (Python API). ``workload_id``: drive that workload, already submitted (a pipeline's stage)."""
+    entrypoint (Python API). ``workload_id``: drive that workload, already submitted (a pipeline's stage).
+    ``run_starter``: a ``raylane.runstart.RunStarter`` already preparing the MLflow run in a child process (the
+    driver's start-up does this, so that MLflow is off the way to the first step); without it the run is started
+    here."""
     from raylane.run import registered
 
     fault = (spec.get("config") or {}).get("fault")
@@ -139,25 +105,55 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
         except TypeError as exc:
             raise ValidationError("spec", [("config.fault", fault, f"known drills: {', '.join(FAULT_KEYS)} ({exc})")])
     target = train_fn or spec.get("entrypoint")
-    return registered(ctl, spec, job_id, lambda wid: _drive(ctl, wid, spec, target=target, storage_path=storage_path,
-                                                             tracking_uri=tracking_uri, poll_s=poll_s),
-                      workload_id=workload_id)
+    try:
+        return registered(ctl, spec, job_id, lambda wid: _drive(ctl, wid, spec, target=target,
+                                                                 storage_path=storage_path, tracking_uri=tracking_uri,
+                                                                 poll_s=poll_s, run_starter=run_starter),
+                          workload_id=workload_id)
+    finally:
+        if run_starter is not None:
+            run_starter.close()  # refused at submit, or stopped before asking: the child exits without a run
 
 
-def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dict[str, Any]:
+def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_starter=None) -> Dict[str, Any]:
     from raylane.control.client import EndState, Outcome, State
     from raylane.errors import FatalError
     from raylane.run import _fail_now, _fatal_cause, _job_id, _say, _short, _wait_admitted
-    from raylane.tracking import RunTracker
+    from raylane.runstart import LateTracker
 
     storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
-    tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
-    run_id = tracker.start()
-    ctl.event(wid, f"MLflow run {run_id}", mlflow_run_id=run_id)
+    run_id = None
+
+    def start_run() -> str:
+        """The MLflow run's id: the child's answer when a starter prepares it, else started here. Either way the
+        driver's own tracker is built on first use (MLflow's import is not on the way to the gang's start)."""
+        nonlocal run_id, uri
+        if run_id is None:
+            if run_starter is not None:
+                started = run_starter.result()
+                run_id, uri = started.run_id, started.tracking_uri
+            else:
+                run_id, uri = tracker.run_id, tracker.tracking_uri
+            ctl.event(wid, f"MLflow run {run_id}", mlflow_run_id=run_id)
+        return run_id
+
+    def make_tracker():
+        from raylane.tracking import RunTracker
+
+        return RunTracker(workload_id=wid, spec=spec, tracking_uri=uri if run_id else tracking_uri,
+                          cost_of=ctl.run_cost)
+
+    uri = tracking_uri
+    tracker = LateTracker(make_tracker)
+    if run_starter is not None:
+        run_starter.ask(workload_id=wid, spec=spec)
+    else:
+        start_run()
     retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
     failures = 0
     while True:
         rec = _wait_admitted(ctl, wid, poll_s)
+        start_run()  # the run exists before anything is logged to it, the gang's end included
         if rec.terminal:
             tracker.finish("KILLED" if rec.state is State.CANCELLED else rec.state.value)
             return rec
@@ -172,7 +168,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s) -> Dic
             loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
         except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
             return _fail_now(ctl, tracker, wid, f"{exc}")
-        loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=tracker.tracking_uri,
+        loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=uri,
                                             fault=fault, marker_dir=os.path.join(storage_path, wid, "_faults"),
                                             control=ctl))
         bound_train_waits()
