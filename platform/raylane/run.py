@@ -56,21 +56,21 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     """Check ``spec``'s code, then run it to the end with its kind's launcher; returns the final record.
 
     ``working_dir``: where the user's code is (default: the job's working directory, which Ray puts on the path)."""
-    import ray
-
     from raylane import entrypoints
     from raylane.launchers import launcher_for
 
     kind = spec.get("kind", "train") if isinstance(spec, dict) else None
     from raylane.config.loader import load_spec_from_dict
 
-    load_spec_from_dict(spec, "spec")  # its shape first: every problem named, before any code is imported
     kwargs: Dict[str, Any] = {}
     if kind == "train":  # MLflow's import and store open beside the rest of the start-up (raylane.runstart)
         from raylane.runstart import RunStarter
 
         kwargs["run_starter"] = RunStarter(team=spec.get("team"), tracking_uri=tracking_uri)
     try:
+        import ray
+
+        load_spec_from_dict(spec, "spec")  # its shape first: every problem named, before any code is imported
         if train_fn is None:
             with entrypoints.on_path(working_dir):
                 entrypoints.check_spec(spec)

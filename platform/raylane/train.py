@@ -148,10 +148,11 @@ def _plain(value: Any) -> Any:
 
 
 class _DeferredLogger:
-    """Rank 0's ``raylane.tracking.MetricLogger``, built in a background thread so that importing MLflow (about 2 s
-    on a small machine) is not on the way to the loop's first step. Reports logged before it is ready wait in a
-    list and go to it, in order, when it is; ``flush`` waits for it, so a checkpoint's metrics are still in MLflow
-    before the checkpoint is handed to Ray."""
+    """Rank 0's ``raylane.tracking.MetricLogger``, built in a background thread started by the first report, so that
+    importing MLflow (about 2 s of CPU on a small machine, holding the GIL) is neither on the way to the loop's first
+    step nor competing with it. Reports logged before it is ready wait in a list and go to it, in order, when it
+    is; ``flush`` waits for it, so a checkpoint's metrics are still in MLflow before the checkpoint is handed to
+    Ray."""
 
     def __init__(self, run_id: str, tracking_uri: str):
         self._logger = None
@@ -159,7 +160,6 @@ class _DeferredLogger:
         self._early: list = []
         self._thread = threading.Thread(target=self._build, args=(run_id, tracking_uri),
                                         name="raylane-metric-logger", daemon=True)
-        self._thread.start()
 
     def _build(self, run_id: str, tracking_uri: str) -> None:
         try:
@@ -170,6 +170,8 @@ class _DeferredLogger:
             self._error = exc
 
     def _ready(self, wait: bool):
+        if self._thread.ident is None:
+            self._thread.start()
         if self._thread.is_alive():
             if not wait:
                 return None
