@@ -12,6 +12,7 @@ from raylane.scheduling.ordering import ORDERINGS, OrderingPolicy
 from raylane.scheduling.placement import PLACEMENTS, RAY_STRATEGY, PlacementPolicy, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionPolicy, find_victims
 from raylane.scheduling.state import ClusterState
+from raylane.scheduling.working import Holdings, Working
 from raylane.scheduling.types import *  # noqa: F401,F403
 from raylane.scheduling.types import __all__ as _types_all  # type: ignore[attr-defined]
 
@@ -19,4 +20,5 @@ __all__ = [
     "ADMISSIONS", "AdmissionPolicy", "QuotaLedger", "BACKFILLS", "BackfillPolicy", "Reservation", "Capacity",
     "MAX_EXAMINED", "check_feasible", "cycle", "team_usage", "ORDERINGS", "OrderingPolicy", "PLACEMENTS",
     "RAY_STRATEGY", "PlacementPolicy", "place", "PREEMPTIONS", "PreemptionPolicy", "find_victims", "ClusterState",
+    "Holdings", "Working",
 ] + list(_types_all)

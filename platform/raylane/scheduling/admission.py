@@ -8,7 +8,8 @@ Quotas follow Kueue's cohort model, with the whole cluster as one cohort:
 - A team *borrows* a resource when it holds more than its nominal quota of it.
 A resource a team has no quota entry for is not limited for that team.
 
-``QuotaLedger`` is the cycle's mutable copy of team usage; the policies read it. Policies: ``quota`` (the above)
+``QuotaLedger`` is the cycle's mutable copy of team usage (changed through ``raylane.scheduling.working``); the
+policies read it. Policies: ``quota`` (the above)
 and ``none`` (capacity is the only limit; no work is ever "in quota", so no work is protected from preemption by it).
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ class QuotaLedger:
     for: read on every check, so worked out once.
     """
 
-    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits")
+    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "_log", "_marks")
 
     def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources]):
         self.teams = teams
@@ -35,6 +36,8 @@ class QuotaLedger:
             name: tuple((r, q.nominal, q.guaranteed, q.ceiling) for r, q in t.quotas.items())
             for name, t in teams.items()
         }
+        self._log: Optional[list] = None
+        self._marks = 0
         self.pool_cap: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
         self.pool_used: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
         for name, lim in self.limits.items():
@@ -47,7 +50,30 @@ class QuotaLedger:
         c = QuotaLedger.__new__(QuotaLedger)
         c.teams, c.limits = self.teams, self.limits
         c.usage, c.pool_cap, c.pool_used = dict(self.usage), dict(self.pool_cap), dict(self.pool_used)
+        c._log, c._marks = None, 0
         return c
+
+    # Trials (see raylane.scheduling.working): while a mark is open each change records the values it replaced.
+    def mark(self) -> int:
+        if self._log is None:
+            self._log = []
+        self._marks += 1
+        return len(self._log)
+
+    def rollback(self, mark: int) -> None:
+        log, usage, pool_used = self._log, self.usage, self.pool_used
+        for i in range(len(log) - 1, mark - 1, -1):
+            team, old, pool = log[i]
+            if old is None:
+                usage.pop(team, None)
+            else:
+                usage[team] = old
+            for r, v in pool:
+                pool_used[r] = v
+        del log[mark:]
+        self._marks -= 1
+        if not self._marks:
+            self._log = None
 
     def used(self, team: str) -> Resources:
         return self.usage.get(team, ZERO)
@@ -60,6 +86,8 @@ class QuotaLedger:
 
     def _apply(self, team: str, new: Resources) -> None:
         lim = self.limits.get(team)
+        if self._log is not None:
+            self._log.append((team, self.usage.get(team), tuple((r, self.pool_used[r]) for r, _, _, _ in lim or ())))
         if lim:
             old = self.usage.get(team, ZERO)
             pool_used = self.pool_used

@@ -2,7 +2,8 @@
 worst-fit lookups.
 
 The cycle builds one ``Capacity`` from the snapshot's nodes and changes only this copy while it decides
-(admissions take, preemption searches give back and undo). The snapshot itself is never touched.
+(admissions take, preemption searches give back and roll back, through ``raylane.scheduling.working``). The
+snapshot itself is never touched.
 
 Nodes are bucketed by free GPUs so that a placement looks at a handful of buckets, not at every node: with 1,000
 nodes a single-GPU best-fit is a few dictionary lookups. Within a bucket nodes are kept in node id order: among
@@ -14,7 +15,7 @@ devices. The free GPU count (buckets, reasons, quotas) is their sum; whether a w
 devices. Which device a worker takes follows Ray's own rule, so that the core's books match what Ray does with the
 bundle pinned to that node: a share below 1 goes to the device it fits tightest (best fit, lowest index on ties),
 a whole number of GPUs to the lowest-numbered fully free devices. A take or give-back is of named devices
-(``Lease.devices``), so finishing, preemption and undo return exactly what was taken.
+(``Lease.devices``), so finishing, preemption and a rollback return exactly what was taken.
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def _devices_of(node: Node) -> Devices:
 
 
 class Capacity:
-    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_log", "_total")
+    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_log", "_marks", "_total")
 
     def __init__(self, nodes: Iterable[Node]):
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
@@ -140,6 +141,7 @@ class Capacity:
         self._partial: Dict[str, bool] = {}
         self._buckets: Dict[float, List[str]] = {}
         self._log: Optional[List[Tuple[str, Resources, Devices]]] = None
+        self._marks = 0  # marks not rolled back yet: changes are recorded while there are any
         buckets = self._buckets
         for nid, f in self.free.items():
             b = buckets.get(f.gpu)
@@ -209,12 +211,19 @@ class Capacity:
 
     def take_placement(self, placement: Tuple[str, ...], per_worker: Resources,
                        devices: Sequence[WorkerDevices] = ()) -> Tuple[WorkerDevices, ...]:
-        """Every worker of a placement (on ``devices`` when given); returns the devices each took."""
+        """Every worker of a placement (on ``devices`` when given); returns the devices each took.
+
+        The inverse of ``give_placement``: a worker on an unknown or unschedulable node takes nothing (nothing is
+        offered there, and giving it back gave nothing)."""
+        nodes = self.nodes
         if devices:
             for nid, d in zip(placement, devices):
-                self.take(nid, per_worker, d)
+                n = nodes.get(nid)
+                if n is not None and n.schedulable:
+                    self.take(nid, per_worker, d)
             return tuple(devices)
-        return tuple(self.take(nid, per_worker) for nid in placement)
+        return tuple(self.take(nid, per_worker) if nid in nodes and nodes[nid].schedulable else ()
+                     for nid in placement)
 
     def give_placement(self, placement: Tuple[str, ...], per_worker: Resources,
                        devices: Sequence[WorkerDevices] = ()) -> None:
@@ -240,18 +249,25 @@ class Capacity:
         """The devices each worker of ``placement`` would take here by Ray's rule (nothing changes)."""
         return pick_devices(self.dev, placement, per_worker.gpu)
 
-    # -- trial changes (remove-and-undo, as Kueue's preemption search does) -----------------------------------
-    def begin(self) -> None:
-        """Start recording changes so that ``undo`` can put them back."""
-        self._log = []
+    # -- trial changes (see raylane.scheduling.working) -------------------------------------------------------
+    def mark(self) -> Tuple[int, Resources]:
+        """Record changes from now on; ``rollback`` of the mark puts back what changed after it (the total free
+        as it was, not summed back). Marks nest, and are rolled back in the reverse order they were made."""
+        if self._log is None:
+            self._log = []
+        self._marks += 1
+        return len(self._log), self._total
 
-    def undo(self) -> None:
-        log, self._log = self._log or [], None
-        for node_id, old, devs in reversed(log):
+    def rollback(self, mark: Tuple[int, Resources]) -> None:
+        at, total = mark
+        log, self._log = self._log, None  # not recorded while put back
+        for i in range(len(log) - 1, at - 1, -1):
+            node_id, old, devs = log[i]
             self._set(node_id, old, devs)
-
-    def commit(self) -> None:
-        self._log = None
+        del log[at:]
+        self._total = total
+        self._marks -= 1
+        self._log = log if self._marks else None
 
     # -- queries -------------------------------------------------------------------------------------------
     def slots(self, node_id: str, per_worker: Resources) -> int:
@@ -316,5 +332,6 @@ class Capacity:
         c._buckets = {k: list(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
         c._log = None
+        c._marks = 0
         c._total = self._total
         return c

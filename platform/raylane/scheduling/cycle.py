@@ -37,6 +37,7 @@ from raylane.scheduling.capacity import partial
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
+from raylane.scheduling.working import Working
 from raylane.scheduling.types import (
     Admit,
     BehindHead,
@@ -161,18 +162,21 @@ _IS_STOPPING = LeaseState.TERMINATING.__eq__
 class _Future:
     """Capacity and quota once every terminating lease is gone, less what waiting workloads have claimed.
 
-    ``avail`` is, per node, the lesser of what is free now and what is free in the future: what may start now
-    without taking anything a waiting workload has claimed.
+    ``work`` is that view (a working snapshot of its own); ``avail`` is, per node, the lesser of what is free now
+    and what is free in the future: what may start now without taking anything a waiting workload has claimed.
     """
 
-    __slots__ = ("present", "cap", "ledger", "avail", "stopping")
+    __slots__ = ("present", "work", "cap", "ledger", "avail", "stopping", "claims")
 
-    def __init__(self, cap: Capacity, ledger: QuotaLedger, stopping: List[Lease]):
-        self.present = cap
-        self.cap = cap.copy()
-        self.avail = cap.copy()
-        self.ledger = ledger.copy()
+    def __init__(self, present: Working, stopping: List[Lease]):
+        self.present = present.cap
+        self.work = present.copy()
+        self.cap, self.ledger = self.work.cap, self.work.ledger
+        self.avail = present.cap.copy()
         self.stopping: List[Lease] = []
+        # What each waiting or admitted workload claimed here (its placement and the devices it took), by id, so
+        # that giving a claim back returns exactly that.
+        self.claims: Dict[str, Lease] = {}
         for l in stopping:
             self.release(l)
 
@@ -200,8 +204,8 @@ class _Future:
                     avail._set(nid, m, d)
 
     def release(self, lease: Lease) -> None:
-        self.cap.give_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
-        self.ledger.remove(lease.team, lease.workload.gang.total)
+        """``lease`` is stopping (or chosen as a victim): gone in the future."""
+        self.work.remove(lease)
         self.stopping.append(lease)
         self._sync(lease.placement)
 
@@ -210,14 +214,15 @@ class _Future:
         free then too (the same shares of GPUs), else on what Ray's rule picks then (whole GPUs)."""
         if devices and not self.cap.holds(plan, w.gang.per_worker, devices):
             devices = ()
-        self.cap.take_placement(plan, w.gang.per_worker, devices)
-        self.ledger.add(w.team, w.gang.total)
+        taken = self.work.take(w, plan, devices)
+        self.claims[w.id] = Lease(w, plan, 0.0, devices=taken)
         self._sync(plan)
 
-    def unclaim(self, w: Workload, plan: Tuple[str, ...], devices=()) -> None:
-        self.cap.give_placement(plan, w.gang.per_worker, devices)
-        self.ledger.remove(w.team, w.gang.total)
-        self._sync(plan)
+    def unclaim(self, lease: Lease) -> None:
+        """Give back what ``lease``'s workload claimed here (or, admitted before this future was made from the
+        present, what it took there)."""
+        self.work.remove(self.claims.pop(lease.id, lease))
+        self._sync(lease.placement)
 
     def waited_for(self, plan: Tuple[str, ...]) -> Tuple[str, ...]:
         """The stopping leases on the claimed nodes; all of them when the wait is for quota only."""
@@ -236,9 +241,11 @@ class _Walk:
         self.cap = Capacity(snapshot.nodes)
         usage = snapshot.usage if snapshot.usage is not None else team_usage(snapshot.leases)
         self.ledger = QuotaLedger(snapshot.teams, usage)
+        # The present: what is free and used now. Admissions change it; the holdings are changed once, by pctx.
+        self.present = Working(self.cap, self.ledger)
         # (a C-speed filter: this runs over every lease, every cycle)
         self.stopping = list(compress(snapshot.leases, map(_IS_STOPPING, map(_STATE, snapshot.leases))))
-        self.future: Optional[_Future] = _Future(self.cap, self.ledger, self.stopping) if self.stopping else None
+        self.future: Optional[_Future] = _Future(self.present, self.stopping) if self.stopping else None
         held = dict(usage)  # what running leases hold: all usage but the stopping leases'
         for l in self.stopping:
             held[l.team] = held.get(l.team, Resources()) - l.workload.gang.total
@@ -341,17 +348,17 @@ class _Walk:
     def _preempt_for(self, w: Workload, need: Resources, position: int, quota_reason, res) -> Optional[bool]:
         """Choose victims for ``w``; None when none would make it fit, else whether it was admitted at once.
 
-        The search runs on the future's copies (or the present's, when nothing is stopping), with undo: victims must
-        make room beyond what is already being made for others. Workloads admitted earlier in this cycle are the
+        The search runs on the future's working snapshot (or the present's, when nothing is stopping), which it
+        leaves as it was: victims must make room beyond what is already being made for others. Workloads admitted earlier in this cycle are the
         first candidates: giving their place back loses nothing.
         """
         future, pctx = self.future, self.pctx
-        fcap, fledger = (future.cap, future.ledger) if future is not None else (self.cap, self.ledger)
-        pctx.ledger = fledger
-        chosen = self._search(w, need, res, fcap, fledger)
+        work = (future.work if future is not None else self.present).with_holdings(pctx.holdings)
+        pctx.ledger = work.ledger
+        chosen = self._search(w, need, res, work)
         if not chosen:
             return None
-        if res is not None and not self._allowed_after(w, chosen, fcap, res):
+        if res is not None and not self._allowed_after(w, chosen, work, res):
             # Behind the reserved head and not allowed to start even once its victims are gone: stopping them
             # would only let them (ahead of it in the queue) start again, and be stopped again.
             return None
@@ -368,7 +375,7 @@ class _Walk:
                 self._admit(w, plan, position)
                 return True
         if future is None:
-            future = self.future = _Future(self.cap, self.ledger, [])
+            future = self.future = _Future(self.present, [])
             pctx.ledger = future.ledger
         for v in victims:
             future.release(v)
@@ -381,18 +388,16 @@ class _Walk:
         self.pending.append(Pending(w, WaitingForPreemption(ids or future.waited_for(fplan)), position))
         return False
 
-    def _allowed_after(self, w: Workload, victims: List[Lease], fcap: Capacity, res: Reservation) -> bool:
+    def _allowed_after(self, w: Workload, victims: List[Lease], work: Working, res: Reservation) -> bool:
         """Whether the backfill policy would let ``w`` start where it would go once ``victims`` are gone."""
-        fcap.begin()
-        for v in victims:
-            fcap.give_placement(v.placement, v.workload.gang.per_worker, v.devices)
-        plan = place(w.gang, fcap, w.data_snapshot)
-        devices = fcap.pick(plan, w.gang.per_worker) if plan is not None else ()
-        fcap.undo()
+        revert = work.trial_removal(victims)
+        plan = place(w.gang, work.cap, w.data_snapshot)
+        devices = work.cap.pick(plan, w.gang.per_worker) if plan is not None else ()
+        revert()
         # On a copy: asking must not use up what the head leaves spare.
         return plan is not None and self.backfill.allows(w, plan, res.copy(), self.now, devices)
 
-    def _search(self, w: Workload, need: Resources, res, fcap: Capacity, fledger: QuotaLedger):
+    def _search(self, w: Workload, need: Resources, res, work: Working):
         """``find_victims`` over the policy's candidates, short-cut where the outcome is known to be a failure."""
         pctx, team = self.pctx, w.team
         # A search that failed for the same kind of workload, with nothing changed since that could make it
@@ -405,6 +410,7 @@ class _Walk:
             # Behind a reservation the preemptor may not be allowed to start now; giving back an admission for it
             # could then leave both waiting.
             candidates = (c for c in candidates if c.id not in pctx.fresh)
+        fcap, fledger = work.cap, work.ledger
         deficit = self._over_ceiling(w, need, fledger)
         if deficit:
             # Only its own team's victims lower what the team holds: if all of them cannot bring it under its
@@ -413,7 +419,7 @@ class _Walk:
             own = [c.workload.gang.total for c in candidates if c.team == team]
             if any(sum(getattr(t, r) for t in own) + 1e-9 < d for r, d in deficit):
                 candidates = ()
-        chosen = find_victims(w, candidates, fcap, pctx, lambda: self._fits(w, need, fcap, fledger) is not None)
+        chosen = find_victims(w, candidates, work, pctx, lambda: self._fits(w, need, fcap, fledger) is not None)
         if not chosen and memo is not None:
             self._remember_failure(*memo)
         return chosen
@@ -423,13 +429,9 @@ class _Walk:
         borrowing = self.admission.protects_in_quota and not self.ledger.within_nominal(w.team, need)
         # The devices are chosen where the plan was found (what is free now and stays free for the waiting work),
         # then taken there and in the future alike.
-        if self.future is None:
-            devices = self.cap.take_placement(plan, w.gang.per_worker)
-        else:
-            devices = self._pick(w, plan)
-            self.cap.take_placement(plan, w.gang.per_worker, devices)
+        devices = self.present.take(w, plan, self._pick(w, plan) if self.future is not None else ())
+        if self.future is not None:
             self.future.claim(w, plan, devices)
-        self.ledger.add(w.team, need)
         admit = Admit(w, plan, borrowing, devices)
         lease = Lease(w, plan, self.now, devices=devices)
         self.admitted.append(admit)
@@ -444,13 +446,12 @@ class _Walk:
 
     def _displace(self, lease: Lease, by: Workload) -> None:
         """Take back an admission of this cycle: ``by`` would preempt it as soon as it started."""
-        w, plan = lease.workload, lease.placement
+        w = lease.workload
         self.admitted = [a for a in self.admitted if a.workload.id != w.id]
         self.admitted_leases = [l for l in self.admitted_leases if l.id != w.id]
-        self.cap.give_placement(plan, w.gang.per_worker, lease.devices)
-        self.ledger.remove(w.team, w.gang.total)
+        self.present.remove(lease)
         if self.future is not None:
-            self.future.unclaim(w, plan, lease.devices)
+            self.future.unclaim(lease)
         self.pctx.stop(lease)
         self.budget += 1
         self.version += 1

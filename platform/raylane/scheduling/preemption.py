@@ -1,9 +1,10 @@
 """The preemption axis: which running leases may be stopped to make room for a waiting workload, and which are.
 
 A preemption policy only *nominates* candidates, cheapest first. ``find_victims`` (shared by every policy) searches
-them on the cycle's working copies with remove-and-undo: it removes candidates until the preemptor fits (its quota
-and a placement of its whole gang), then puts back every victim that turns out not to be needed, so the set is
-small. Nothing is chosen unless the preemptor then fits. The snapshot is never changed.
+them on the cycle's working snapshot (``raylane.scheduling.working``): it removes candidates until the preemptor
+fits (its quota and a placement of its whole gang), then adds back every victim that turns out not to be needed, so
+the set is small, and reverts the lot. Nothing is chosen unless the preemptor then fits. The snapshot is never
+changed.
 
 Rules every policy keeps (enforced here, not by each policy):
 - non-preemptible work is never a candidate; neither is work younger than its class's minimum runtime, nor a lease
@@ -28,9 +29,9 @@ import itertools
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raylane.scheduling.admission import AdmissionPolicy, QuotaLedger
-from raylane.scheduling.capacity import Capacity
+from raylane.scheduling.working import Holdings, Working
 from raylane.scheduling.registry import Registry
-from raylane.scheduling.types import ZERO, Lease, LeaseState, Resources, SchedulerConfig, Workload
+from raylane.scheduling.types import Lease, LeaseState, Resources, SchedulerConfig, Workload
 
 
 class PreemptionContext:
@@ -52,10 +53,10 @@ class PreemptionContext:
         self.ordering = ordering
         self.cfg = cfg
         self.now = now
-        self.fresh: Dict[str, Lease] = {}
+        # What each team's running and fresh leases hold; changed with the cycle's working view (find_victims).
+        self.holdings = Holdings(leases, held)
+        self.fresh: Dict[str, Lease] = self.holdings.fresh_leases  # the same dict: read on every candidate
         self.fresh_by_team: Dict[str, List[Lease]] = {}
-        self.fresh_held: Dict[str, Resources] = {}
-        self._held = held
         self._grouped = leases_by_team
         self._by_class: Dict[str, Dict[int, List[Lease]]] = {}  # team -> class priority -> leases
         self._unsorted: set = set()  # (team, class priority) lists not sorted yet
@@ -131,25 +132,13 @@ class PreemptionContext:
         return lease.workload.attained_gpu_s + max(0.0, self.now - lease.start_time) * lease.workload.gang.total.gpu
 
     # -- who holds what ----------------------------------------------------------------------------------------
-    @property
-    def held(self) -> Dict[str, Resources]:
-        if self._held is None:
-            held: Dict[str, Resources] = {}
-            for l in self.leases:
-                if l.state is LeaseState.RUNNING:
-                    held[l.team] = held.get(l.team, ZERO) + l.workload.gang.total
-            self._held = held
-        return self._held
-
     def team_borrows(self, team: str, with_fresh: bool = False) -> bool:
         """Whether the team holds more than its nominal quota: by its running leases (and fresh ones, if asked).
         A team with no quota entry, or not known, never borrows."""
         t = self.ledger.teams.get(team)
         if t is None:
             return False
-        u = self.held.get(team, ZERO)
-        if with_fresh:
-            u = u + self.fresh_held.get(team, ZERO)
+        u = self.holdings.of(team, with_fresh)
         return any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items())
 
     def borrowed(self, lease: Lease) -> bool:
@@ -169,22 +158,17 @@ class PreemptionContext:
         return not self.borrowed(lease)
 
     # -- changes made by the cycle -----------------------------------------------------------------------------
-    def _hold(self, lease: Lease, sign: int) -> None:
-        held = self.fresh_held if lease.id in self.fresh else self.held
-        total = lease.workload.gang.total
-        held[lease.team] = held.get(lease.team, ZERO) + (total if sign > 0 else total.scale(-1))
-
     def admit(self, lease: Lease) -> None:
         """``lease`` was admitted in this cycle: a fresh candidate from now on."""
-        self.fresh[lease.id] = lease
+        self.holdings.admit(lease)
         self.fresh_by_team.setdefault(lease.team, []).append(lease)
         self._cost.pop(lease.id, None)
-        self._hold(lease, +1)
 
     def stop(self, lease: Lease) -> None:
         """``lease`` was chosen as a victim or displaced in this cycle: no candidate any more, and holds nothing."""
-        self._hold(lease, -1)
-        if self.fresh.pop(lease.id, None) is not None:
+        was_fresh = lease.id in self.fresh
+        self.holdings.stop(lease)
+        if was_fresh:
             self.fresh_by_team[lease.team].remove(lease)
             return
         ls = self._by_class.get(lease.team, {}).get(lease.workload.cls.priority)
@@ -295,28 +279,17 @@ class NoPreemption:
 def find_victims(
     preemptor: Workload,
     candidates: Iterable[Lease],
-    cap: Capacity,
+    work: Working,
     ctx: PreemptionContext,
     fits: Callable[[], bool],
 ) -> Optional[List[Lease]]:
     """Smallest prefix-then-pruned set of ``candidates`` after whose removal ``fits()`` holds, or None.
 
-    Leaves ``cap``, ``ctx.ledger`` and ``ctx``'s holdings exactly as they were.
+    Runs on ``work`` (capacity, ledger and the context's holdings, which ``fits`` and ``ctx`` read), removing and
+    adding candidates, and leaves it exactly as it was.
     """
-    ledger = ctx.ledger
+    revert = work.checkpoint()
     removed: List[Lease] = []
-
-    def take_out(lease: Lease) -> None:
-        cap.give_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
-        ledger.remove(lease.team, lease.workload.gang.total)
-        ctx._hold(lease, -1)
-
-    def put_back(lease: Lease) -> None:
-        cap.take_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
-        ledger.add(lease.team, lease.workload.gang.total)
-        ctx._hold(lease, +1)
-
-    cap.begin()
     found = False
     now, fresh = ctx.now, ctx.fresh
     for lease in candidates:
@@ -326,7 +299,7 @@ def find_victims(
             continue  # the rules of every policy, whatever a policy nominates
         if ctx.protected(lease, preemptor):
             continue  # that team is (back) within its quota: its remaining work is protected
-        take_out(lease)
+        work.remove(lease)
         removed.append(lease)
         if fits():
             found = True
@@ -334,13 +307,10 @@ def find_victims(
     if found:
         # Fill back: return every victim the preemptor can do without, most expensive first (running before fresh).
         for lease in sorted(removed, key=ctx.cost, reverse=True):
-            put_back(lease)
+            work.add(lease)
             if fits():
                 removed.remove(lease)
             else:
-                take_out(lease)
-    cap.undo()
-    for lease in removed:
-        ledger.add(lease.team, lease.workload.gang.total)
-        ctx._hold(lease, +1)
+                work.remove(lease)
+    revert()
     return removed if found else None
