@@ -99,10 +99,12 @@ class QuotaLedger:
         """The most of ``resource`` the team could add now."""
         for r, _, guaranteed, ceiling in self.limits[team]:
             if r == resource:
-                return self._headroom(resource, guaranteed, ceiling, getattr(self.used(team), resource))
+                return self.room(resource, guaranteed, ceiling, getattr(self.used(team), resource))
         raise KeyError(resource)
 
-    def _headroom(self, resource: str, guaranteed: float, ceiling: float, used: float) -> float:
+    def room(self, resource: str, guaranteed: float, ceiling: float, used: float) -> float:
+        """The most of ``resource`` a team using ``used`` (of a quota with this guaranteed part and ceiling) could
+        add now: up to its ceiling, from its own unused guaranteed part and the pool."""
         pool = self.pool_cap[resource] - self.pool_used[resource] + (guaranteed - used if guaranteed > used else 0.0)
         room = ceiling - used
         return room if room < pool else pool
@@ -148,7 +150,7 @@ class QuotaAdmission:
             if n <= 0:
                 continue
             used = getattr(u, r)
-            room = ledger._headroom(r, guaranteed, ceiling, used)
+            room = ledger.room(r, guaranteed, ceiling, used)
             if n > room + 1e-9:
                 borrowable = max(0.0, room - max(0.0, nominal - used))
                 return QuotaExceeded(team, r, used, nominal, borrowable, n)

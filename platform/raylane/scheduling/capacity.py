@@ -185,6 +185,11 @@ class Capacity:
             self._partial.pop(node_id, None)
         self._total = self._total - old + new
 
+    def assign(self, node_id: str, free: Resources, devices: Devices) -> None:
+        """Set what is free on ``node_id`` outright (the cycle's view of what may start now is the lesser of the
+        present and the future, worked out per node)."""
+        self._set(node_id, free, devices)
+
     def take(self, node_id: str, res: Resources, devices: Optional[WorkerDevices] = None) -> WorkerDevices:
         """One worker of ``res`` on ``node_id``: on ``devices``, or on the devices Ray's rule picks. Returns them."""
         devs = self.dev[node_id]

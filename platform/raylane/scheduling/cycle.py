@@ -201,7 +201,7 @@ class _Future:
                         k -= x == 1.0
                     d = tuple(out)
                 if m != avail.free[nid] or d != avail.dev[nid]:
-                    avail._set(nid, m, d)
+                    avail.assign(nid, m, d)
 
     def release(self, lease: Lease) -> None:
         """``lease`` is stopping (or chosen as a victim): gone in the future."""
