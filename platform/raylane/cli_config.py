@@ -60,13 +60,14 @@ def policy_summary(path: Path, p: ClusterPolicy) -> str:
 def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path], *, code: bool = True) -> str:
     g = s.gang
     res = g.resources.to_core()
+    size = f"{g.lo}..{g.hi} (elastic)" if g.elastic else f"{g.lo}"
     placement = g.placement or "class default"
     checked = f"against {policy_path}" if policy_path else "alone (pass --policy to check team, class and features)"
     runs = f"; runs {s.entrypoint}" if s.entrypoint else (f"; runs command {s.command[0]}" if s.command else "")
     if runs and not code:
         runs += " (code not imported: --no-code)"
     return (
-        f"OK {path}: {s.name} ({s.kind}, class {s.class_}, team {s.team}): {g.workers} x ({res}),"
+        f"OK {path}: {s.name} ({s.kind}, class {s.class_}, team {s.team}): {size} x ({res}),"
         f" placement {placement}{runs}; checked {checked}"
     )
 

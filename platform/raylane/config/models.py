@@ -22,9 +22,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Annotated, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Annotated, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+import pydantic
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WrapValidator,
+                      field_validator)
 from pydantic_core import PydanticCustomError
 
 from raylane.errors import UnknownNameError, ValidationError
@@ -66,7 +68,9 @@ __all__ = [
     "TeamSpec",
     "ClusterPolicy",
     "ResourcesSpec",
+    "WorkersRange",
     "GangSpec",
+    "spec_workers",
     "RunMetadata",
     "WorkloadSpec",
     "policy_name_errors",
@@ -267,6 +271,8 @@ class WorkloadClassSpec(_Model):
     # Past this wait the queue reports the workload as late (0: no target).
     queue_time_target: Duration = _CLASS["queue_time_target_s"]
     default_placement: PlacementName = _GANG["strategy"]
+    # Whether its work may be resized: only then may a spec of this class ask for ``gang.workers: {min, max}``.
+    resizable: bool = _CLASS["resizable"]
 
     def to_core(self, name: str) -> WorkloadClass:
         return WorkloadClass(
@@ -278,6 +284,7 @@ class WorkloadClassSpec(_Model):
             grace_period_s=self.grace_period,
             retry_budget=self.retry_budget,
             queue_time_target_s=self.queue_time_target,
+            resizable=self.resizable,
         )
 
 
@@ -420,14 +427,104 @@ class ResourcesSpec(_Model):
         return Resources(gpu=self.gpu, cpu=self.cpu, memory=self.memory)
 
 
+WORKER_COUNT_ALLOWED = "an integer >= 1"
+WORKERS_ALLOWED = (
+    "an integer >= 1 (a fixed gang), or {min: N, max: M} with integers 1 <= N <= M (an elastic gang, for a class "
+    "with resizable: true)"
+)
+_COUNT = pydantic.TypeAdapter(Annotated[int, Field(ge=1)])
+
+
+def _check_count(value: Any) -> int:
+    # ``true`` is not a count; "3" and 3.0 are, as they were before gangs could be elastic.
+    if isinstance(value, bool):
+        raise _err("workers", WORKER_COUNT_ALLOWED)
+    try:
+        return _COUNT.validate_python(value)
+    except pydantic.ValidationError:
+        raise _err("workers", WORKER_COUNT_ALLOWED) from None
+
+
+WorkerCount = Annotated[int, BeforeValidator(_check_count), Allowed(WORKER_COUNT_ALLOWED)]
+
+
+class WorkersRange(_Model):
+    """``gang.workers: {min: N, max: M}``: the sizes an elastic gang may run at. It is submitted at ``min``; the
+    scheduler may admit it larger, grow it into free capacity and shrink it back, never outside [min, max]."""
+
+    min: WorkerCount
+    max: WorkerCount
+
+    @field_validator("max")
+    @classmethod
+    def _at_least_min(cls, v: int, info: ValidationInfo) -> int:
+        lo = info.data.get("min")
+        if lo is not None and v < lo:
+            raise _err("workers", f"an integer >= min ({lo}): the most workers the gang may grow to")
+        return v
+
+
+def _check_workers(value: Any, handler: Callable[[Any], Any]) -> Any:
+    """An int or a ``{min, max}`` mapping; each path reports its own errors (a union would report both)."""
+    if isinstance(value, WorkersRange):
+        return value
+    if isinstance(value, Mapping):
+        keys = set(value)
+        if keys != {"min", "max"}:
+            missing = ", ".join(sorted({"min", "max"} - keys, key=str))
+            extra = ", ".join(sorted((str(k) for k in keys - {"min", "max"})))
+            why = "; ".join(x for x in (f"missing {missing}" if missing else "", f"unknown {extra}" if extra else "")
+                            if x)
+            raise _err("workers", f"{WORKERS_ALLOWED} ({why})")
+        # Its ValidationError carries the inner path: the error reads gang.workers.min / gang.workers.max.
+        return WorkersRange.model_validate(dict(value))
+    try:
+        return _check_count(value)
+    except PydanticCustomError:
+        raise _err("workers", WORKERS_ALLOWED) from None
+
+
+Workers = Annotated[Union[int, WorkersRange], WrapValidator(_check_workers), Allowed(WORKERS_ALLOWED)]
+
+
+def spec_workers(value: Any) -> int:
+    """The size a gang is submitted at from a spec's ``gang.workers`` as written (an int, or ``{min, max}``: min);
+    for readers of a spec dict that was validated before (a launcher, the pipeline planner)."""
+    if isinstance(value, WorkersRange):
+        return value.min
+    if isinstance(value, Mapping):
+        return int(value["min"])
+    return int(value)
+
+
 class GangSpec(_Model):
-    workers: int = Field(default=1, ge=1)
+    # An int, or {min, max} for an elastic gang; ``lo``/``hi`` read either.
+    workers: Workers = 1
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     # None: the class's default_placement.
     placement: Optional[PlacementName] = None
     # For the ``group`` placement: the node label all workers must share.
     group_by: str = Field(default=_GANG["group_by"], min_length=1)
     features: List[Name] = Field(default_factory=list)
+
+    @property
+    def lo(self) -> int:
+        """The size it is submitted at: the fewest workers it may run with."""
+        return self.workers.min if isinstance(self.workers, WorkersRange) else self.workers
+
+    @property
+    def hi(self) -> int:
+        return self.workers.max if isinstance(self.workers, WorkersRange) else self.workers
+
+    @property
+    def elastic(self) -> bool:
+        return self.lo < self.hi
+
+    @property
+    def workers_value(self) -> Any:
+        """``workers`` as the user wrote it (an int or a dict), for error messages."""
+        w = self.workers
+        return {"min": w.min, "max": w.max} if isinstance(w, WorkersRange) else w
 
 
 INTENT_ALLOWED = "a sentence saying why this run exists"
@@ -512,9 +609,9 @@ class WorkloadSpec(_Model):
             raise _err("sweep", f"only for kind: tune (this spec's kind is {kind}); remove the section")
         gang: Optional[GangSpec] = info.data.get("gang")
         # Each trial slot is 1 worker of sweep.resources; a gang may add features and placement, not a size.
-        if v is not None and gang is not None and gang.workers != 1:
-            raise _err("sweep", f"gang.workers 1 for kind: tune (got {gang.workers}): each trial slot is 1 worker "
-                                f"of sweep.resources")
+        if v is not None and gang is not None and gang.hi != 1:
+            raise _err("sweep", f"gang.workers 1 for kind: tune (got {gang.workers_value}): each trial slot is 1 "
+                                f"worker of sweep.resources")
         return v
 
     def to_core(self, workload_id: str, policy: ClusterPolicy, submit_time: float) -> Workload:
@@ -524,12 +621,15 @@ class WorkloadSpec(_Model):
             raise ValidationError(f"workload {self.name}", errors)
         cls_spec = policy.classes[self.class_]
         g = self.gang
+        # An elastic gang is submitted at its min (what submit-time feasibility checks: min fits somewhere).
         gang = Gang(
-            workers=g.workers,
+            workers=g.lo,
             per_worker=g.resources.to_core(),
             strategy=g.placement or cls_spec.default_placement,
             features=frozenset(g.features),
             group_by=g.group_by,
+            min_workers=g.lo if g.elastic else None,
+            max_workers=g.hi if g.elastic else None,
         )
         return Workload(
             id=workload_id,
@@ -568,19 +668,32 @@ def policy_name_errors(
 def validate_spec_against_policy(spec: WorkloadSpec, policy: ClusterPolicy) -> List[Tuple[str, Any, str]]:
     """Every way ``spec`` does not fit ``policy``, as (field path, value, what is allowed). Empty when it fits."""
     errors = policy_name_errors(policy, team=spec.team, class_=spec.class_, features=spec.gang.features)
+    cls_spec = policy.classes.get(spec.class_)
+    if spec.gang.elastic and cls_spec is not None and not cls_spec.resizable:
+        resizable = [n for n, c in policy.classes.items() if c.resizable]
+        errors.append(
+            (
+                "gang.workers",
+                spec.gang.workers_value,
+                f"an integer: class {spec.class_} is not resizable (resizable: false in the policy), so its gangs"
+                f" have a fixed size; an elastic {{min, max}} needs a class with resizable: true: "
+                f"{_names(resizable)}",
+            )
+        )
     # A gang larger than its team's quota ceiling could never be admitted; say so now rather than queue forever.
     team = policy.teams.get(spec.team)
     if team is not None and policy.scheduler.admission == "quota":
         per_worker = spec.gang.resources.to_core()
         for r, q in team.quotas.items():
-            need = per_worker.get(r) * spec.gang.workers
+            # An elastic gang needs only its min to be admitted at all.
+            need = per_worker.get(r) * spec.gang.lo
             ceiling = q.to_core().ceiling
             if need > ceiling + 1e-9:
                 errors.append(
                     (
                         f"gang.resources.{r}",
                         per_worker.get(r),
-                        f"at most {ceiling:g} {r} for the whole gang ({spec.gang.workers} workers): team {spec.team}"
+                        f"at most {ceiling:g} {r} for the whole gang ({spec.gang.lo} workers): team {spec.team}"
                         f" may hold {q.nominal:g} nominal + {q.borrowing_limit:g} borrowed",
                     )
                 )

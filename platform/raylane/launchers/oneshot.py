@@ -145,9 +145,9 @@ def plan(spec: Mapping[str, Any], *, storage_path: str, working_dir: Optional[st
     gang = parsed.gang
     errors: List[Tuple[str, Any, str]] = []
     per_worker = gang.resources.to_core()
-    if (kind == "eval" or parsed.command is not None) and gang.workers != 1:
+    if (kind == "eval" or parsed.command is not None) and gang.hi != 1:
         what = "a command" if parsed.command is not None else "evaluate(config)"
-        errors.append(("gang.workers", gang.workers, f"1: {what} runs once, on one worker slot"))
+        errors.append(("gang.workers", gang.workers_value, f"1: {what} runs once, on one worker slot"))
     if kind == "batch" and parsed.command is None and per_worker.cpu < IO_CPUS:
         errors.append(("gang.resources.cpu", per_worker.cpu,
                        f"at least {IO_CPUS:g} per worker: Ray Data's read and write tasks run in the lease beside "
@@ -191,7 +191,7 @@ def plan(spec: Mapping[str, Any], *, storage_path: str, working_dir: Optional[st
     return OneShot(
         workload=parsed.name, kind=kind, entrypoint=parsed.entrypoint,
         command=tuple(parsed.command) if parsed.command is not None else None,
-        workers=gang.workers, bundle=bundle_for(per_worker), config=user, checkpoint_ref=ref, checkpoint_dir=ck_dir,
+        workers=gang.lo, bundle=bundle_for(per_worker), config=user, checkpoint_ref=ref, checkpoint_dir=ck_dir,
         fault=fault, **io)
 
 

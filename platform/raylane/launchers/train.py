@@ -19,6 +19,7 @@ import torch
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from raylane.config.models import spec_workers
 from raylane.control.actor import GiB
 from raylane.errors import ValidationError
 from raylane.launchers.faults import FAULT_KEYS
@@ -40,8 +41,11 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
     if res.get("memory"):
         per_worker["memory"] = float(_gib(res["memory"]) * GiB)
     real_gpus = torch.cuda.is_available()
+    workers = gang.get("workers", 1)
+    # An elastic gang ({min, max}) runs at the size its lease was given: one placement node per worker.
+    num_workers = len(placement) if isinstance(workers, dict) and placement else spec_workers(workers)
     scaling = ScalingConfig(
-        num_workers=int(gang.get("workers", 1)),
+        num_workers=num_workers,
         # Logical GPUs are scheduled as GPUs; without CUDA the workers train on the CPU over gloo.
         use_gpu=bool(res.get("gpu")),
         resources_per_worker=per_worker,

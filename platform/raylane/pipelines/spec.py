@@ -255,10 +255,10 @@ def demand(w: Mapping[str, Any], fits) -> Tuple[float, float, float]:
     holds the whole gang (a gang that spans nodes is planned by where its first worker goes)."""
     g = w.get("gang") or {}
     r = g.get("resources") or {}
-    from raylane.config.models import parse_memory
+    from raylane.config.models import parse_memory, spec_workers
 
     per = (float(r.get("cpu", 0)), float(parse_memory(r.get("memory", 0))), float(r.get("gpu", 0)))
-    n = int(g.get("workers", 1))
+    n = spec_workers(g.get("workers", 1))
     total = tuple(x * n for x in per)
     return total if fits(total) else per
 

@@ -8,7 +8,8 @@ Glossary
 - *device*: one GPU of a node (index 0..n-1, n its whole GPU capacity). A worker asking 0 < g < 1 GPUs takes g of
   ONE device; a worker asking g >= 1 (a whole number) takes g whole, fully free devices (Ray's rule). A node's free
   GPU count is the sum over its devices, but a worker fits only where a device (or enough whole ones) has room.
-- *gang*: ``workers`` identical bundles of ``per_worker`` resources that start all together or not at all.
+- *gang*: ``workers`` identical bundles of ``per_worker`` resources that start all together or not at all. An
+  *elastic* gang may run at any size in [``min_workers``, ``max_workers``]; ``workers`` is its size now.
 - *placement*: one node id per worker of a gang, in worker order.
 - *workload*: one submission (a training gang, a sweep, a serving shortfall...) as the core sees it.
 - *lease*: a workload that holds resources now, with where it runs and since when.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple, Union
 
 RESOURCE_NAMES: Tuple[str, ...] = ("gpu", "cpu", "memory")
@@ -156,12 +157,34 @@ class Gang:
     # Nodes to try first, in order, before the strategy: the whole gang on one of them if it fits there now (a
     # pipeline stage's planned node, then the nodes that hold its inputs). Empty: the strategy alone.
     prefer: Tuple[str, ...] = ()
+    # Elastic gangs: the sizes it may run at. None: fixed at ``workers`` (the bound is ``workers`` itself).
+    # ``workers`` stays the current (or requested) size, so every policy that reads it sees the size to place.
+    min_workers: Optional[int] = None
+    max_workers: Optional[int] = None
     # ``per_worker`` times ``workers``, worked out once: every quota check of a cycle reads it.
     total: Resources = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         p, n = self.per_worker, self.workers
         object.__setattr__(self, "total", Resources(p.gpu * n, p.cpu * n, p.memory * n))
+
+    @property
+    def lo(self) -> int:
+        """The fewest workers it may run with (``workers`` for a fixed gang)."""
+        return self.workers if self.min_workers is None else self.min_workers
+
+    @property
+    def hi(self) -> int:
+        """The most workers it may run with (``workers`` for a fixed gang)."""
+        return self.workers if self.max_workers is None else self.max_workers
+
+    @property
+    def elastic(self) -> bool:
+        return self.lo < self.hi
+
+    def at(self, n: int) -> "Gang":
+        """The same gang at ``n`` workers (its bounds kept): what a resize or an admission below max places."""
+        return replace(self, workers=n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +197,9 @@ class WorkloadClass:
     grace_period_s: float = 30.0
     retry_budget: int = 0
     queue_time_target_s: float = 0.0
+    # Whether its work may run at another size than it started with (an elastic gang of this class may grow and
+    # shrink); the spec refuses an elastic gang on a class that says no.
+    resizable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +466,21 @@ class Reject:
     reason: Infeasible
 
 
-Decision = Union[Admit, Preempt, Pending, Reject]
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """A running elastic gang goes from ``from_workers`` to ``to_workers``: growth into free capacity, or shrinking
+    as a preemption that stops only some workers. ``placement`` holds the nodes of the whole gang at the new size
+    (not only the added workers), ``devices`` the GPU devices of each worker as in ``Admit``."""
+
+    workload: Workload
+    from_workers: int
+    to_workers: int
+    placement: Tuple[str, ...]
+    devices: Tuple[Tuple[int, ...], ...] = ()
+    reason: str = ""
+
+
+Decision = Union[Admit, Preempt, Pending, Reject, Resize]
 
 
 @dataclass(frozen=True)
@@ -448,15 +488,17 @@ class CycleResult:
     admitted: Tuple[Admit, ...]
     preempted: Tuple[Preempt, ...]
     pending: Tuple[Pending, ...]
+    # Last and defaulted: a core that does not size gangs builds the result as before.
+    resized: Tuple[Resize, ...] = ()
 
     @property
     def decisions(self) -> Tuple[Decision, ...]:
-        return self.admitted + self.preempted + self.pending
+        return self.admitted + self.preempted + self.pending + self.resized
 
 
 __all__ = [
     "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "device_count", "node_devices", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
     "Lease", "Quota", "Team", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
     "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
-    "Preempt", "Pending", "Reject", "Decision", "CycleResult",
+    "Preempt", "Pending", "Reject", "Resize", "Decision", "CycleResult",
 ]

@@ -33,7 +33,8 @@ from raylane.config.models import parse_duration
 from raylane.errors import FatalError, ValidationError
 from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
-from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, Simulator
+from raylane.sim.engine import (DEFAULT_CLASS, ELASTIC_SPEEDUP_ALLOWED, ESTIMATES, SimOptions, SimResult, Simulator,
+                                speedup_table)
 from raylane.sim.generate import MIXES, generate, write_csv
 from raylane.sim.metrics import FIGURES, OUTAGE_FIGURES, get, summarize
 from raylane.sim.outages import Outages, load_node_events, parse_outage
@@ -260,6 +261,13 @@ def sim(
     repair: str = typer.Option("1h", "--repair", help="time a node drawn to fail by --mtbf stays down"),
     drain_deadline: str = typer.Option("0", "--drain-deadline", help="how long a drain lets leases run before "
                                        "preempting them (0: at once; none: wait for them to end)"),
+    elastic_speedup: Optional[str] = typer.Option(
+        None, "--elastic-speedup", help="speedup curve of elastic jobs whose trace names none: linear or amdahl:P "
+                                        "(serial fraction P), for all classes or per class, e.g. "
+                                        "'pretrain=amdahl:0.05,linear' (default linear)"),
+    resize_overhead: Optional[str] = typer.Option(
+        None, "--resize-overhead", help="time an elastic job makes no progress after each resize (its restart), "
+                                        "e.g. 1m (default 60s)"),
     out: Optional[Path] = typer.Option(None, "--out", help="directory for summary.json, table.txt and PNG plots"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of the table"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots into --out"),
@@ -276,7 +284,7 @@ def sim(
 def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_column, start, end, limit, cluster,
          nodes, gpus_per_node, cpus_per_node, memory_per_node, features, policy, preset, ordering, backfill,
          preemption, admission, las_thresholds, hysteresis_min_run, hysteresis_fraction, job_class, checkpoint_every,
-         estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail, drain, node_events, mtbf, repair, drain_deadline, out, as_json, plots, progress) -> None:
+         estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail, drain, node_events, mtbf, repair, drain_deadline, elastic_speedup, resize_overhead, out, as_json, plots, progress) -> None:
     flag_errors = []
     if format is not None and format not in FORMATS:
         flag_errors.append(("--format", format, "one of " + ", ".join(FORMATS)))
@@ -330,6 +338,17 @@ def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_colu
         if p not in PLACEMENTS:
             flag_errors.append(("--placement", p, "one of " + ", ".join(PLACEMENTS.names())))
     outage_kw = _outage_flags(fail, drain, mtbf, repair, drain_deadline, flag_errors)
+    overhead = None
+    if resize_overhead is not None:
+        try:
+            overhead = parse_duration(resize_overhead)
+        except ValueError:
+            flag_errors.append(("--resize-overhead", resize_overhead, "a duration >= 0 like 0, 60 or 2m"))
+    if elastic_speedup is not None:
+        try:
+            speedup_table(elastic_speedup)
+        except FatalError:
+            flag_errors.append(("--elastic-speedup", elastic_speedup, ELASTIC_SPEEDUP_ALLOWED))
     if flag_errors:
         raise ValidationError("flags", flag_errors)
 
@@ -382,7 +401,8 @@ def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_colu
                                        admission=admission, las_thresholds=thresholds).items() if v is not None}
     overrides.update(hysteresis)
     opt_overrides = {k: v for k, v in dict(estimates=estimates, noise_sigma=noise_sigma, stop_delay_s=stop_delay,
-                                           tick_s=tick, max_examined=max_examined).items() if v is not None}
+                                           tick_s=tick, max_examined=max_examined, elastic_speedup=elastic_speedup,
+                                           resize_overhead_s=overhead).items() if v is not None}
     runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
     for name in names or [None]:
         for place in placement or [None]:

@@ -26,6 +26,16 @@ Words
   as the scheduler's victims are. A lease's *requeue* has a cause: ``preemption`` (the scheduler's), ``drain`` or
   ``failure``.
 - *stranded GPUs*: ``raylane.scheduling.fragmentation`` on the state after each instant, held until the next.
+- *elastic job*: a trace job with ``min_workers < max_workers`` (its class must be resizable). Its work is its
+  duration at its requested size (``workers``, the size it is submitted at); at n workers it progresses at
+  speedup(n) / speedup(requested) seconds of work per second, with the job's curve (trace column ``speedup``) or
+  its class's (``SimOptions.elastic_speedup``). ``remaining`` is kept in seconds of work at the requested size.
+- *resize*: a ``Resize`` of the cycle's result. The lease is given back and taken again at the new size and
+  placement (so the state's books, usage and fair-share charge follow the size, and the lease's start is the
+  resize: a resize is a restart). The work done so far is kept (the job checkpoints as it is resized, as a
+  graceful stop does) and the job then makes no progress for ``resize_overhead_s`` (the restart: processes
+  started, the checkpoint loaded) while it holds the new size. Checkpoints count from the end of that overhead.
+  A requeued job goes back to its queue at its requested size.
 
 Speed: a cycle runs only after an instant that changed something; bookkeeping is in flat lists indexed by job;
 checkpoints of running leases are told to the state lazily, just before a cycle, and only when preemption is on
@@ -46,19 +56,23 @@ from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.fragmentation import admissible, fragmentation, takes_any_gpu
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.types import (
-    Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
+    Admit, Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
 )
 from raylane.sim.outages import Outages, next_failure, node_rng
-from raylane.sim.traces import Trace, TraceJob
+from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, Trace, TraceJob, parse_speedup
 
 __all__ = ["ESTIMATES", "DEFAULT_CLASS", "SimOptions", "SimResult", "SimulationError", "Simulator", "gang_for",
-           "simulate"]
+           "simulate", "speedup_table"]
 
 ESTIMATES = ("none", "exact", "noisy", "declared")
 
-# The class of trace jobs that name none: preemptible training with a checkpoint every 5 minutes.
+# The class of trace jobs that name none: preemptible training with a checkpoint every 5 minutes, whose elastic
+# jobs (min_workers < max_workers) may be resized.
 DEFAULT_CLASS = WorkloadClass("train", priority=100, preemptible=True, min_runtime_s=0.0, checkpoint_interval_s=300.0,
-                              grace_period_s=0.0)
+                              grace_period_s=0.0, resizable=True)
+
+# Seconds an elastic job makes no progress after a resize (its restart at the new size), by default.
+DEFAULT_RESIZE_OVERHEAD_S = 60.0
 
 # Seconds between clock-triggered cycles when preemption is on and ``tick_s`` is left to the simulator.
 DEFAULT_TICK_S = 300.0
@@ -70,6 +84,34 @@ CAUSES = ("preemption", "drain", "failure")
 
 class SimulationError(FatalError):
     """The replay cannot go on (e.g. the cycles at one instant never settle)."""
+
+
+ELASTIC_SPEEDUP_ALLOWED = ("a curve for every class, or CLASS=CURVE entries separated by commas with at most one "
+                           "bare CURVE for the other classes (like amdahl:0.05 or pretrain=amdahl:0.05,linear); "
+                           f"a curve is {SPEEDUP_ALLOWED}")
+
+
+def speedup_table(text: str) -> Tuple[Speedup, Dict[str, Speedup]]:
+    """(the default curve, class -> curve) from ``SimOptions.elastic_speedup``; FatalError naming the bad part."""
+    default, by_class = None, {}
+    for part in (p.strip() for p in (text or "").split(",")):
+        cls, sep, curve = part.rpartition("=") if "=" in part else ("", "", part)
+        try:
+            s = parse_speedup(curve)
+        except ValueError:
+            raise FatalError(f"elastic speedup {text!r}: {part!r} is not a curve; allowed: "
+                             f"{ELASTIC_SPEEDUP_ALLOWED}") from None
+        if sep:
+            if not cls.strip() or cls.strip() in by_class:
+                raise FatalError(f"elastic speedup {text!r}: {part!r}: allowed: {ELASTIC_SPEEDUP_ALLOWED} (each "
+                                 "class once)")
+            by_class[cls.strip()] = s
+        elif default is not None:
+            raise FatalError(f"elastic speedup {text!r}: two curves for the other classes; allowed: "
+                             f"{ELASTIC_SPEEDUP_ALLOWED}")
+        else:
+            default = s
+    return default or Speedup(), by_class
 
 
 @dataclass(frozen=True)
@@ -89,12 +131,20 @@ class SimOptions:
     outages: Outages = Outages()
     # The placement strategy of jobs whose trace names none.
     placement: str = "pack"
+    # Speedup curves of elastic jobs whose trace row names none: one curve, or per class (``speedup_table``).
+    elastic_speedup: str = "linear"
+    # Seconds of no progress after each resize (the restart at the new size; see the module's *resize*).
+    resize_overhead_s: float = DEFAULT_RESIZE_OVERHEAD_S
 
     def __post_init__(self):
         if self.estimates not in ESTIMATES:
             raise FatalError(f"estimates {self.estimates!r}: allowed: {', '.join(ESTIMATES)}")
         if self.placement not in PLACEMENTS:
             raise FatalError(f"placement {self.placement!r}: allowed: {', '.join(PLACEMENTS.names())}")
+        speedup_table(self.elastic_speedup)
+        o = self.resize_overhead_s
+        if not (isinstance(o, (int, float)) and math.isfinite(o) and o >= 0):
+            raise FatalError(f"resize overhead {o!r}: allowed: seconds >= 0")
 
 
 @dataclass
@@ -139,12 +189,15 @@ class SimResult:
     drains: List[Tuple[str, float, Optional[float]]] = field(default_factory=list)
     # GPU-seconds of capacity that was down (failed and not yet repaired).
     down_gpu_s: float = 0.0
+    # Resizes of each job (beside ``jobs``), and the GPU-seconds their restart overheads held without progress.
+    resizes: List[int] = field(default_factory=list)
+    resize_overhead_gpu_s: float = 0.0
 
 
 def gang_for(job: TraceJob, max_node_gpus: int, placement: str = "pack") -> Gang:
     """The gang a trace job asks for. Without a worker count: one worker if it fits a node, else equal workers of
     the largest GPU count that divides the job's GPUs and fits a node (16 GPUs on 8-GPU nodes: 2 x 8). Placed with
-    the trace's strategy, else ``placement``."""
+    the trace's strategy, else ``placement``. An elastic job's gang is at that size, with its bounds."""
     if job.workers:
         workers = job.workers
     elif job.gpus > 1 and job.gpus != int(job.gpus):
@@ -163,7 +216,14 @@ def gang_for(job: TraceJob, max_node_gpus: int, placement: str = "pack") -> Gang
         raise SimulationError(f"job {job.id}: {job.gpus:g} GPUs over {workers} workers is {g:g} per worker; "
                               f"allowed: {why}")
     per_worker = Resources(g, job.cpus / workers, job.memory / workers)
-    return Gang(workers, per_worker, job.placement or placement, job.features)
+    lo = workers if job.min_workers is None else job.min_workers
+    hi = workers if job.max_workers is None else job.max_workers
+    if not lo <= workers <= hi:
+        raise SimulationError(f"job {job.id}: {workers} workers, outside min_workers {lo} .. max_workers {hi}; "
+                              "allowed: bounds that hold the job's worker count (given, or derived from its GPUs)")
+    elastic = lo < hi
+    return Gang(workers, per_worker, job.placement or placement, job.features,
+                min_workers=lo if elastic else None, max_workers=hi if elastic else None)
 
 
 class Simulator:
@@ -201,12 +261,19 @@ class Simulator:
         self.workloads: List[Workload] = []
         self.rejected: List[Tuple[TraceJob, str]] = []
         gangs: Dict[Tuple, Gang] = {}
+        default_curve, class_curves = speedup_table(options.elastic_speedup)
+        self.curves: List[Speedup] = []
         for job in trace.jobs:
             cls = self._class(job)
-            key = (job.gpus, job.workers, job.cpus, job.memory, job.placement, job.features)
+            key = (job.gpus, job.workers, job.cpus, job.memory, job.placement, job.features, job.min_workers,
+                   job.max_workers)
             gang = gangs.get(key)
             if gang is None:
                 gang = gangs[key] = gang_for(job, max_node_gpus, options.placement)
+            if gang.elastic and not cls.resizable:
+                raise SimulationError(f"job {job.id}: min_workers {gang.lo}, max_workers {gang.hi} on class "
+                                      f"{cls.name}, which is not resizable; allowed: a fixed size (no bounds, or "
+                                      "equal ones) or a class with resizable: true")
             w = Workload(job.id, job.team, cls, gang, job.submit, self._estimate(job, rng))
             fkey = (gang, job.team)
             if fkey not in feasible:
@@ -217,6 +284,11 @@ class Simulator:
                 continue
             self.jobs.append(job)
             self.workloads.append(w)
+            try:
+                curve = parse_speedup(job.speedup) if job.speedup else class_curves.get(cls.name, default_curve)
+            except ValueError as exc:
+                raise SimulationError(f"job {job.id}: {exc}") from None
+            self.curves.append(curve)
 
     def _class(self, job: TraceJob) -> WorkloadClass:
         if job.cls is None:
@@ -248,9 +320,23 @@ class Simulator:
         jobs, wl = self.jobs, list(self.workloads)
         state = ClusterState(self.nodes, self.teams, cfg)
         index = {w.id: j for j, w in enumerate(wl)}
+        # The queued gang's GPUs (its requested size): what ``quiet`` and the stranded-GPU shapes count.
         gpus = [w.gang.total.gpu for w in wl]
         ckpt_every = [w.cls.checkpoint_interval_s for w in wl]
+        # Seconds of work at the requested size (see *elastic job*).
         remaining = [job.duration for job in jobs]
+        # The running lease's size, GPUs held, work per second, and seconds of no progress from ``start_at`` (a
+        # resize's restart; 0 for an attempt's start). ``gang0``: the gang as submitted, what a requeue goes back to.
+        gang0 = [w.gang for w in wl]
+        size = [w.gang.workers for w in wl]
+        held = list(gpus)
+        rate = [1.0] * n
+        ovh = [0.0] * n
+        curves = self.curves
+        resizes = [0] * n
+        resize_overhead = opts.resize_overhead_s
+        resize_overhead_gpu_s = 0.0
+        elastic_running = 0
         start_at = [-1.0] * n
         stop_req = [-1.0] * n
         first_start = [-1.0] * n
@@ -369,10 +455,11 @@ class Simulator:
             return fragmentation(state.nodes.values(), gangs).total
 
         def start(adm, now: float) -> None:
-            nonlocal busy, nrunning
+            nonlocal busy, nrunning, elastic_running
             w = adm.workload
             j = index[w.id]
-            state.start(adm, now)
+            # The size is the lease's, as the state booked it: the gang as queued, at the size admitted.
+            g = state.start(adm, now).workload.gang
             pending_gpus[gpus[j]] -= 1
             queued(j, -1)
             start_at[j] = now
@@ -380,11 +467,50 @@ class Simulator:
             if first_start[j] < 0:
                 first_start[j] = now
             attempt[j] += 1
-            heappush(events, (now + remaining[j], _FINISH, j, attempt[j]))
+            size[j], held[j], ovh[j] = g.workers, g.total.gpu, 0.0
+            rate[j] = curves[j].rate(g.workers, gang0[j].workers)
+            heappush(events, (now + remaining[j] / rate[j], _FINISH, j, attempt[j]))
             if track_ckpt and ckpt_every[j] > 0:
                 heappush(ckpts, (now + ckpt_every[j], j, attempt[j]))
-            busy += gpus[j]
+            busy += held[j]
             nrunning += 1
+            if g.elastic:
+                elastic_running += 1
+
+        def resize(rz, now: float) -> None:
+            """Apply a ``Resize``: keep the work done, take the lease again at the new size and placement, then
+            no progress for the restart overhead (see *resize*)."""
+            nonlocal busy, resize_overhead_gpu_s
+            j = index.get(rz.workload.id)
+            if j is None or start_at[j] < 0 or stop_req[j] >= 0:
+                raise SimulationError(f"resize of {rz.workload.id} at t={now:.0f}s: allowed only for a running "
+                                      "lease that is not stopping")
+            g = wl[j].gang
+            to = rz.to_workers
+            if rz.from_workers != size[j] or len(rz.placement) != to or not g.lo <= to <= g.hi:
+                raise SimulationError(
+                    f"resize of {rz.workload.id} at t={now:.0f}s from {rz.from_workers} to {to} workers on "
+                    f"{len(rz.placement)} placement nodes: allowed: from its size now ({size[j]}) to a size in "
+                    f"[{g.lo}, {g.hi}], with one placement node per worker")
+            run = now - start_at[j]
+            remaining[j] = max(0.0, remaining[j] - max(0.0, run - ovh[j]) * rate[j])
+            team_gpu_s[jobs[j].team] += held[j] * run
+            lease = state.finish(wl[j].id, now)
+            w = lease.workload
+            w2 = replace(w, gang=w.gang.at(to), attained_gpu_s=w.attained_gpu_s + held[j] * run)
+            state.enqueue(w2)
+            state.start(Admit(w2, tuple(rz.placement), devices=tuple(rz.devices)), now)
+            wl[j] = w2
+            busy += w2.gang.total.gpu - held[j]
+            size[j], held[j], ovh[j] = to, w2.gang.total.gpu, resize_overhead
+            rate[j] = curves[j].rate(to, gang0[j].workers)
+            resize_overhead_gpu_s += resize_overhead * held[j]
+            resizes[j] += 1
+            start_at[j] = now
+            attempt[j] += 1  # the old finish and checkpoint events no longer hold
+            heappush(events, (now + resize_overhead + remaining[j] / rate[j], _FINISH, j, attempt[j]))
+            if track_ckpt and ckpt_every[j] > 0:
+                heappush(ckpts, (now + resize_overhead + ckpt_every[j], j, attempt[j]))
 
         def release(j: int, now: float):
             lease = state.finish(wl[j].id, now)
@@ -393,35 +519,42 @@ class Simulator:
 
         def ended(j: int, now: float) -> None:
             """Job ``j``'s lease ended at ``now`` (the state already gave its resources back)."""
-            nonlocal busy, nrunning
-            busy -= gpus[j]
+            nonlocal busy, nrunning, elastic_running
+            busy -= held[j]
             nrunning -= 1
-            team_gpu_s[jobs[j].team] += gpus[j] * (now - start_at[j])
+            team_gpu_s[jobs[j].team] += held[j] * (now - start_at[j])
+            if wl[j].gang.elastic:
+                elastic_running -= 1
 
         def stopped(j: int, now: float) -> None:
             lease = release(j, now)
             back(j, lease, now, stop_req[j] - start_at[j], stop_cause[j])
 
         def back(j: int, lease, now: float, run: float, cause: str) -> None:
-            """Requeue job ``j``, whose lease ran ``run`` seconds of work, keeping the work up to its last
-            checkpoint."""
+            """Requeue job ``j``, whose lease ran ``run`` seconds, keeping the work up to its last checkpoint (the
+            checkpoints of a resized lease count from the end of its restart overhead)."""
             every = ckpt_every[j]
+            prog = max(0.0, run - ovh[j])  # seconds of progress, at ``rate[j]``
             # 1e-9: a run that ends on a checkpoint keeps it, though float sums of the times fall just short.
-            kept = math.floor(run / every + 1e-9) * every if every > 0 else 0.0
-            kept = min(max(kept, 0.0), remaining[j], run)
-            lost[j] += run - kept
-            lost_gpu_s[cause] += (run - kept) * gpus[j]
+            kept = math.floor(prog / every + 1e-9) * every if every > 0 else 0.0
+            kept = min(max(kept, 0.0), remaining[j] / rate[j], prog)
+            lost[j] += prog - kept
+            lost_gpu_s[cause] += (prog - kept) * held[j]
             requeues[cause] += 1
-            remaining[j] -= kept
+            remaining[j] -= kept * rate[j]
             if cause == "preemption":
                 preemptions[j] += 1
             attempt[j] += 1
             w = lease.workload
+            if w.gang is not gang0[j]:
+                w = replace(w, gang=gang0[j])  # back in its queue at its requested size
             if w.runtime_estimate_s is not None:
                 # The lost work must be done again: the runtime still needed is the estimate plus what was lost,
                 # so that estimate minus service received stays the remaining time.
-                lease = replace(lease, workload=replace(w, runtime_estimate_s=w.runtime_estimate_s + run - kept))
-            wl[j] = state.requeue(lease, now, attained_gpu_s=w.attained_gpu_s + gpus[j] * run)
+                w = replace(w, runtime_estimate_s=w.runtime_estimate_s + prog - kept)
+            if w is not lease.workload:
+                lease = replace(lease, workload=w)
+            wl[j] = state.requeue(lease, now, attained_gpu_s=w.attained_gpu_s + held[j] * run)
             pending_gpus[gpus[j]] += 1
             queued(j, 1)
             start_at[j] = stop_req[j] = -1.0
@@ -506,6 +639,8 @@ class Simulator:
         def quiet() -> bool:
             # A cycle can change nothing with no work pending, nor, without preemption, when the smallest pending
             # gang needs more GPUs than are free in all (an admission takes its whole gang's GPUs now).
+            if elastic_running and present_gpus - busy > 1e-9:
+                return False  # a running elastic gang may grow into the free GPUs
             if not state.pending_count():
                 return True
             if can_preempt:
@@ -524,9 +659,10 @@ class Simulator:
                         if a != attempt[j] or stop_req[j] >= 0 or finish[j] >= 0:
                             continue
                         every = ckpt_every[j]
+                        base = start_at[j] + ovh[j]
                         # 1e-9: (now - start) / every just short of a whole number at a checkpoint due now must
                         # count it, or the same checkpoint is queued again at now forever.
-                        last = start_at[j] + math.floor((now - start_at[j]) / every + 1e-9) * every
+                        last = base + math.floor((now - base) / every + 1e-9) * every
                         state.checkpointed(wl[j].id, last)
                         heappush(ckpts, (last + every, j, a))
                 if now - last_decay >= decay_every:
@@ -538,6 +674,8 @@ class Simulator:
                 cycles += 1
                 for adm in result.admitted:
                     start(adm, now)
+                for rz in result.resized:
+                    resize(rz, now)
                 stops: List[int] = []
                 for p in result.preempted:
                     for vid in p.victims:
@@ -550,7 +688,8 @@ class Simulator:
                 # Go again at this instant while the last cycle may have left work undone: it stopped leases, used
                 # its whole admission budget, or admitted and then ran out of workloads to examine.
                 admitted = len(result.admitted)
-                if not (stops or admitted >= budget or (admitted and admitted + len(result.pending) >= max_examined)):
+                if not (stops or result.resized or admitted >= budget
+                        or (admitted and admitted + len(result.pending) >= max_examined)):
                     return
             raise SimulationError(
                 f"the cycles at t={now:.0f}s did not settle after {opts.max_cycles_per_instant} rounds "
@@ -624,7 +763,7 @@ class Simulator:
             t = times[-1] if times else 0.0
         for j in range(n):  # leases still running when the replay stopped
             if start_at[j] >= 0:
-                team_gpu_s[jobs[j].team] += gpus[j] * (t - start_at[j])
+                team_gpu_s[jobs[j].team] += held[j] * (t - start_at[j])
         for nid, since in down.items():  # nodes still down
             down_gpu_s += base_nodes[nid].capacity.gpu * max(0.0, t - since)
         if progress is not None and not partial:
@@ -637,6 +776,7 @@ class Simulator:
             end_time=t, cluster_name=self.cluster_name,
             trace_source=self.trace.source, tick_s=tick, stranded=stranded_s, requeues=requeues,
             lost_gpu_s=lost_gpu_s, failures=failures, drains=[tuple(d) for d in drains], down_gpu_s=down_gpu_s,
+            resizes=resizes, resize_overhead_gpu_s=resize_overhead_gpu_s,
         )
 
 

@@ -24,6 +24,8 @@ This module owns the definitions (they are what ``docs/simulator.md`` and the JS
 - *outages*: node failures and drains played; requeues and GPU-hours of work lost by cause (preemption, drain,
   failure); drain time (drain start to the node empty; mean and largest, over drains that emptied); GPU-hours of
   capacity down (failed nodes until repaired).
+- *resizes*: the resizes of elastic jobs (the core's ``Resize`` decisions): in all, per finished job, how many
+  jobs were resized, and the GPU-hours their restart overheads held without progress.
 A partial replay (stopped early) reports these over what finished, counts the rest, and says ``partial: true``.
 """
 from __future__ import annotations
@@ -242,6 +244,7 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "estimates": r.options.estimates, "noise_sigma": r.options.noise_sigma, "seed": r.options.seed,
             "stop_delay_s": r.options.stop_delay_s, "tick_s": r.tick_s, "max_examined": r.options.max_examined,
             "placement": r.options.placement,
+            "elastic_speedup": r.options.elastic_speedup, "resize_overhead_s": r.options.resize_overhead_s,
             "outages": {"failures": len(r.options.outages.failures), "drains": len(r.options.outages.drains),
                         "mtbf_s": r.options.outages.mtbf_s, "repair_s": r.options.outages.repair_s,
                         "drain_deadline_s": r.options.outages.drain_deadline_s},
@@ -264,6 +267,12 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "max": max(pre, default=0),
             "fraction_preempted": sum(1 for p in pre if p) / len(pre) if pre else math.nan,
             "per_hour": per_hour,
+        },
+        "resizes": {
+            "total": sum(r.resizes),
+            "per_job": sum(r.resizes[j] for j in done) / len(done) if done and r.resizes else math.nan,
+            "jobs_resized": sum(1 for k in r.resizes if k),
+            "overhead_gpu_hours": r.resize_overhead_gpu_s / 3600.0,
         },
         "fairness": {
             "teams": per_team,

@@ -19,14 +19,22 @@ Formats (chosen by ``format=`` or recognised from the header)
   size; each worker gets ``gpus / workers``, which must be a share of one GPU (below 1: ``gpus: 0.5`` alone, or
   ``gpus: 2, workers: 4`` for 0.5 each) or a whole number of GPUs, as Ray requires), ``cpus`` and ``memory`` (GiB; totals, split evenly over the workers), ``features``
   (``;``-separated node tags every worker needs), ``estimate`` (the runtime the user declared, seconds) and
-  ``placement`` (a gang placement strategy). Unknown columns are an error. See ``examples/traces/generic.csv``.
+  ``placement`` (a gang placement strategy). Elastic jobs: ``min_workers`` and ``max_workers`` (the sizes the
+  gang may run at; each defaults to the job's worker count, which must lie between them) and ``speedup`` (its
+  curve, ``SPEEDUP_ALLOWED``; empty: the replay's default). ``duration`` and ``gpus`` stay the job's at its
+  requested size (``workers``), and each worker keeps ``gpus / workers``. Unknown columns are an error. See
+  ``examples/traces/generic.csv``.
+
+Speedup curves (``parse_speedup``): ``linear`` (n workers go n times as fast as one) and ``amdahl:P`` (a serial
+fraction P in [0, 1): speedup(n) = 1 / (P + (1 - P) / n)). A job at n workers progresses at
+speedup(n) / speedup(requested) seconds of its duration per second.
 """
 from __future__ import annotations
 
 import csv
 import gzip
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -34,7 +42,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from raylane.errors import NotFoundError, ValidationError
 from raylane.scheduling.types import gpu_request_error
 
-__all__ = ["FORMATS", "TraceJob", "Trace", "load_trace", "detect_format", "parse_time"]
+__all__ = ["FORMATS", "TraceJob", "Trace", "load_trace", "detect_format", "parse_time", "Speedup", "parse_speedup",
+           "SPEEDUP_ALLOWED"]
 
 # How many bad rows one error lists before it only counts the rest (a broken file has thousands).
 MAX_REPORTED_ERRORS = 25
@@ -42,7 +51,8 @@ MAX_REPORTED_ERRORS = 25
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
 GENERIC_REQUIRED = ("submit_time", "duration", "gpus")
-GENERIC_OPTIONAL = ("id", "team", "user", "class", "workers", "cpus", "memory", "features", "estimate", "placement")
+GENERIC_OPTIONAL = ("id", "team", "user", "class", "workers", "cpus", "memory", "features", "estimate", "placement",
+                    "min_workers", "max_workers", "speedup")
 
 FORMATS = ("philly", "tiresias", "generic")
 
@@ -68,6 +78,50 @@ class TraceJob:
     # A runtime the user declared (generic format); used when the replay's estimates mode is "declared".
     estimate: Optional[float] = None
     placement: Optional[str] = None
+    # Elastic jobs: the gang's size bounds (None: the job's worker count) and its speedup curve (None: the
+    # replay's default for its class).
+    min_workers: Optional[int] = None
+    max_workers: Optional[int] = None
+    speedup: Optional[str] = None
+
+
+SPEEDUP_ALLOWED = "linear, or amdahl:P with a serial fraction P >= 0 and < 1 (like amdahl:0.05)"
+
+
+@dataclass(frozen=True, slots=True)
+class Speedup:
+    """How much faster a job runs on n workers than on one: ``linear`` (n) or Amdahl's law with serial fraction
+    ``serial``. Only ratios are used (rate at n = speedup(n) / speedup(requested)), so one worker's speed cancels."""
+
+    kind: str = "linear"
+    serial: float = 0.0
+
+    def __call__(self, n: float) -> float:
+        if self.kind == "linear":
+            return float(n)
+        return 1.0 / (self.serial + (1.0 - self.serial) / n)
+
+    def rate(self, n: float, requested: float) -> float:
+        """Seconds of the job's duration (measured at ``requested`` workers) done per second at ``n`` workers."""
+        return 1.0 if n == requested else self(n) / self(requested)
+
+    def __str__(self) -> str:
+        return "linear" if self.kind == "linear" else f"amdahl:{self.serial:g}"
+
+
+def parse_speedup(text: str) -> Speedup:
+    """A curve from ``linear`` or ``amdahl:P``; ValueError naming the text and ``SPEEDUP_ALLOWED`` otherwise."""
+    t = (text or "").strip().lower()
+    if t == "linear":
+        return Speedup()
+    if t.startswith("amdahl:"):
+        try:
+            p = float(t.split(":", 1)[1])
+        except ValueError:
+            p = math.nan
+        if math.isfinite(p) and 0.0 <= p < 1.0:
+            return Speedup("amdahl", p)
+    raise ValueError(f"speedup {text!r}: allowed: {SPEEDUP_ALLOWED}")
 
 
 @dataclass
@@ -243,8 +297,7 @@ def load_trace(
 
 
 def _shift(j: TraceJob, origin: float) -> TraceJob:
-    return TraceJob(j.id, j.submit - origin, j.duration, j.gpus, j.team, j.cls, j.workers, j.cpus, j.memory,
-                    j.features, j.estimate, j.placement)
+    return replace(j, submit=j.submit - origin)
 
 
 def _dated(rows, header) -> bool:
@@ -341,6 +394,23 @@ def _generic_row(acc: _Rows, row: int, rec: Dict[str, str], team_col) -> Optiona
         acc.bad(row, "gpus", rec["gpus"], "a whole number of GPUs, or below 1 (a share of one GPU), or a "
                 "'workers' count that splits it into shares below 1 or whole GPUs per worker")
         ok = False
+    lo = opt("min_workers", minimum=1, integer=True)
+    hi = opt("max_workers", minimum=1, integer=True)
+    if lo is not None and hi is not None and lo > hi:
+        acc.bad(row, "max_workers", rec["max_workers"], f"an integer >= min_workers ({lo})")
+        ok = False
+    elif workers is not None and ((lo is not None and lo > workers) or (hi is not None and hi < workers)):
+        col = "min_workers" if lo is not None and lo > workers else "max_workers"
+        acc.bad(row, col, rec[col], f"a bound of the gang's size that holds its workers ({workers}): "
+                                    "min_workers <= workers <= max_workers")
+        ok = False
+    speedup = (rec.get("speedup") or "").strip() or None
+    if speedup is not None:
+        try:
+            speedup = str(parse_speedup(speedup))
+        except ValueError:
+            acc.bad(row, "speedup", rec["speedup"], SPEEDUP_ALLOWED)
+            ok = False
     cpus = opt("cpus") or 0.0
     memory = opt("memory") or 0.0
     estimate = opt("estimate", strict=True)
@@ -353,5 +423,5 @@ def _generic_row(acc: _Rows, row: int, rec: Dict[str, str], team_col) -> Optiona
     return TraceJob(
         (rec.get("id") or "").strip() or f"row-{row}", submit, duration, gpus, _team(rec, team_col),
         (rec.get("class") or "").strip() or None, workers, cpus, memory, feats, estimate,
-        (rec.get("placement") or "").strip() or None,
+        (rec.get("placement") or "").strip() or None, lo, hi, speedup,
     )
