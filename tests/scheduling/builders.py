@@ -36,6 +36,8 @@ PROD = WorkloadClass("prod", priority=50, preemptible=True)
 FINETUNE = WorkloadClass("finetune", priority=30, preemptible=True, checkpoint_interval_s=300)
 PRETRAIN = WorkloadClass("pretrain", priority=20, preemptible=True, checkpoint_interval_s=1800)
 SWEEP = WorkloadClass("sweep", priority=5, preemptible=True)
+# Elastic training: may run at any size within its gang's bounds.
+ELASTIC = WorkloadClass("elastic", priority=20, preemptible=True, checkpoint_interval_s=1800, resizable=True)
 # Like PRETRAIN, but must run 10 minutes before it may be preempted.
 SLOW_START = WorkloadClass("slow-start", priority=20, preemptible=True, min_runtime_s=600)
 
@@ -54,6 +56,7 @@ class WorkloadBuilder:
         self._est: Optional[float] = None
         self._data: Optional[str] = None
         self._attained = 0.0
+        self._bounds: Tuple[Optional[int], Optional[int]] = (None, None)
 
     def team(self, t: str): self._team = t; return self
     def cls(self, c: WorkloadClass): self._cls = c; return self
@@ -69,10 +72,18 @@ class WorkloadBuilder:
     def data(self, snapshot: str): self._data = snapshot; return self
     def attained(self, gpu_s: float): self._attained = gpu_s; return self
 
+    def elastic(self, lo: int, hi: int):
+        """An elastic gang of ``lo``..``hi`` workers (queued, or running, at ``.workers(n)``; ``lo`` if not set)."""
+        self._bounds = (lo, hi)
+        if self._workers == 1:
+            self._workers = lo
+        return self
+
     def obj(self) -> Workload:
         return Workload(
             id=self._id, team=self._team, cls=self._cls,
-            gang=Gang(self._workers, self._per, self._strategy, self._features, self._group_by),
+            gang=Gang(self._workers, self._per, self._strategy, self._features, self._group_by,
+                      min_workers=self._bounds[0], max_workers=self._bounds[1]),
             submit_time=self._t, runtime_estimate_s=self._est, data_snapshot=self._data,
             attained_gpu_s=self._attained,
         )

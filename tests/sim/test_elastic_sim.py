@@ -1,8 +1,9 @@
 """Elastic jobs in the simulator (issue 15): size bounds and speedup curves in traces, and the engine applying the
 core's ``Resize`` decisions (progress kept, the rate at each size integrated over time, a restart overhead).
 
-The core does not size gangs yet: a fake core (the real ``cycle`` plus resizes the test chooses) is patched in
-where the engine looks ``cycle`` up, so every expected time below is worked out by hand.
+A fake core is patched in where the engine looks ``cycle`` up: the real ``cycle`` with its own sizing switched off
+(it sees every class as not resizable), plus resizes the test chooses, so every expected time below is worked out by
+hand. tests/sim/test_elastic_core_sim.py replays the real core's own sizing.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def resize_at(monkeypatch, plan):
     left = dict(plan)
 
     def fake(snap, now, **kw):
-        result = REAL_CYCLE(snap, now, **kw)
+        result = REAL_CYCLE(fixed_size(snap), now, **kw)
         seen.append((now, snap.pending() == (), len(snap.leases)))
         resized = []
         for lease in snap.leases:
@@ -47,6 +48,15 @@ def resize_at(monkeypatch, plan):
 
     monkeypatch.setattr(engine, "cycle", fake)
     return seen
+
+
+def fixed_size(snap):
+    """``snap`` with every class seen as not resizable: the core admits, grows and shrinks no gang itself."""
+    def fixed(w):
+        return replace(w, cls=replace(w.cls, resizable=False))
+    return replace(snap, queues={t: tuple(map(fixed, q)) for t, q in snap.queues.items()},
+                   leases=tuple(replace(l, workload=fixed(l.workload)) for l in snap.leases),
+                   leases_by_team=None)
 
 
 def finish_of(r, jid):
@@ -159,7 +169,7 @@ def test_a_fixed_trace_replays_as_before_with_elastic_options():
 
 def test_a_resize_the_lease_cannot_take_is_a_simulation_error(monkeypatch):
     def fake(snap, now, **kw):
-        result = REAL_CYCLE(snap, now, **kw)
+        result = REAL_CYCLE(fixed_size(snap), now, **kw)
         lease = next((le for le in snap.leases if le.id == "a"), None)
         if lease is None or now != 50.0:
             return result

@@ -242,6 +242,8 @@ class SchedulerSpec(_Model):
     hysteresis_service_fraction: Annotated[float, Field(ge=0, le=100), Allowed(
         "a number >= 0 and <= 100, like 0.5 (0: no scaling with attained service)")] = \
         _SCHED.hysteresis_service_fraction
+    # Elastic gangs grow into free capacity only once they have run this long since their last (re)start or resize.
+    resize_interval: Duration = _SCHED.resize_interval_s
 
     @field_validator("las_thresholds")
     @classmethod
@@ -392,6 +394,7 @@ class ClusterPolicy(_Model):
             default_runtime_s=s.default_runtime,
             hysteresis_min_run_s=s.hysteresis_min_run,
             hysteresis_service_fraction=s.hysteresis_service_fraction,
+            resize_interval_s=s.resize_interval,
         )
 
     def workload_class(self, name: str) -> WorkloadClass:

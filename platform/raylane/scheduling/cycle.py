@@ -25,6 +25,7 @@ ceiling even without all of its own candidates is known to fail without trying e
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from itertools import compress
 from operator import attrgetter
 from typing import Dict, List, Optional, Tuple
@@ -53,6 +54,7 @@ from raylane.scheduling.types import (
     Pending,
     Preempt,
     Reserved,
+    Resize,
     Resources,
     Snapshot,
     Team,
@@ -130,6 +132,8 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
         else:
             heapq.heappop(heap)
         position += 1
+        if w.gang.max_workers is not None and w.cls.resizable and w.gang.workers != w.gang.lo:
+            w = _at_size(w, w.gang.lo)  # an elastic gang is admitted at its minimum; it grows when nothing waits
         need = w.gang.total
         if defer and not ledger.within_nominal(team, need):
             deferred.append((w, position, need))
@@ -149,9 +153,18 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
         else:
             w8.pending.append(Pending(w, NotReached(), pos))
 
-    # 4. Everything examined has a decision; pending ones are reported in queue order.
+    # 4. Elastic gangs grow into what is left free, while nothing of their priority or higher waits.
+    if w8.budget > 0 and w8.cap.total_free().gpu > 0:
+        def waiting_priority() -> Optional[int]:
+            """The highest class priority of any workload still waiting (examined or not)."""
+            prios = [p.workload.cls.priority for p in w8.pending]
+            prios += [w.cls.priority for team, q in queues.items() for w in q[cursor.get(team, 0):]]
+            return max(prios, default=None)
+        w8.grow(waiting_priority)
+
+    # 5. Everything examined has a decision; pending ones are reported in queue order.
     w8.pending.sort(key=lambda p: p.position)
-    return CycleResult(tuple(w8.admitted), tuple(w8.preempted), tuple(w8.pending))
+    return CycleResult(tuple(w8.admitted), tuple(w8.preempted), tuple(w8.pending), tuple(w8.resized))
 
 
 _NO_TEAM = Team("", {})
@@ -258,6 +271,7 @@ class _Walk:
         self.admitted: List[Admit] = []
         self.admitted_leases: List[Lease] = []
         self.preempted: List[Preempt] = []
+        self.resized: List[Resize] = []
         self.pending: List[Pending] = []
         self.budget = cfg.max_admissions_per_cycle
         self.positions: Dict[str, int] = {}  # admitted in this cycle -> its position, should it be displaced
@@ -267,6 +281,7 @@ class _Walk:
         self.version = 0
         self.team_version: Dict[str, int] = {}
         self.borrow_version = 0
+        self.touched: set = set()  # leases shrunk or stopped in this cycle: they do not grow
 
     def decide(self, w: Workload, position: int, need: Resources) -> bool:
         """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
@@ -382,9 +397,21 @@ class _Walk:
             pctx.stop(v)
         fplan = self._fits(w, need, future.cap, future.ledger)
         future.claim(w, fplan)  # find_victims only returns a set after whose removal w fits
-        ids = tuple(v.id for v in victims)
-        if victims:
-            self.preempted.append(Preempt(w, ids, _preempt_reason(w, victims, quota_reason)))
+        # A victim is stopped whole, or (a shrink option of an elastic gang) shrinks to the size it stands for.
+        stops = [v for v in victims if v.id not in pctx.shrinks]
+        if stops:
+            self.preempted.append(Preempt(w, tuple(v.id for v in stops), _preempt_reason(w, stops, quota_reason)))
+        for v in victims:
+            if v.id in pctx.shrinks:
+                whole, to = pctx.shrinks[v.id]
+                g = whole.workload.gang
+                self.resized.append(Resize(
+                    whole.workload, g.workers, to, whole.placement[:to], whole.devices[:to],
+                    f"shrinks from {g.workers} to {to} workers (minimum {g.lo}) to free "
+                    f"{'quota' if quota_reason is not None else 'capacity'} for {w.id} ({w.team}/{w.cls.name}, "
+                    f"priority {w.cls.priority}), which needs {need}; costs less than stopping a gang"))
+                self.touched.add(whole.id)
+        ids = tuple(pctx.whole(v).id for v in victims)
         self.pending.append(Pending(w, WaitingForPreemption(ids or future.waited_for(fplan)), position))
         return False
 
@@ -457,6 +484,79 @@ class _Walk:
         self.version += 1
         self.pending.append(Pending(w, Displaced(by.id), self.positions.pop(w.id)))
 
+    # -- elastic growth -----------------------------------------------------------------------------------------
+    def grow(self, waiting_priority) -> None:
+        """Grow elastic gangs into the capacity and quota left free, highest class first: this cycle's admissions
+        (before they start: no restart) and running gangs that have run ``resize_interval_s`` since their last
+        (re)start. Only while no workload of the gang's class priority or higher waits."""
+        fresh = [(a.workload.cls.priority, 1, a.workload.submit_time, a.workload.id, a) for a in self.admitted
+                 if _growable(a.workload) and len(a.placement) < a.workload.gang.hi]
+        now, interval = self.now, self.cfg.resize_interval_s
+        running = [(l.workload.cls.priority, 0, l.start_time, l.id, l) for l in self.snapshot.leases
+                   if l.workload.gang.max_workers is not None and l.state is LeaseState.RUNNING
+                   and _growable(l.workload) and l.workload.gang.workers < l.workload.gang.hi
+                   and now - l.start_time >= interval and l.id not in self.touched]
+        if not fresh and not running:
+            return
+        bar = waiting_priority()
+        for prio, _, _, _, item in sorted(fresh + running, key=lambda e: (-e[0], e[1], e[2], e[3])):
+            if self.budget <= 0:
+                return
+            if bar is not None and prio <= bar:
+                continue
+            if isinstance(item, Admit):
+                self._grow_admission(item)
+            else:
+                self._grow_lease(item)
+
+    def _extra(self, w: Workload, have: Tuple[str, ...]):
+        """The most workers ``w`` (now on ``have``) can add up to its maximum: (how many, where, their devices)."""
+        cap = self.future.avail if self.future is not None else self.cap
+        g = w.gang
+        for k in range(g.hi - len(have), 0, -1):
+            more = Resources(g.per_worker.gpu * k, g.per_worker.cpu * k, g.per_worker.memory * k)
+            if self._quota_now(w, more) is not None:
+                continue
+            # The new workers beside the ones it has where they fit (the strategy decides otherwise).
+            prefer = tuple(sorted(set(have), key=have.index))
+            plan = place(replace(g.at(k), prefer=prefer), cap, w.data_snapshot)
+            if plan is not None:
+                return k, plan, cap.pick(plan, g.per_worker)
+        return 0, (), ()
+
+    def _take_more(self, w: Workload, k: int, plan, devices):
+        part = _at_size(w, k)
+        devices = self.present.take(part, plan, devices)
+        if self.future is not None:
+            self.future.claim(part, plan, devices)
+        self.budget -= 1
+        return devices
+
+    def _grow_admission(self, a: Admit) -> None:
+        k, plan, devices = self._extra(a.workload, a.placement)
+        if not k:
+            return
+        devices = self._take_more(a.workload, k, plan, devices)
+        w2 = _at_size(a.workload, len(a.placement) + k)
+        i = next(i for i, x in enumerate(self.admitted) if x is a)
+        self.admitted[i] = Admit(w2, a.placement + tuple(plan), a.borrowing, a.devices + tuple(devices))
+        self.admitted_leases = [Lease(w2, self.admitted[i].placement, self.now, devices=self.admitted[i].devices)
+                                if l.id == w2.id else l for l in self.admitted_leases]
+
+    def _grow_lease(self, lease: Lease) -> None:
+        w = lease.workload
+        k, plan, devices = self._extra(w, lease.placement)
+        if not k:
+            return
+        devices = self._take_more(w, k, plan, devices)
+        to = w.gang.workers + k
+        self.resized.append(Resize(
+            w, w.gang.workers, to, lease.placement + tuple(plan),
+            lease.devices + tuple(devices) if lease.devices else (),
+            f"grows from {w.gang.workers} to {to} workers (maximum {w.gang.hi}) into free capacity: no workload "
+            f"of priority {w.cls.priority} or higher waits"))
+        self.touched.add(lease.id)
+
     def _quota_now(self, w: Workload, need: Resources):
         reason = self.admission.check(self.ledger, w.team, need)
         if reason is None and self.future is not None:
@@ -476,6 +576,15 @@ class _Walk:
         if self.admission.check(ledger, w.team, need) is not None:
             return None
         return place(w.gang, cap, w.data_snapshot)
+
+
+def _growable(w: Workload) -> bool:
+    return w.cls.resizable and w.gang.max_workers is not None and w.gang.elastic
+
+
+def _at_size(w: Workload, n: int) -> Workload:
+    """``w`` with its gang at ``n`` workers (bounds kept)."""
+    return w if n == w.gang.workers else replace(w, gang=w.gang.at(n))
 
 
 def _blocked(res: Reservation):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+from dataclasses import replace
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raylane.scheduling.admission import AdmissionPolicy, QuotaLedger
@@ -62,6 +63,11 @@ class PreemptionContext:
         self._unsorted: set = set()  # (team, class priority) lists not sorted yet
         self._cost: Dict[str, Tuple] = {}
         self._ranked: Optional[List[Tuple[Tuple, Lease]]] = None
+        # Shrink options of running elastic gangs (see ``shrink_option``): option id -> (the whole lease, its size
+        # after the shrink); and each whole lease's option down to its minimum.
+        self.shrinks: Dict[str, Tuple[Lease, int]] = {}
+        self._shrink_of: Dict[str, Lease] = {}
+        self._options: Dict[str, Lease] = {}
 
     # -- candidates ------------------------------------------------------------------------------------------
     def teams(self) -> Iterable[str]:
@@ -86,7 +92,10 @@ class PreemptionContext:
             for l in self._grouped.get(team, ()):
                 c = l.workload.cls
                 if l.state is LeaseState.RUNNING and c.preemptible and now - l.start_time >= c.min_runtime_s:
-                    classes.setdefault(c.priority, []).append(l)
+                    ls = classes.setdefault(c.priority, [])
+                    ls.append(l)
+                    if c.resizable and l.workload.gang.workers > l.workload.gang.lo:
+                        ls.append(self.shrink_option(l, l.workload.gang.lo))
             classes = self._by_class[team] = dict(sorted(classes.items()))
             self._unsorted.update((team, p) for p in classes)
         return classes
@@ -114,18 +123,51 @@ class PreemptionContext:
         return out + [l for l in self.fresh.values() if l.workload.cls.preemptible]
 
     def cost(self, lease: Lease) -> Tuple:
-        """``victim_cost``, fresh leases first; cached for the cycle."""
+        """``victim_cost``, fresh leases first; cached for the cycle. A shrink option costs less than stopping any
+        lease of its class: the gang saves a checkpoint and goes on with fewer workers, nothing is lost."""
         c = self._cost.get(lease.id)
         if c is None:
-            c = self._cost[lease.id] = (lease.id not in self.fresh,) + victim_cost(lease, self.now)
+            if lease.id in self.shrinks:
+                c = (True, lease.workload.cls.priority, -1.0, -lease.start_time, lease.id)
+            else:
+                c = (lease.id not in self.fresh,) + victim_cost(lease, self.now)
+            self._cost[lease.id] = c
         return c
+
+    # -- elastic gangs: shrinking as a preemption option -------------------------------------------------------
+    def shrink_option(self, lease: Lease, to: int) -> Lease:
+        """The part of running elastic ``lease`` that a shrink to ``to`` workers stops (its last workers), as a
+        candidate of its own: removing it frees exactly what the shrink frees, and its id is its own."""
+        oid = f"{lease.id}/shrink-to-{to}"
+        got = self.shrinks.get(oid)
+        if got is not None:
+            return self._options[oid]
+        w = lease.workload
+        part = replace(w, id=oid, gang=w.gang.at(w.gang.workers - to))
+        opt = Lease(part, lease.placement[to:], lease.start_time, lease.last_checkpoint_time, lease.state,
+                    lease.devices[to:] if lease.devices else ())
+        self.shrinks[oid] = (lease, to)
+        self._options[oid] = opt
+        if to == w.gang.lo:
+            self._shrink_of[lease.id] = opt
+        return opt
+
+    def shrink_of(self, lease: Lease) -> Optional[Lease]:
+        """``lease``'s option to shrink to its minimum, when it has one."""
+        return self._shrink_of.get(lease.id)
+
+    def whole(self, lease: Lease) -> Lease:
+        """The lease a candidate stands for: itself, or the gang a shrink option shrinks."""
+        got = self.shrinks.get(lease.id)
+        return lease if got is None else got[0]
 
     def ranked(self) -> List[Tuple[Tuple, Lease]]:
         """Running candidates with their rank under the ordering policy, ascending (once per cycle)."""
         if self._ranked is None:
             rank, cfg = self.ordering.rank, self.cfg
-            self._ranked = sorted(((rank(l.workload, self.attained(l), cfg), l) for ls in self.by_team().values()
-                                   for l in ls), key=lambda e: e[0])
+            whole = self.whole
+            self._ranked = sorted(((rank(whole(l).workload, self.attained(whole(l)), cfg), l)
+                                   for ls in self.by_team().values() for l in ls), key=lambda e: e[0])
         return self._ranked
 
     def attained(self, lease: Lease) -> float:
@@ -165,17 +207,20 @@ class PreemptionContext:
         self._cost.pop(lease.id, None)
 
     def stop(self, lease: Lease) -> None:
-        """``lease`` was chosen as a victim or displaced in this cycle: no candidate any more, and holds nothing."""
+        """``lease`` was chosen as a victim or displaced in this cycle (or, a shrink option, its gang shrinks): no
+        candidate any more, nor is the gang it belongs to, and it holds nothing."""
         was_fresh = lease.id in self.fresh
         self.holdings.stop(lease)
         if was_fresh:
             self.fresh_by_team[lease.team].remove(lease)
             return
+        whole = self.whole(lease)
+        gone = {whole.id} | {oid for oid, (l, _) in self.shrinks.items() if l.id == whole.id}
         ls = self._by_class.get(lease.team, {}).get(lease.workload.cls.priority)
-        if ls is not None and lease in ls:
-            ls.remove(lease)
+        if ls is not None:
+            ls[:] = [l for l in ls if l.id not in gone]
         if self._ranked is not None:
-            self._ranked = [e for e in self._ranked if e[1].id != lease.id]
+            self._ranked = [e for e in self._ranked if e[1].id not in gone]
 
 
 def victim_cost(lease: Lease, now: float) -> Tuple:
@@ -291,7 +336,7 @@ def find_victims(
     revert = work.checkpoint()
     removed: List[Lease] = []
     found = False
-    now, fresh = ctx.now, ctx.fresh
+    now, fresh, shrinks = ctx.now, ctx.fresh, ctx.shrinks
     for lease in candidates:
         c = lease.workload.cls
         if not c.preemptible or lease.id not in fresh and (
@@ -299,18 +344,48 @@ def find_victims(
             continue  # the rules of every policy, whatever a policy nominates
         if ctx.protected(lease, preemptor):
             continue  # that team is (back) within its quota: its remaining work is protected
+        if lease.id in shrinks and shrinks[lease.id][0] in removed:
+            continue  # the whole gang is out already
+        opt = ctx.shrink_of(lease)
+        if opt is not None and opt in removed:
+            # Shrinking it was not enough: it stops whole (its place in the cost order), not on top of the shrink.
+            work.add(opt)
+            removed.remove(opt)
         work.remove(lease)
         removed.append(lease)
         if fits():
             found = True
             break
     if found:
-        # Fill back: return every victim the preemptor can do without, most expensive first (running before fresh).
+        # Fill back: return every victim the preemptor can do without, most expensive first (running before fresh);
+        # a whole elastic gang that need not stop may only shrink.
         for lease in sorted(removed, key=ctx.cost, reverse=True):
             work.add(lease)
             if fits():
                 removed.remove(lease)
-            else:
+                continue
+            opt = ctx.shrink_of(lease)
+            if opt is not None:
+                work.remove(opt)
+                if fits():
+                    removed[removed.index(lease)] = opt
+                    continue
+                work.add(opt)
+            work.remove(lease)
+        # Each shrink stops as few workers as the preemptor needs: the largest size that still lets it fit.
+        for i, lease in enumerate(removed):
+            got = shrinks.get(lease.id)
+            if got is None:
+                continue
+            whole, to = got
+            for size in range(whole.workload.gang.workers - 1, to, -1):
+                opt = ctx.shrink_option(whole, size)
+                work.add(lease)
+                work.remove(opt)
+                if fits():
+                    removed[i] = opt
+                    break
+                work.add(opt)
                 work.remove(lease)
     revert()
     return removed if found else None

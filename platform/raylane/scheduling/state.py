@@ -21,6 +21,7 @@ from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.types import (
     Admit,
     Lease,
+    Resize,
     LeaseState,
     Node,
     Resources,
@@ -127,6 +128,9 @@ class ClusterState:
         """Apply an Admit decision: the workload leaves its queue and holds its placement from ``now``."""
         w = self.dequeue(admit.workload.id)
         placement = tuple(admit.placement)
+        if w.gang.max_workers is not None and len(placement) != w.gang.workers:
+            # An elastic gang admitted at another size than it was queued at: it holds what it was admitted with.
+            w = replace(w, gang=w.gang.at(len(placement)))
         devices = tuple(admit.devices)
         if not devices and w.gang.per_worker.gpu > 0:
             # Not chosen by a cycle (a driver re-admitting what it found running): Ray's rule, on the devices now.
@@ -144,6 +148,24 @@ class ClusterState:
         self.usage[w.team] = (self.usage.get(w.team, Resources()) + w.gang.total).rounded()
         self._leases_cache = None
         return lease
+
+    def resize(self, rz: Resize, now: float) -> Lease:
+        """Apply a Resize decision: the running gang goes on at ``rz.to_workers`` on ``rz.placement`` from ``now``
+        (a resize is a restart from a checkpoint: its start time is now, its service so far is kept)."""
+        old = self.leases.get(rz.workload.id)
+        if old is None or old.state is not LeaseState.RUNNING:
+            raise KeyError(f"resize of {rz.workload.id}: allowed only for a running lease")
+        g = old.workload.gang
+        if rz.from_workers != g.workers or len(rz.placement) != rz.to_workers or not g.lo <= rz.to_workers <= g.hi:
+            raise ValueError(f"resize of {rz.workload.id} from {rz.from_workers} to {rz.to_workers} workers on "
+                             f"{len(rz.placement)} nodes: allowed: from its size now ({g.workers}) to a size in "
+                             f"[{g.lo}, {g.hi}], one node per worker")
+        gone = self.finish(rz.workload.id, now)
+        w = gone.workload
+        ran = max(0.0, now - gone.start_time) * w.gang.total.gpu
+        w2 = replace(w, gang=w.gang.at(rz.to_workers), attained_gpu_s=w.attained_gpu_s + ran)
+        self.enqueue(w2)
+        return self.start(Admit(w2, tuple(rz.placement), devices=tuple(rz.devices)), now)
 
     def mark_terminating(self, workload_id: str) -> Lease:
         lease = self._lease(workload_id)

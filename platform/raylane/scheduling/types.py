@@ -304,6 +304,10 @@ class SchedulerConfig:
     # time it had run before that start). 0 and 0: none (any lease past its class's minimum runtime).
     hysteresis_min_run_s: float = 0.0
     hysteresis_service_fraction: float = 0.0
+    # Elastic gangs: a running gang grows into free capacity only once it has run this long since its last
+    # (re)start or resize (each resize is a restart from a checkpoint), so that growth and shrinking do not
+    # alternate with every arrival. Shrinking, a preemption, follows the class's minimum runtime instead.
+    resize_interval_s: float = 600.0
 
 
 @dataclass(frozen=True)
