@@ -142,3 +142,17 @@ def test_shrinking_two_gangs_before_stopping_one_of_the_same_class():
     out = decide([node("n1").gpus(4), node("n2").gpus(4), node("n3").gpus(4)], [team("nlp", gpu=12)],
                  running=run, pending=[wl("p").cls(PROD).workers(4).strategy("spread").at(FAR - 1)], now=FAR)
     assert out.preempted == {} and _resized(out) == {"e1": (4, 2), "e2": (4, 2)}
+
+
+def test_a_driver_that_cannot_resize_running_gangs_gets_no_resize():
+    # resize_running off (the live actor until it carries resizes out): admission still sizes the gang, but a
+    # running one neither grows nor shrinks; a preemptor stops it whole.
+    run = [running(wl("e").cls(ELASTIC).elastic(2, 8).workers(4), on=("n1",) * 4, since=0)]
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)], running=run, now=FAR, resize_running=False)
+    assert _resized(out) == {}
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)], running=run, now=FAR, resize_running=False,
+                 pending=[wl("p").cls(PROD).workers(6).at(FAR - 1)])
+    assert out.preempted == {"p": ("e",)} and _resized(out) == {}
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)], resize_running=False,
+                 pending=[wl("e2").cls(ELASTIC).elastic(2, 8)])
+    assert _size(out, "e2") == 8

@@ -21,6 +21,7 @@ actor it has stopped (done, failed, or yielded after a preemption); *owner* the 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import logging
 import os
 import secrets
@@ -117,7 +118,7 @@ class ControlActor(PipelineCalls):
         self.records: Dict[str, Record] = {}
         self.nodes = NodeBook(health_rules(self.policy))
         self.pipes = PipelineBook()
-        self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
+        self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
         self._addresses: Dict[str, str] = {}
         self._probing: Optional[asyncio.Task] = None
         self._probed_at = time.time()  # the first probes one interval after the start
@@ -178,10 +179,15 @@ class ControlActor(PipelineCalls):
         self.gate.teams = set(self.policy.teams.keys())
         self.nodes.rules = health_rules(self.policy)
 
+    def _scheduler_config(self):
+        """The policy's scheduler settings, as this actor can carry them out: it does not resize running gangs yet
+        (an elastic gang is admitted at a size within its bounds and then runs at that size; issue 15)."""
+        return replace(self.policy.to_scheduler_config(), resize_running=False)
+
     def _rebuild_state(self, recovering: bool = False) -> None:
         """The scheduler's state from the records: pending work queued, leases held (on restart, a lease whose
         reservation is gone goes back to the queue). Used on recovery and after a policy reload."""
-        self.state = ClusterState([], self.policy.core_teams(), self.policy.to_scheduler_config())
+        self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
         self._node_ids = set()
         self._waiting = set()
         self._refresh_nodes()

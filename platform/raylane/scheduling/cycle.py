@@ -495,7 +495,7 @@ class _Walk:
         running = [(l.workload.cls.priority, 0, l.start_time, l.id, l) for l in self.snapshot.leases
                    if l.workload.gang.max_workers is not None and l.state is LeaseState.RUNNING
                    and _growable(l.workload) and l.workload.gang.workers < l.workload.gang.hi
-                   and now - l.start_time >= interval and l.id not in self.touched]
+                   and now - l.start_time >= interval and l.id not in self.touched] if self.cfg.resize_running else []
         if not fresh and not running:
             return
         bar = waiting_priority()

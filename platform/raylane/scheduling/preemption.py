@@ -94,7 +94,7 @@ class PreemptionContext:
                 if l.state is LeaseState.RUNNING and c.preemptible and now - l.start_time >= c.min_runtime_s:
                     ls = classes.setdefault(c.priority, [])
                     ls.append(l)
-                    if c.resizable and l.workload.gang.workers > l.workload.gang.lo:
+                    if c.resizable and l.workload.gang.workers > l.workload.gang.lo and self.cfg.resize_running:
                         ls.append(self.shrink_option(l, l.workload.gang.lo))
             classes = self._by_class[team] = dict(sorted(classes.items()))
             self._unsorted.update((team, p) for p in classes)

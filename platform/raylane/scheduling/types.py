@@ -308,6 +308,9 @@ class SchedulerConfig:
     # (re)start or resize (each resize is a restart from a checkpoint), so that growth and shrinking do not
     # alternate with every arrival. Shrinking, a preemption, follows the class's minimum runtime instead.
     resize_interval_s: float = 600.0
+    # Whether the driver carries out ``Resize`` decisions of running gangs (growth, and shrinking as a preemption).
+    # Off: an elastic gang is still admitted at a size in its bounds (its ``Admit`` says which), and is then fixed.
+    resize_running: bool = True
 
 
 @dataclass(frozen=True)
