@@ -16,28 +16,28 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Protocol, Tuple
 
+from raylane.scheduling.recorded import Recorded
 from raylane.scheduling.registry import Registry
 from raylane.scheduling.types import RESOURCE_NAMES, ZERO, QuotaExceeded, Resources, Team
 
 
-class QuotaLedger:
+class QuotaLedger(Recorded):
     """Team usage and the lending pool, changed by the cycle as it admits and as preemption searches try victims.
 
     ``limits`` holds, per known team, ``(resource, nominal, guaranteed, ceiling)`` for each resource it has a quota
     for: read on every check, so worked out once.
     """
 
-    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "_log", "_marks")
+    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits")
 
     def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources]):
+        super().__init__()
         self.teams = teams
         self.usage: Dict[str, Resources] = dict(usage)
         self.limits: Dict[str, Tuple[Tuple[str, float, float, float], ...]] = {
             name: tuple((r, q.nominal, q.guaranteed, q.ceiling) for r, q in t.quotas.items())
             for name, t in teams.items()
         }
-        self._log: Optional[list] = None
-        self._marks = 0
         self.pool_cap: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
         self.pool_used: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
         for name, lim in self.limits.items():
@@ -50,30 +50,17 @@ class QuotaLedger:
         c = QuotaLedger.__new__(QuotaLedger)
         c.teams, c.limits = self.teams, self.limits
         c.usage, c.pool_cap, c.pool_used = dict(self.usage), dict(self.pool_cap), dict(self.pool_used)
-        c._log, c._marks = None, 0
+        Recorded.__init__(c)
         return c
 
-    # Trials (see raylane.scheduling.working): while a mark is open each change records the values it replaced.
-    def mark(self) -> int:
-        if self._log is None:
-            self._log = []
-        self._marks += 1
-        return len(self._log)
-
-    def rollback(self, mark: int) -> None:
-        log, usage, pool_used = self._log, self.usage, self.pool_used
-        for i in range(len(log) - 1, mark - 1, -1):
-            team, old, pool = log[i]
-            if old is None:
-                usage.pop(team, None)
-            else:
-                usage[team] = old
-            for r, v in pool:
-                pool_used[r] = v
-        del log[mark:]
-        self._marks -= 1
-        if not self._marks:
-            self._log = None
+    def _restore(self, entry) -> None:
+        team, old, pool = entry
+        if old is None:
+            self.usage.pop(team, None)
+        else:
+            self.usage[team] = old
+        for r, v in pool:
+            self.pool_used[r] = v
 
     def used(self, team: str) -> Resources:
         return self.usage.get(team, ZERO)

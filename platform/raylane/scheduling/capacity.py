@@ -23,6 +23,7 @@ import bisect
 from operator import attrgetter
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from raylane.scheduling.recorded import Recorded
 from raylane.scheduling.types import GPU_EPS, Node, Resources, node_devices
 
 _GPU, _CPU, _MEMORY = attrgetter("gpu"), attrgetter("cpu"), attrgetter("memory")
@@ -125,10 +126,11 @@ def _devices_of(node: Node) -> Devices:
     return d if node.schedulable else (0.0,) * len(d)
 
 
-class Capacity:
-    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_log", "_marks", "_total")
+class Capacity(Recorded):
+    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_total")
 
     def __init__(self, nodes: Iterable[Node]):
+        super().__init__()
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
         # An unschedulable (cordoned) node offers nothing: no placement lands there, and a preemption search that
         # gives back a victim's share on it frees nothing usable.
@@ -140,8 +142,6 @@ class Capacity:
         # there does a fit need a look at the devices; elsewhere whole free GPUs are whole free devices.
         self._partial: Dict[str, bool] = {}
         self._buckets: Dict[float, List[str]] = {}
-        self._log: Optional[List[Tuple[str, Resources, Devices]]] = None
-        self._marks = 0  # marks not rolled back yet: changes are recorded while there are any
         buckets = self._buckets
         for nid, f in self.free.items():
             b = buckets.get(f.gpu)
@@ -256,23 +256,17 @@ class Capacity:
 
     # -- trial changes (see raylane.scheduling.working) -------------------------------------------------------
     def mark(self) -> Tuple[int, Resources]:
-        """Record changes from now on; ``rollback`` of the mark puts back what changed after it (the total free
-        as it was, not summed back). Marks nest, and are rolled back in the reverse order they were made."""
-        if self._log is None:
-            self._log = []
-        self._marks += 1
-        return len(self._log), self._total
+        """A mark (``Recorded``), with the total free as it is: a rollback puts it back rather than summing back."""
+        return super().mark(), self._total
 
     def rollback(self, mark: Tuple[int, Resources]) -> None:
         at, total = mark
-        log, self._log = self._log, None  # not recorded while put back
-        for i in range(len(log) - 1, at - 1, -1):
-            node_id, old, devs = log[i]
-            self._set(node_id, old, devs)
-        del log[at:]
+        super().rollback(at)
         self._total = total
-        self._marks -= 1
-        self._log = log if self._marks else None
+
+    def _restore(self, entry) -> None:
+        node_id, old, devs = entry
+        self._set(node_id, old, devs)
 
     # -- queries -------------------------------------------------------------------------------------------
     def slots(self, node_id: str, per_worker: Resources) -> int:
@@ -336,7 +330,6 @@ class Capacity:
         c._partial = dict(self._partial)
         c._buckets = {k: list(v) for k, v in self._buckets.items()}
         c._keys = list(self._keys)
-        c._log = None
-        c._marks = 0
+        Recorded.__init__(c)
         c._total = self._total
         return c

@@ -21,27 +21,27 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from raylane.scheduling.admission import QuotaLedger
 from raylane.scheduling.capacity import Capacity, WorkerDevices
+from raylane.scheduling.recorded import Recorded
 from raylane.scheduling.types import ZERO, Lease, LeaseState, Resources, Workload
 
 Revert = Callable[[], None]
 
 
-class Holdings:
+class Holdings(Recorded):
     """What each team's leases hold, running leases apart from *fresh* ones (admitted earlier in this cycle).
 
     Running holdings are summed from the leases when first read (a cycle that never asks pays nothing), unless
     given. A lease chosen as a victim or displaced holds nothing any more.
     """
 
-    __slots__ = ("_leases", "_running", "fresh", "fresh_leases", "_log", "_marks")
+    __slots__ = ("_leases", "_running", "fresh", "fresh_leases")
 
     def __init__(self, leases: Sequence[Lease], running: Optional[Dict[str, Resources]] = None):
+        super().__init__()
         self._leases = leases
         self._running = running
         self.fresh: Dict[str, Resources] = {}
         self.fresh_leases: Dict[str, Lease] = {}
-        self._log: Optional[list] = None
-        self._marks = 0
 
     @property
     def running(self) -> Dict[str, Resources]:
@@ -80,27 +80,18 @@ class Holdings:
         self.remove(lease.workload)
         self.fresh_leases.pop(lease.id, None)
 
-    # Trials (see ``Working``): while a mark is open each change records the sum it replaced. Admitting and
-    # stopping (which change who is fresh) are the cycle's own decisions, never made inside a trial.
+    # Trials (see ``Working``): admitting and stopping (which change who is fresh) are the cycle's own decisions,
+    # never made inside a trial.
     def mark(self) -> int:
-        self.running  # summed before the trial, so that a revert never needs to forget it
-        if self._log is None:
-            self._log = []
-        self._marks += 1
-        return len(self._log)
+        self.running  # summed before the trial, so that a rollback never needs to forget it
+        return super().mark()
 
-    def rollback(self, mark: int) -> None:
-        log = self._log
-        for i in range(len(log) - 1, mark - 1, -1):
-            held, team, old = log[i]
-            if old is None:
-                held.pop(team, None)
-            else:
-                held[team] = old
-        del log[mark:]
-        self._marks -= 1
-        if not self._marks:
-            self._log = None
+    def _restore(self, entry) -> None:
+        held, team, old = entry
+        if old is None:
+            held.pop(team, None)
+        else:
+            held[team] = old
 
 
 class Working:
