@@ -56,7 +56,7 @@ from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.fragmentation import admissible, fragmentation, takes_any_gpu
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.types import (
-    Admit, Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
+    Gang, LeaseState, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
 )
 from raylane.sim.outages import Outages, next_failure, node_rng
 from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, Trace, TraceJob, parse_speedup
@@ -485,21 +485,15 @@ class Simulator:
             if j is None or start_at[j] < 0 or stop_req[j] >= 0:
                 raise SimulationError(f"resize of {rz.workload.id} at t={now:.0f}s: allowed only for a running "
                                       "lease that is not stopping")
-            g = wl[j].gang
+            try:
+                # The state checks the sizes and keeps the gang's service so far (what it held, for how long).
+                w2 = state.resize(rz, now).workload
+            except ValueError as e:
+                raise SimulationError(f"at t={now:.0f}s: {e}") from None
             to = rz.to_workers
-            if rz.from_workers != size[j] or len(rz.placement) != to or not g.lo <= to <= g.hi:
-                raise SimulationError(
-                    f"resize of {rz.workload.id} at t={now:.0f}s from {rz.from_workers} to {to} workers on "
-                    f"{len(rz.placement)} placement nodes: allowed: from its size now ({size[j]}) to a size in "
-                    f"[{g.lo}, {g.hi}], with one placement node per worker")
             run = now - start_at[j]
             remaining[j] = max(0.0, remaining[j] - max(0.0, run - ovh[j]) * rate[j])
             team_gpu_s[jobs[j].team] += held[j] * run
-            lease = state.finish(wl[j].id, now)
-            w = lease.workload
-            w2 = replace(w, gang=w.gang.at(to), attained_gpu_s=w.attained_gpu_s + held[j] * run)
-            state.enqueue(w2)
-            state.start(Admit(w2, tuple(rz.placement), devices=tuple(rz.devices)), now)
             wl[j] = w2
             busy += w2.gang.total.gpu - held[j]
             size[j], held[j], ovh[j] = to, w2.gang.total.gpu, resize_overhead
