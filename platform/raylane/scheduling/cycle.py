@@ -33,8 +33,7 @@ from typing import Dict, List, Optional, Tuple
 from raylane.scheduling import ordering as _ordering  # noqa: F401  (registers the orderings)
 from raylane.scheduling.admission import ADMISSIONS, QuotaLedger
 from raylane.scheduling.backfill import BACKFILLS, Reservation
-from raylane.scheduling.capacity import Capacity
-from raylane.scheduling.capacity import partial
+from raylane.scheduling.capacity import Capacity, partial
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
@@ -364,8 +363,8 @@ class _Walk:
         """Choose victims for ``w``; None when none would make it fit, else whether it was admitted at once.
 
         The search runs on the future's working snapshot (or the present's, when nothing is stopping), which it
-        leaves as it was: victims must make room beyond what is already being made for others. Workloads admitted earlier in this cycle are the
-        first candidates: giving their place back loses nothing.
+        leaves as it was: victims must make room beyond what is already being made for others. Workloads admitted
+        earlier in this cycle are the first candidates: giving their place back loses nothing.
         """
         future, pctx = self.future, self.pctx
         work = (future.work if future is not None else self.present).with_holdings(pctx.holdings)
@@ -513,12 +512,11 @@ class _Walk:
         """The most workers ``w`` (now on ``have``) can add up to its maximum: (how many, where, their devices)."""
         cap = self.future.avail if self.future is not None else self.cap
         g = w.gang
+        # The new workers beside the ones it has where they fit (the strategy decides otherwise).
+        prefer = tuple(dict.fromkeys(have))
         for k in range(g.hi - len(have), 0, -1):
-            more = Resources(g.per_worker.gpu * k, g.per_worker.cpu * k, g.per_worker.memory * k)
-            if self._quota_now(w, more) is not None:
+            if self._quota_now(w, g.per_worker.scale(k)) is not None:
                 continue
-            # The new workers beside the ones it has where they fit (the strategy decides otherwise).
-            prefer = tuple(sorted(set(have), key=have.index))
             plan = place(replace(g.at(k), prefer=prefer), cap, w.data_snapshot)
             if plan is not None:
                 return k, plan, cap.pick(plan, g.per_worker)
