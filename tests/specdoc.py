@@ -1,10 +1,14 @@
-"""Editing spec and policy documents in tests: a parsed YAML file, and copies with one field changed or removed."""
+"""Editing spec and policy documents in tests: a parsed YAML file, and copies with one field changed or removed;
+and reading the errors a document is refused with."""
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
+
+from raylane.errors import ValidationError
 
 DELETE = object()
 
@@ -25,3 +29,18 @@ def with_field(doc: dict, dotted: str, value, sep: str = ".") -> dict:
     else:
         node[last] = value
     return doc
+
+
+def errors_of(fn, *args, **kwargs) -> list:
+    with pytest.raises(ValidationError) as info:
+        fn(*args, **kwargs)
+    return info.value.errors
+
+
+def assert_has_error(errors, path, value, allowed_part):
+    matches = [e for e in errors if e[0] == path]
+    assert matches, f"no error at {path!r}; got {errors}"
+    got_path, got_value, got_allowed = matches[0]
+    if value is not None:
+        assert got_value == value or (got_value is value), (got_value, value)
+    assert allowed_part in got_allowed, f"{allowed_part!r} not in {got_allowed!r}"

@@ -9,9 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.specdoc import DELETE, raw, with_field
+from tests.specdoc import DELETE, assert_has_error, errors_of, raw, with_field
 from typer.testing import CliRunner
 
 from raylane.cli import app
@@ -43,21 +42,6 @@ SPECS = ROOT / "examples" / "specs"
 PRETRAIN = SPECS / "pretrain-team-a.yaml"
 BAD_POLICY = ROOT / "tests" / "data" / "bad_policy.yaml"
 BAD_SPEC = ROOT / "tests" / "data" / "bad_spec.yaml"
-
-
-def errors_of(fn, *args, **kwargs) -> list:
-    with pytest.raises(ValidationError) as info:
-        fn(*args, **kwargs)
-    return info.value.errors
-
-
-def assert_has_error(errors, path, value, allowed_part):
-    matches = [e for e in errors if e[0] == path]
-    assert matches, f"no error at {path!r}; got {errors}"
-    got_path, got_value, got_allowed = matches[0]
-    if value is not None:
-        assert got_value == value or (got_value is value), (got_value, value)
-    assert allowed_part in got_allowed, f"{allowed_part!r} not in {got_allowed!r}"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.specdoc import raw, with_field
+from tests.specdoc import assert_has_error, errors_of, raw, with_field
 
 from raylane.cli_config import spec_summary
 from raylane.config.loader import load_policy, load_policy_from_dict, load_spec_from_dict
@@ -38,18 +38,6 @@ def spec_doc(workers, **fields) -> dict:
     return doc
 
 
-def errors_of(fn, *args, **kwargs) -> list:
-    with pytest.raises(ValidationError) as info:
-        fn(*args, **kwargs)
-    return info.value.errors
-
-
-def assert_has_error(errors, path, value, allowed_part):
-    matches = [e for e in errors if e[0] == path]
-    assert matches, f"no error at {path!r}; got {errors}"
-    _, got_value, got_allowed = matches[0]
-    assert got_value == value, (got_value, value)
-    assert allowed_part in got_allowed, f"{allowed_part!r} not in {got_allowed!r}"
 
 
 # ------------------------------------------------------------------------------------------------ good specs
