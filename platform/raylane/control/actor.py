@@ -416,13 +416,19 @@ class ControlActor(PipelineCalls):
             except asyncio.TimeoutError:
                 ray.cancel(ref, force=True)
                 return nid, (False, f"the probe did not finish within {h.probe_timeout:g}s")
+            except ray.exceptions.TaskUnschedulableError:
+                # Ray places no new work on the node: it is gone or Ray is draining it. That is no verdict on its
+                # health; the node table and Ray's drain notices say what it is (a probe failure recorded here
+                # raced them, and counted towards a quarantine).
+                return nid, None
             except Exception as exc:  # noqa: BLE001 - the task could not run there: the node's verdict
                 return nid, (False, f"the probe could not run: {type(exc).__name__}: {str(exc)[:200]}")
 
-        for nid, (ok, message) in await asyncio.gather(*(one(n, r) for n, r in refs.items())):
+        for nid, verdict in await asyncio.gather(*(one(n, r) for n, r in refs.items())):
             st = self.nodes.get(nid)
-            if st is None or nid not in self._node_ids:
-                continue  # lost meanwhile: its loss is the verdict
+            if verdict is None or st is None or nid not in self._node_ids:
+                continue  # lost or draining meanwhile: its loss or drain is what counts
+            ok, message = verdict
             metrics.NODE_PROBES.inc(outcome="ok" if ok else "failed")
             self._node_events(self.nodes.on_probe(nid, ok, message))
             self.nodes.note_probe(nid, ok, message, time.time())
