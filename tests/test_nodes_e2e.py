@@ -165,27 +165,31 @@ def test_ray_drain_notice_is_honoured(env):
 
     ctl = env["ctl"]
     node_d = add_gpu_node(env, "gpu-d")
-    d = node_of(env, "gpu-d")
-    wait_for(lambda: any(r["id"] == d for r in ctl.nodes()), what="D known")
-    # A reservation on D, so that Ray does not stop D the moment the drain is accepted (it stops idle nodes).
-    held = ctl.submit(spec("on-d", "team-a", "pretrain", workers=1, gpu=2, features=["node-gpu-d"]))
-    wait_for(lambda: ctl.wait_admission(held.id, 2.0).ready, timeout=60, what="a reservation on D")
-    gcs = GcsClient(address=ray.get_runtime_context().gcs_address)
-    accepted, why = gcs.drain_node(d, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                   "spot reclaim (test)", int((time.time() + 600) * 1000))
-    assert accepted, why
-    # The control plane takes Ray's notice as a drain: the reservation is preempted and requeued (it can only run
-    # on D), D is drained; Ray then stops the idle node and it is lost.
-    wait_for(lambda: row(env, d)["state"] in ("drained", "lost"), timeout=60, what="D drained")
-    events = _node_journal(env, d)
-    assert events[:3] == ["joined", "ray_draining", "drained"], events
-    r = ctl.explain(held.id)
-    assert r.state is State.PENDING and "draining" in r["journal"][-2]["note"] + r["journal"][-1]["note"], r["journal"]
-    ctl.cancel(held.id)
-    # Ray stops the drained node once it is idle; the test cluster forgets it (or its next wait_for_nodes waits
-    # for it).
-    wait_for(lambda: row(env, d)["state"] == "lost", timeout=60, what="D stopped by Ray")
-    env["cluster"].remove_node(node_d, allow_graceful=False)
+    try:
+        d = node_of(env, "gpu-d")
+        wait_for(lambda: any(r["id"] == d for r in ctl.nodes()), what="D known")
+        # A reservation on D, so that Ray does not stop D the moment the drain is accepted (it stops idle nodes).
+        held = ctl.submit(spec("on-d", "team-a", "pretrain", workers=1, gpu=2, features=["node-gpu-d"]))
+        wait_for(lambda: ctl.wait_admission(held.id, 2.0).ready, timeout=60, what="a reservation on D")
+        gcs = GcsClient(address=ray.get_runtime_context().gcs_address)
+        accepted, why = gcs.drain_node(d, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                       "spot reclaim (test)", int((time.time() + 600) * 1000))
+        assert accepted, why
+        # The control plane takes Ray's notice as a drain: the reservation is preempted and requeued (it can only run
+        # on D), D is drained; Ray then stops the idle node and it is lost.
+        wait_for(lambda: row(env, d)["state"] in ("drained", "lost"), timeout=60, what="D drained")
+        events = _node_journal(env, d)
+        assert events[:3] == ["joined", "ray_draining", "drained"], events
+        r = ctl.explain(held.id)
+        notes = r["journal"][-2]["note"] + r["journal"][-1]["note"]
+        assert r.state is State.PENDING and "draining" in notes, r["journal"]
+        ctl.cancel(held.id)
+        # Ray stops the drained node once it is idle; the test cluster forgets it (or its next wait_for_nodes waits
+        # for it).
+        wait_for(lambda: row(env, d)["state"] == "lost", timeout=60, what="D stopped by Ray")
+    finally:
+        # Whatever failed above, the module's later tests must not wait for D (wait_for_nodes counts it).
+        env["cluster"].remove_node(node_d, allow_graceful=False)
 
 
 def diagnosis(env, wid):
