@@ -291,7 +291,14 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
     for r, q in (out.get("team_quota") or {}).items():
         console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
-    console.print(f"  preemptions={out['preemptions']} restarts={out['restarts']} step={out.get('step')}")
+    workers = f" workers={out['workers']}" if out.get("workers") else ""
+    resizes = f" resizes={out['resizes']}" if out.get("resizes") else ""
+    console.print(f"  preemptions={out['preemptions']}{resizes} restarts={out['restarts']} step={out.get('step')}"
+                  f"{workers}")
+    rz = out.get("resize")
+    if rz:
+        console.print(f"  resizing from {rz['from_workers']} to {rz['to_workers']} workers: {rz['reason']}",
+                      highlight=False)
     if out.get("detail"):
         console.print(f"  now: {out['detail']}", highlight=False)
     for e in _journal_lines(out.get("journal") or []):

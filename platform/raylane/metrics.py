@@ -193,6 +193,12 @@ PREEMPTIONS = Metric(
     "Leases preempted. Labels: team, workload_class (of the preempted workload), preemptor_class (class of the "
     "workload it made room for), outcome (graceful: yielded within the grace period; forced: stopped after it).",
     ("team", "workload_class", "preemptor_class", "outcome"))
+RESIZES = Metric(
+    "raylane_resizes_total", "counter",
+    "Resizes of running elastic gangs the control actor carried out (each one a checkpoint and a restart at the "
+    "new size). Labels: team, workload_class, direction (grow: into free capacity; shrink: to make room, instead "
+    "of a preemption).",
+    ("team", "workload_class", "direction"))
 LEASES_RUNNING = Metric(
     "raylane_leases", "gauge",
     "Leases held (admitted, running or preempting). Labels: team, workload_class.",

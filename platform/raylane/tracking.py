@@ -78,6 +78,8 @@ logger = logging.getLogger(__name__)
 TAG_WORKLOAD_ID = "raylane.workload_id"
 TAG_PREEMPTIONS = "raylane.preemptions"
 TAG_RESTARTS = "raylane.restarts"
+TAG_RESIZES = "raylane.resizes"
+METRIC_WORKERS = "workers"
 TAG_LAST_EVENT = "raylane.last_event"
 TAG_METRICS_STEP = "raylane.metrics_step"
 TAG_INITIALISED = "raylane.initialised"  # set last, once params and artifacts of a new run are all logged
@@ -87,7 +89,7 @@ METRIC_COST = "cost"
 PARAM_CODE_VERSION = "raylane.code_version"
 PARAM_DATA_SNAPSHOT = "raylane.data_snapshot"
 EVENTS_ARTIFACT = "events.jsonl"
-COUNTED_EVENTS = {"preempted": TAG_PREEMPTIONS, "restarted": TAG_RESTARTS}
+COUNTED_EVENTS = {"preempted": TAG_PREEMPTIONS, "restarted": TAG_RESTARTS, "resized": TAG_RESIZES}
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # The control plane's terminal workload states, as the MLflow status ``finish`` gives the run.
 STATE_TO_STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELLED": "KILLED", "REJECTED": "FAILED"}
@@ -571,6 +573,12 @@ class RunTracker:
         if not Path(path).is_dir():
             raise NotFoundError(f"model directory {str(path)!r} does not exist or is not a directory")
         self.client.log_artifacts(self.run_id, str(path), artifact_path)
+
+    def log_workers(self, workers: int, step: int) -> None:
+        """The gang's worker count from ``step`` on, as the metric ``workers`` (logged at every start and restart,
+        so an elastic gang's resizes read as a step function beside its loss)."""
+        self.client.log_batch(self.run_id, metrics=[Metric(METRIC_WORKERS, float(workers),
+                                                           int(time.time() * 1000), int(step))])
 
     def log_cost(self, cost: float) -> None:
         """What the run's leases cost (GPU-hours x the node types' prices, ``raylane.cost``), as the metric

@@ -47,7 +47,7 @@ from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
 from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.gcpace import gc_paused
-from raylane.scheduling.types import Resources
+from raylane.scheduling.types import LeaseState, Resize, Resources
 
 log = logging.getLogger("raylane.control")
 
@@ -180,9 +180,9 @@ class ControlActor(PipelineCalls):
         self.nodes.rules = health_rules(self.policy)
 
     def _scheduler_config(self):
-        """The policy's scheduler settings, as this actor can carry them out: it does not resize running gangs yet
-        (an elastic gang is admitted at a size within its bounds and then runs at that size; issue 15)."""
-        return replace(self.policy.to_scheduler_config(), resize_running=False)
+        """The policy's scheduler settings. This actor carries out every decision the core makes, resizes of
+        running elastic gangs included (``_resize``)."""
+        return self.policy.to_scheduler_config()
 
     def _rebuild_state(self, recovering: bool = False) -> None:
         """The scheduler's state from the records: pending work queued, leases held (on restart, a lease whose
@@ -214,8 +214,9 @@ class ControlActor(PipelineCalls):
                 if not recovering or rec.pg_name in existing or rec.job_id:
                     # The devices journaled with the admission (none in older journals: Ray's rule again).
                     self.state.start(Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or time.time())
-                    if rec.state is State.PREEMPTING:
-                        self.state.mark_terminating(rec.id)
+                    if rec.state is State.PREEMPTING or (
+                            rec.state is State.RESIZING and rec.resize["to_workers"] < rec.resize["from_workers"]):
+                        self.state.mark_terminating(rec.id)  # a shrink keeps the whole gang booked until it stops
                 else:
                     self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s,
                                  note="reservation lost while the control plane was down; back in the queue")
@@ -353,6 +354,8 @@ class ControlActor(PipelineCalls):
         for p in result.preempted:
             for vid in p.victims:
                 self._preempt(vid, p.reason, now, p.preemptor.cls.name)
+        for rz in result.resized:
+            self._resize(rz, now)
         for a in result.admitted:
             self._admit(a, now)
         for a in result.admitted:
@@ -385,7 +388,7 @@ class ControlActor(PipelineCalls):
         self._node_events(self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}))
         for st in self.nodes.evicting():
             for lease in [l for l in self.state.leases.values() if st.id in l.placement]:
-                if self.records[lease.id].state is not State.PREEMPTING:
+                if self.records[lease.id].state is not State.PREEMPTING:  # a resize under way becomes a stop
                     self._preempt(lease.id, f"node {st.id[:12]} is {st.state.value}: {st.reason}", now, "node")
             # A reservation not yet started is released at once by its preemption: the node may be empty already.
             if st.state is NodeState.DRAINING and not any(st.id in l.placement for l in self.state.leases.values()):
@@ -483,13 +486,18 @@ class ControlActor(PipelineCalls):
         metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())
         metrics.QUEUE_WAIT.observe(max(0.0, now - (rec.queued_since or rec.submit_time)), team=w.team,
                                    workload_class=w.cls.name)
+        self._reserve(rec, w, a.placement)
+
+    def _reserve(self, rec: Record, w, placement) -> None:
+        """Hold the lease's capacity in Ray: a detached placement group, one bundle per worker pinned to its node,
+        until the driver hands it over to Ray Train (``running``); rolled back if it cannot be placed."""
         try:
             pg = placement_group(
-                [bundle_for(w.gang.per_worker)] * w.gang.workers,
+                [bundle_for(w.gang.per_worker)] * len(placement),
                 strategy=RAY_STRATEGY.get(w.gang.strategy, "PACK"),
-                name=pg_name,
+                name=rec.pg_name,
                 lifetime="detached",
-                bundle_label_selector=[{"ray.io/node-id": nid} for nid in a.placement],
+                bundle_label_selector=[{"ray.io/node-id": nid} for nid in placement],
             )
         except Exception as exc:  # noqa: BLE001 - any failure to reserve is rolled back the same way
             self._rollback(rec, f"placement group could not be created: {exc}")
@@ -520,19 +528,68 @@ class ControlActor(PipelineCalls):
         if rec.state is State.PREEMPTING:
             return
         self._preemptor_cls[wid] = preemptor_class
-        started = rec.state is State.RUNNING
+        started = rec.state in (State.RUNNING, State.RESIZING)
         grace = self.policy.workload_class(rec.cls).grace_period_s
+        if rec.state is State.RESIZING:
+            # Stopping already for a resize: it now stops for good (back to the queue), keeping its deadline.
+            grace = max(0.0, (rec.stop_deadline or now + grace) - now)
         self._append("preempting", rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
-        self.state.mark_terminating(wid)
+        if self.state.leases[wid].state is not LeaseState.TERMINATING:
+            self.state.mark_terminating(wid)
         if not started:
             # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
             self._release_lease(rec, now, outcome="preempted before start")
 
+    def _resize(self, rz: Resize, now: float) -> None:
+        """Carry out a ``Resize`` of a running elastic gang: journal it, ask the gang to save a checkpoint and stop
+        (as for a preemption, within its class's grace period), and restart it at the new size once it has stopped
+        (``_finish_resize``). Growth books the new workers' capacity at once, so nothing else is admitted into it
+        meanwhile; a shrink keeps the whole gang booked until it has stopped, so what it frees is never promised
+        twice (the preemptor it shrinks for waits for it, as for a stop)."""
+        rec = self.records.get(rz.workload.id)
+        if rec is None or rec.state is not State.RUNNING or rec.id not in self.state.leases:
+            # Not started yet (its driver is handing the reservation over to Ray Train) or stopping already: the
+            # core decides again on the next cycle, from the books as they are then.
+            return
+        grow = rz.to_workers > rz.from_workers
+        grace = self.policy.workload_class(rec.cls).grace_period_s
+        attained = rec.attained_gpu_s
+        if grow:
+            attained = self.state.resize(rz, now).workload.attained_gpu_s
+        else:
+            self.state.mark_terminating(rec.id)
+        self._append("resizing", rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
+                     placement=list(rz.placement), devices=[list(d) for d in rz.devices], reason=rz.reason,
+                     deadline=now + grace, attained_gpu_s=attained, note=f"resizing: {rz.reason}")
+        metrics.RESIZES.inc(team=rec.team, workload_class=rec.cls, direction="grow" if grow else "shrink")
+
+    def _finish_resize(self, rec: Record, now: float, how: str, step: Optional[int] = None) -> None:
+        """The gang stopped for its resize: the lease goes on at the new size on the nodes the core chose (a new
+        reservation, handed over to Ray Train as at an admission); the driver restarts the gang from its checkpoint."""
+        rz = rec.resize
+        lease = self.state.leases[rec.id]
+        if rz["to_workers"] < lease.workload.gang.workers:
+            lease = self.state.resize(Resize(lease.workload, lease.workload.gang.workers, rz["to_workers"],
+                                             tuple(rz["placement"]), tuple(tuple(d) for d in rz["devices"]),
+                                             rz["reason"]), now)
+        self._confirmed.discard(rec.id)
+        self._remove_pg(rec)
+        self._append("resized", rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
+                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=f"raylane-{rec.id}",
+                     attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
+                     note=f"resized from {rz['from_workers']} to {rz['to_workers']} workers ({how}); restarts from "
+                          f"its checkpoint on {', '.join(n[:8] for n in rz['placement'])}")
+        self._reserve(rec, lease.workload, rec.placement)
+        self._poke()
+
     async def _enforce_deadlines(self, now: float) -> None:
         for rec in list(self.records.values()):
-            if rec.state is State.PREEMPTING and rec.stop_deadline is not None and now >= rec.stop_deadline:
+            if rec.state.stopping and rec.stop_deadline is not None and now >= rec.stop_deadline:
                 await self._force_stop(rec)
-                self._release_lease(rec, now, outcome="stopped by force after the grace period")
+                if rec.state is State.RESIZING:
+                    self._finish_resize(rec, now, how="stopped by force after the grace period")
+                else:
+                    self._release_lease(rec, now, outcome="stopped by force after the grace period")
 
     async def _force_stop(self, rec: Record) -> None:
         self._kill_gang(rec)
@@ -794,7 +851,9 @@ class ControlActor(PipelineCalls):
         now = time.time()
         if rec.state.terminal:
             return rec.public()
-        if outcome == "yielded":
+        if outcome == "yielded" and rec.state is State.RESIZING:
+            self._finish_resize(rec, now, how=f"yielded at step {step}", step=step)
+        elif outcome == "yielded":
             self._release_lease(rec, now, outcome=f"yielded at step {step}", step=step)
         else:
             if wid in self.state.leases:
@@ -820,7 +879,7 @@ class ControlActor(PipelineCalls):
             # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
             # counting the capacity, so nothing else is admitted into it meanwhile.
             self._remove_pg(rec)
-        return {"stop": rec.state is State.PREEMPTING, "state": rec.state.value}
+        return {"stop": rec.state.stopping, "state": rec.state.value}
 
     async def _api_register_workers(self, p: Principal, req: api.RegisterWorkers) -> None:
         """The actors of a running gang, so that a preemption past its grace period can stop them."""
@@ -879,7 +938,7 @@ class ControlActor(PipelineCalls):
 
     async def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
         rec = self.records.get(req.workload_id)
-        return rec is None or rec.state in (State.PREEMPTING, State.CANCELLED)
+        return rec is None or rec.state.stopping or rec.state is State.CANCELLED
 
     async def _api_wait_admission(self, p: Principal, req: api.WaitAdmission) -> Dict[str, Any]:
         """Wait up to ``timeout_s`` for the workload's reservation to be ready; returns its record either way."""
@@ -936,7 +995,7 @@ class ControlActor(PipelineCalls):
                 "state": rec.state.value, "resources": _gang_text(rec.spec),
                 "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
-                "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
+                "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
             })
             got = self.pipes.stage_of(rec.id)
             if got is not None:

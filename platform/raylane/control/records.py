@@ -5,7 +5,8 @@ reservation), running, preempting, and its end. Only the control actor changes r
 journal entries (``apply``), so the live path and recovery run the same code.
 
 States: PENDING -> ADMITTED -> RUNNING -> (PREEMPTING -> PENDING)* -> SUCCEEDED | FAILED | CANCELLED;
-REJECTED at submit.
+REJECTED at submit. An elastic gang also goes RUNNING -> RESIZING -> ADMITTED (the same lease at its new size): the
+gang saves a checkpoint and stops, and its driver restarts it at the size the scheduling core chose.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class State(str, enum.Enum):
     ADMITTED = "ADMITTED"
     RUNNING = "RUNNING"
     PREEMPTING = "PREEMPTING"
+    RESIZING = "RESIZING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -32,7 +34,12 @@ class State(str, enum.Enum):
 
     @property
     def holds_lease(self) -> bool:
-        return self in (State.ADMITTED, State.RUNNING, State.PREEMPTING)
+        return self in (State.ADMITTED, State.RUNNING, State.PREEMPTING, State.RESIZING)
+
+    @property
+    def stopping(self) -> bool:
+        """Its gang is asked to save a checkpoint and stop: preempted, or resized."""
+        return self in (State.PREEMPTING, State.RESIZING)
 
 
 @dataclass
@@ -71,6 +78,14 @@ class Record:
     # Its claim on another workload's checkpoint (config.init_from: {workload, step}; raylane.control.checkpoints):
     # source id, step (None: latest at the start), path of the pinned copy once made, released once loaded.
     pin: Dict[str, Any] = field(default_factory=dict)
+    # The resize under way (state RESIZING): from_workers, to_workers, placement and devices at the new size, reason.
+    resize: Dict[str, Any] = field(default_factory=dict)
+    resizes: int = 0
+
+    @property
+    def workers(self) -> int:
+        """How many workers its lease holds (one placement node per worker); 0 without a lease."""
+        return len(self.placement)
 
     @property
     def team(self) -> str:
@@ -115,6 +130,28 @@ class Record:
             self.state = State.PREEMPTING
             self.stop_deadline = d.get("deadline")
             self.preemptions += 1 if d.get("preemption", True) else 0
+            self.resize = {}  # a preemption during a resize stops the gang: it is not restarted at the new size
+        elif e.kind == "resizing":
+            self.state = State.RESIZING
+            self.stop_deadline = d.get("deadline")
+            self.resize = {k: d[k] for k in ("from_workers", "to_workers", "placement", "devices", "reason")}
+            self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
+            if d["to_workers"] > d["from_workers"]:
+                # Growth is booked at once (the new workers' capacity is held while the gang stops and restarts);
+                # a shrink keeps the whole gang's until it has stopped.
+                self.placement = tuple(d["placement"])
+                self.devices = tuple(tuple(x) for x in d.get("devices") or ())
+        elif e.kind == "resized":
+            self.state = State.ADMITTED
+            self.placement = tuple(d["placement"])
+            self.devices = tuple(tuple(x) for x in d.get("devices") or ())
+            self.pg_name = d.get("pg_name")
+            self.admitted_at = e.ts
+            self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
+            self.step = d.get("step", self.step)
+            self.stop_deadline = None
+            self.resize = {}
+            self.resizes += 1
         elif e.kind == "requeued":
             self.state = State.PENDING
             self.queued_since = e.ts
@@ -123,6 +160,7 @@ class Record:
             self.restarts += 1 if d.get("restart") else 0
             self.placement, self.pg_name, self.admitted_at, self.stop_deadline = (), None, None, None
             self.devices = ()
+            self.resize = {}
         elif e.kind in ("finished", "cancelled"):
             self.state = State.CANCELLED if e.kind == "cancelled" else State(d.get("state", "SUCCEEDED"))
             self.outcome = d.get("outcome", "")
@@ -139,4 +177,5 @@ class Record:
         out["team"] = self.team
         out["class"] = self.cls
         out["kind"] = self.spec.get("kind", "train")
+        out["workers"] = self.workers
         return out

@@ -320,18 +320,17 @@ class ServingDriver:
                             f"{', '.join(l.reclaimed_from)} after {l.granted_at - l.demand_at:.1f}s")
 
     def _find_victims(self, lease: ReplicaLease) -> None:
-        """The workloads the core preempted for ``lease`` (their journal names it as the preemptor)."""
-        mark = f"preempted: {lease.wid} ("
-        victims = {}
+        """The workloads the core preempted or shrank for ``lease`` (their journal names it), with the GPUs each
+        gave: a whole gang's at the size it ran at, or the workers an elastic gang shrank by."""
         for row in self.ctl.queue():
-            if not row.get("preemptions") or row["id"] == lease.wid:
+            if not (row.get("preemptions") or row.get("resizes") or row.get("state") == "RESIZING") \
+                    or row["id"] == lease.wid:
                 continue
-            st = self.ctl.status(row["id"])
-            if any(mark in note for _, note in st.get("events", [])):
-                victims[row["id"]] = st
-        for vid, st in victims.items():
-            gpus = _gang_gpus(st["spec"])
-            lease.reclaimed_from.append(vid)
+            st = self.ctl.explain(row["id"])
+            gpus = _gpus_given(st, lease.wid)
+            if not gpus:
+                continue
+            lease.reclaimed_from.append(row["id"])
             lease.reclaimed_gpus += gpus
             labels = dict(self._labels, victim_team=st["team"])
             metrics.SERVE_RECLAIMS.inc(1, **labels)
@@ -560,9 +559,21 @@ def _pg_created(name: Optional[str]) -> bool:
     return False
 
 
-def _gang_gpus(spec: Dict[str, Any]) -> float:
-    g = spec.get("gang", {})
-    return float(g.get("workers", 1)) * float(g.get("resources", {}).get("gpu", 0) or 0)
+def _gpus_given(view: Dict[str, Any], wid: str) -> float:
+    """GPUs the workload of ``view`` (an ``explain`` with its journal) gave up for ``wid``: its whole gang when it
+    was preempted for it, the workers it shrank by when it was resized for it (an elastic gang). 0 when neither,
+    or when the journal is not the caller's to read."""
+    per = float(((view.get("spec") or {}).get("gang") or {}).get("resources", {}).get("gpu", 0) or 0)
+    mark, workers, given = f"{wid} (", 0, 0.0
+    for e in view.get("journal") or ():
+        kind = e["kind"]
+        if kind in ("admitted", "resized"):
+            workers = len(e.get("placement") or ())
+        elif kind == "preempting" and f"preempted: {mark}" in (e.get("note") or ""):
+            given += workers * per
+        elif kind == "resizing" and e["to_workers"] < e["from_workers"] and f"for {mark}" in e.get("reason", ""):
+            given += (e["from_workers"] - e["to_workers"]) * per
+    return given
 
 
 # ------------------------------------------------------------------------------------------- the deployment

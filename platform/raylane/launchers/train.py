@@ -155,6 +155,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         start_run()
     retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
     failures = 0
+    last_workers = None
     while True:
         rec = _wait_admitted(ctl, wid, poll_s)
         start_run()  # the run exists before anything is logged to it, the gang's end included
@@ -178,13 +179,18 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         bound_train_waits()
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl)
+        workers = len(rec["placement"])
+        if workers != last_workers:  # every start of an elastic gang at a new size; a fixed gang's once
+            tracker.log_workers(workers, step=rec.get("step") or 0)
+            last_workers = workers
         error: Optional[BaseException] = None
         result = None
         try:
             result = trainer.fit()
         except Exception as exc:  # noqa: BLE001 - classified below: forced stop, cancel, or a crash to retry
             error = exc
-        state = ctl.status(wid).state
+        now_rec = ctl.status(wid)
+        state = now_rec.state
         out = (result.return_value or {}) if result is not None else {}
         step = out.get("step")
         if state is State.CANCELLED:
@@ -193,6 +199,19 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             return ctl.status(wid)
         # A gang that reached its last step finished, even if a preemption arrived meanwhile.
         done = error is None and out.get("status") == "finished"
+        resized = state is State.RESIZING or (state is State.ADMITTED and now_rec.get("resizes", 0) >
+                                              rec.get("resizes", 0))
+        if not done and resized:
+            # The core resized the gang: it stopped at a checkpoint (or, past its grace period, by force, and the
+            # control actor has resized the lease already). It restarts from there at the new size.
+            how = "yielded" if error is None else "stopped by force"
+            if state is State.RESIZING:
+                now_rec = ctl.release(wid, Outcome.YIELDED, step=step)
+            size = len(now_rec["placement"])
+            tracker.event("resized", f"{how} at step {step}: {workers} -> {size} workers", step=step,
+                          from_workers=workers, to_workers=size)
+            _say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
+            continue
         if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
             how = "yielded" if error is None else "stopped by force"
             tracker.event("preempted", f"{how} at step {step}", step=step)

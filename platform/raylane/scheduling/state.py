@@ -151,10 +151,12 @@ class ClusterState:
 
     def resize(self, rz: Resize, now: float) -> Lease:
         """Apply a Resize decision: the running gang goes on at ``rz.to_workers`` on ``rz.placement`` from ``now``
-        (a resize is a restart from a checkpoint: its start time is now, its service so far is kept)."""
+        (a resize is a restart from a checkpoint: its start time is now, its service so far is kept). A driver that
+        keeps a shrinking gang booked whole until it has stopped (``mark_terminating``) applies the shrink then: a
+        terminating lease may be resized too, and runs again at its new size."""
         old = self.leases.get(rz.workload.id)
-        if old is None or old.state is not LeaseState.RUNNING:
-            raise KeyError(f"resize of {rz.workload.id}: allowed only for a running lease")
+        if old is None:
+            raise KeyError(f"resize of {rz.workload.id}: allowed only for a running or terminating lease")
         g = old.workload.gang
         if rz.from_workers != g.workers or len(rz.placement) != rz.to_workers or not g.lo <= rz.to_workers <= g.hi:
             raise ValueError(f"resize of {rz.workload.id} from {rz.from_workers} to {rz.to_workers} workers on "

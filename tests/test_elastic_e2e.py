@@ -1,0 +1,111 @@
+"""Elastic gangs on a real local cluster (issue 15): the control actor carries out the core's ``Resize`` decisions
+through a checkpoint, and the training driver restarts Ray Train at the new size on the nodes the core chose.
+
+One scenario, as a user would see it, on 4 logical GPUs: an elastic pretraining gang ({min: 2, max: 4}, one GPU a
+worker) starts at 2 beside another team's job, grows to 4 when that job leaves, shrinks to 2 when a higher class of
+its own team arrives (which then runs), and grows back when it leaves. Its MLflow run has every step's loss once,
+the worker count as a metric and each resize as an event; its journal and ``raylane explain`` give each reason."""
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from raylane.control.client import State  # noqa: E402
+from tests.jobtest import (finished, metric_history, mlflow_run, print_job_logs_on_failure,  # noqa: E402
+                           record_of_job, start_env, stop_env, submit_job)
+from tests.raytest import local_policy, spec, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+# report_every: 1 paces the loop (each report waits on the Train controller, about 0.2 s here), so the gang is
+# still training while the test makes the cluster change around it; stop requests are heard at checkpoints.
+TRAIN = {"checkpoint_every": 10, "report_every": 1, "batch_size": 4, "warmup_steps": 2, "eval_every": 0,
+         "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
+STEPS = 500
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    policy = local_policy()
+    policy["scheduler"]["resize_interval"] = "5s"
+    env = start_env(tmp_path_factory.mktemp("elastic"), policy=policy)
+    try:
+        yield env
+    finally:
+        stop_env(env)
+
+
+@pytest.fixture(autouse=True)
+def _logs(request, env):
+    yield
+    print_job_logs_on_failure(request, env)
+
+
+def elastic(name, **config):
+    s = spec(name, "team-a", "pretrain", gpu=1, cpu=0.5, config=dict(TRAIN, **config))
+    s["gang"]["workers"] = {"min": 2, "max": 4}
+    return s
+
+
+def resizes(env, wid):
+    return [(e["from_workers"], e["to_workers"], e["reason"]) for e in env["ctl"].explain(wid)["journal"]
+            if e["kind"] == "resizing"]
+
+
+def running_at(env, wid, workers, done):
+    rec = env["ctl"].status(wid)
+    return rec.state is State.RUNNING and rec["resizes"] == done and len(rec["placement"]) == workers
+
+
+def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
+    ctl = env["ctl"]
+    # Another team's job holds 2 of the 4 GPUs (it holds at step 5 until it is stopped).
+    other_job = submit_job(env, spec("other-b", "team-b", "pretrain", gpu=2, cpu=0.5,
+                                     config=dict(TRAIN, max_steps=10_000, fault={"hold_at_step": 5})), "other-b")
+    other = record_of_job(env, other_job)["id"]
+    wait_for(lambda: ctl.status(other).state is State.RUNNING, timeout=120, what="the other team's job running")
+
+    job = submit_job(env, elastic("elastic-a", max_steps=STEPS), "elastic-a")
+    wid = record_of_job(env, job)["id"]
+    wait_for(lambda: running_at(env, wid, 2, 0), timeout=120, what="the elastic gang running at 2 workers")
+
+    # The other job leaves: the gang grows into its GPUs once it has run the resize interval.
+    ctl.cancel(other)
+    wait_for(lambda: running_at(env, wid, 4, 1), timeout=120, what="the elastic gang grown to 4 workers")
+
+    # A higher class of the same team arrives; the team is at its quota ceiling (4 GPUs): the gang shrinks.
+    ft_job = submit_job(env, spec("ft-a", "team-a", "finetune", gpu=2, cpu=0.5, config=dict(TRAIN, max_steps=20)),
+                        "ft-a")
+    ft = record_of_job(env, ft_job)["id"]
+    assert str(finished(env, ft_job)).endswith("SUCCEEDED")
+    # ... and grows back once it has gone.
+    assert str(finished(env, job, timeout=300)).endswith("SUCCEEDED")
+
+    rec = ctl.explain(wid)
+    journal = [(round(e["ts"], 1), e["kind"], e.get("note", "")) for e in rec["journal"]]
+    got = resizes(env, wid)
+    assert [(a, b) for a, b, _ in got] == [(2, 4), (4, 2), (2, 4)], journal
+    assert got[0][2].startswith("grows from 2 to 4 workers (maximum 4) into free capacity"), got[0]
+    assert f"to free quota for {ft} (team-a/finetune" in got[1][2] or \
+        f"to free capacity for {ft} (team-a/finetune" in got[1][2], got[1]
+    assert got[2][2].startswith("grows from 2 to 4 workers"), got[2]
+    assert rec["resizes"] == 3 and rec["preemptions"] == 0 and rec["restarts"] == 0, journal
+    assert not [e for e in rec["journal"] if e["kind"] == "requeued"], journal
+    # Each resize restarted from the checkpoint the gang saved when asked: on the nodes the core chose.
+    done = [e for e in rec["journal"] if e["kind"] == "resized"]
+    assert [len(e["placement"]) for e in done] == [4, 2, 4] and all("yielded at step" in e["note"] for e in done)
+
+    # The higher class ran once the gang had shrunk, and was never rolled back or preempted.
+    rf = ctl.explain(ft)
+    admitted = next(e["ts"] for e in rf["journal"] if e["kind"] == "admitted")
+    assert admitted >= done[1]["ts"], (journal, rf["journal"])
+    assert not [e for e in rf["journal"] if e["kind"] == "requeued"], rf["journal"]
+
+    # MLflow: every step's loss once (no step lost or run twice across three restarts), the worker count as a
+    # metric (a step function), each resize as an event.
+    run, hist = metric_history(env, wid)
+    assert [s for s, _ in hist] == list(range(1, STEPS + 1))
+    _, workers = metric_history(env, wid, "workers")
+    assert [int(v) for _, v in workers] == [2, 4, 2, 4], workers
+    assert [s for s, _ in workers] == [0] + [e["step"] for e in done], (workers, done)
+    assert run.data.tags["raylane.resizes"] == "3"
+    assert mlflow_run(env, wid).data.tags["raylane.last_event"].startswith("finished")
