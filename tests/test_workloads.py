@@ -11,9 +11,10 @@ import torch
 
 from workloads.errors import ConfigError
 from workloads import checkpoint as ckpt
-from workloads.data import batch_at, build_corpus
+from workloads.data import batch_at, build_corpus, global_batch_at, loss_scale, rank_slice
 from workloads.eval_lm import evaluate
-from workloads.train_lm import ForwardingHooks, LocalHooks, finetune_config, parse_config, train
+from workloads.model import ByteTransformer, ModelConfig
+from workloads.train_lm import ForwardingHooks, LocalHooks, TrainHooks, finetune_config, parse_config, train
 
 # One thread (robust on a shared box), ~20 ms a step, big enough that the loss falls well within 100 steps.
 SMALL = {"batch_size": 16, "num_threads": 1, "model": {"d_model": 64}, "checkpoint_every": 50}
@@ -53,6 +54,81 @@ def test_batch_is_a_pure_function_of_seed_and_step_and_ranks_take_disjoint_slice
     r0, _ = batch_at(data, seed=1, step=7, batch_size=2, context=16, rank=0, world_size=2)
     r1, _ = batch_at(data, seed=1, step=7, batch_size=2, context=16, rank=1, world_size=2)
     assert torch.equal(torch.cat([r0, r1]), x1)  # the global batch does not depend on how it is split
+
+
+def test_a_fixed_global_batch_is_partitioned_over_any_worker_count():
+    data = build_corpus(max_bytes=50_000).train
+    (whole, whole_y) = global_batch_at(data, seed=3, step=11, global_batch=8, context=16)
+    assert whole.shape == (8, 16)
+    for world in range(1, 6):
+        parts = [global_batch_at(data, seed=3, step=11, global_batch=8, context=16, rank=r, world_size=world)
+                 for r in range(world)]
+        sizes = [x.shape[0] for x, _ in parts]
+        assert sizes == [hi - lo for lo, hi in (rank_slice(8, r, world) for r in range(world))]
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1  # uneven by at most one window (3 ranks: 2, 3, 3)
+        assert torch.equal(torch.cat([x for x, _ in parts]), whole)
+        assert torch.equal(torch.cat([y for _, y in parts]), whole_y)
+    assert [x.shape[0] for x, _ in (global_batch_at(data, seed=3, step=11, global_batch=8, context=16, rank=r,
+                                                    world_size=3) for r in range(3))] == [2, 3, 3]
+    # Even split with global_batch = batch_size x world_size: exactly batch_at's batches.
+    for world in (1, 2, 4):
+        for r in range(world):
+            x, y = global_batch_at(data, seed=3, step=11, global_batch=8, context=16, rank=r, world_size=world)
+            bx, by = batch_at(data, seed=3, step=11, batch_size=8 // world, context=16, rank=r, world_size=world)
+            assert torch.equal(x, bx) and torch.equal(y, by)
+            assert loss_scale(8, r, world) == 1.0
+    with pytest.raises(ValueError, match=r"global_batch: got 2; allowed: an integer >= the worker count \(3\)"):
+        rank_slice(2, 0, 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_scaled_rank_gradients_average_to_the_gradient_of_the_global_mean_loss(world):
+    # What DDP does: every rank backs up loss * loss_scale on its part, the gradients are averaged over the ranks.
+    data = build_corpus(max_bytes=50_000).train
+    torch.manual_seed(0)
+    model = ByteTransformer(ModelConfig(context=16, d_model=16, n_layers=1, n_heads=2))
+    x, y = global_batch_at(data, seed=5, step=2, global_batch=8, context=16)
+    model.zero_grad()
+    model(x, y)[1].backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    got = [torch.zeros_like(p) for p in model.parameters()]
+    for r in range(world):
+        xr, yr = global_batch_at(data, seed=5, step=2, global_batch=8, context=16, rank=r, world_size=world)
+        model.zero_grad()
+        (model(xr, yr)[1] * loss_scale(8, r, world)).backward()
+        for g, p in zip(got, model.parameters()):
+            g += p.grad / world
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    if world == 3:  # uneven (2, 3, 3 windows): the plain, unscaled average would be off
+        plain = [torch.zeros_like(p) for p in model.parameters()]
+        for r in range(world):
+            xr, yr = global_batch_at(data, seed=5, step=2, global_batch=8, context=16, rank=r, world_size=world)
+            model.zero_grad()
+            model(xr, yr)[1].backward()
+            for g, p in zip(plain, model.parameters()):
+                g += p.grad / world
+        assert not all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(plain, want))
+
+
+def test_global_batch_on_one_worker_trains_as_batch_size_and_refuses_fewer_windows_than_workers(tmp_path):
+    plain, fixed = LocalHooks(tmp_path / "plain"), LocalHooks(tmp_path / "fixed")
+    train({**SMALL, "max_steps": 3}, hooks=plain)
+    # batch_size is ignored once global_batch is set.
+    train({**SMALL, "batch_size": 5, "global_batch": SMALL["batch_size"], "max_steps": 3}, hooks=fixed)
+    assert plain.losses() == fixed.losses()
+    # Throughput counts the global batch, not batch_size.
+    assert all(m["samples_per_s"] * m["step_time_s"] == pytest.approx(16) for _, m in fixed.reports)
+
+    class Three(TrainHooks):
+        world_rank, world_size = 0, 3
+
+    with pytest.raises(ConfigError) as info:
+        train({**SMALL, "global_batch": 2, "max_steps": 1}, hooks=Three())
+    assert info.value.errors == [("global_batch", 2, "an integer >= the worker count (3)")]
+    with pytest.raises(ConfigError) as info:
+        parse_config({"global_batch": 0})
+    assert info.value.errors[0][:2] == ("global_batch", 0)
 
 
 # --- training --------------------------------------------------------------------------------------------------

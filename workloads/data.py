@@ -1,7 +1,8 @@
 """The byte-level corpus of the reference workloads: Python's own standard library sources.
 
 This module owns how the corpus is chosen, read, split and sampled. It draws no random numbers from global state:
-which windows make up a batch is a pure function of ``(seed, step, rank)``, so a run resumed at step ``k`` sees
+which windows make up a batch is a pure function of ``(seed, step, rank)`` (and of the world size, or of the fixed
+global batch, ``global_batch_at``), so a run resumed at step ``k`` sees
 exactly the batches an uninterrupted run saw from step ``k`` on.
 
 Words:
@@ -33,8 +34,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Corpus", "CorpusConfig", "build_corpus", "load_corpus", "batch_at", "eval_windows", "stdlib_root",
-           "DEFAULT_MAX_BYTES"]
+__all__ = ["Corpus", "CorpusConfig", "build_corpus", "load_corpus", "batch_at", "global_batch_at", "rank_slice",
+           "loss_scale", "eval_windows", "stdlib_root", "DEFAULT_MAX_BYTES"]
 
 DEFAULT_MAX_BYTES = 2_000_000
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
@@ -202,6 +203,55 @@ def batch_at(
         raise ValueError(f"context: got {context}; the split holds only {data.numel()} bytes, need > context + 1")
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, high, size=batch_size * world_size)[rank * batch_size : (rank + 1) * batch_size]
+    return _windows(data, torch.from_numpy(starts), context)
+
+
+def rank_slice(global_batch: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank ``rank``'s part of a global batch of ``global_batch`` windows over ``world_size`` ranks: the half-open
+    range ``[rank * G // W, (rank + 1) * G // W)``. The ranks' ranges partition ``[0, G)`` in rank order; when W
+    does not divide G they differ by one window (G=8 over 3 ranks: 2, 3, 3). Every rank gets at least one window,
+    so W must not exceed G."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank: got {rank} of world_size {world_size}; allowed: 0 <= rank < world_size")
+    if not world_size <= global_batch:
+        raise ValueError(f"global_batch: got {global_batch}; allowed: an integer >= the worker count ({world_size})")
+    return rank * global_batch // world_size, (rank + 1) * global_batch // world_size
+
+
+def loss_scale(global_batch: int, rank: int, world_size: int) -> float:
+    """The factor rank ``rank`` multiplies its (mean) loss by before backward: ``n_r * W / G``, ``n_r`` its windows.
+
+    DDP averages the gradients over the W ranks, so the step's gradient is ``(1/W) * sum_r n_r * W / G * grad(mean
+    loss of rank r) = sum_r (n_r / G) * grad(mean loss of rank r)``: the gradient of the mean loss over the whole
+    global batch (every window has the same number of tokens), however unevenly the ranks split it. 1 when even."""
+    lo, hi = rank_slice(global_batch, rank, world_size)
+    return (hi - lo) * world_size / global_batch
+
+
+def global_batch_at(
+    data: torch.Tensor,
+    *,
+    seed: int,
+    step: int,
+    global_batch: int,
+    context: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s part of the batch of ``step`` when the global batch is fixed at ``global_batch`` windows,
+    whatever the worker count: ``(inputs, targets)``, each ``[n_r, context]`` (``rank_slice``).
+
+    The ``global_batch`` windows are drawn as ``batch_at`` draws its global batch (a generator seeded by
+    ``(seed, step)``), so a run restarted at another world size trains on the same windows at every step; and with
+    ``global_batch == batch_size * world_size`` each rank gets exactly ``batch_at``'s batch. Ranks of uneven parts
+    weigh their loss by ``loss_scale``.
+    """
+    lo, hi = rank_slice(global_batch, rank, world_size)
+    high = data.numel() - context - 1
+    if high <= 0:
+        raise ValueError(f"context: got {context}; the split holds only {data.numel()} bytes, need > context + 1")
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, high, size=global_batch)[lo:hi]
     return _windows(data, torch.from_numpy(starts), context)
 
 

@@ -39,7 +39,7 @@ from torch import nn
 
 from workloads.errors import ConfigError
 from workloads import checkpoint as ckpt
-from workloads.data import CorpusConfig, batch_at, load_corpus
+from workloads.data import CorpusConfig, batch_at, global_batch_at, load_corpus, loss_scale
 from workloads.eval_lm import mean_loss
 from workloads.model import ByteTransformer, ModelConfig
 
@@ -58,7 +58,8 @@ __all__ = [
 
 _CONFIG_SOURCE = "train config"
 # Keys that fix the data order or the LR schedule: a resume that changes one no longer matches an uninterrupted run.
-_RESUME_SENSITIVE = ("seed", "batch_size", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "corpus", "num_threads")
+_RESUME_SENSITIVE = ("seed", "batch_size", "global_batch", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "corpus",
+                     "num_threads")
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,14 @@ class TrainConfig(BaseModel):
 
     max_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 300
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    # Windows per worker and step (the global batch is batch_size x the worker count), unless global_batch is set.
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    # Windows per step over all workers, fixed whatever the worker count (an elastic gang restarted at another size
+    # keeps its global batch, so its LR schedule and data order still mean the same): when set, batch_size is
+    # ignored for training (evaluation still uses it), rank r of W trains on windows [r*G//W, (r+1)*G//W) of the
+    # step's draw and weighs its loss by n_r*W/G (data.loss_scale), so that DDP's average of the ranks' gradients is
+    # the gradient of the mean loss over the G windows. Must be >= the worker count. null: batch_size per worker.
+    global_batch: Optional[Annotated[int, Field(ge=1, le=1_048_576)]] = None
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 3e-3
     warmup_steps: Annotated[int, Field(ge=0)] = 20
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
@@ -353,6 +361,10 @@ class _Run:
         self.cfg = cfg
         self.hooks = hooks
         self.rank, self.world = int(hooks.world_rank), int(hooks.world_size)
+        if cfg.global_batch is not None and cfg.global_batch < self.world:
+            # Each rank needs at least one window of the step: refuse before loading anything.
+            raise ConfigError(_CONFIG_SOURCE, [("global_batch", cfg.global_batch,
+                                                f"an integer >= the worker count ({self.world})")])
         self.corpus = load_corpus(cfg.corpus)
 
     def run(self) -> TrainResult:
@@ -424,6 +436,9 @@ class _Run:
         context = self.model_config.context
         metrics: dict[str, float] = {}
         last_saved = resumed_from
+        fixed = cfg.global_batch
+        scale = loss_scale(fixed, self.rank, self.world) if fixed is not None else None
+        global_size = fixed if fixed is not None else cfg.batch_size * self.world
         model.train()
         while step < cfg.max_steps:
             if hooks.should_stop():
@@ -433,11 +448,17 @@ class _Run:
 
             t0 = time.perf_counter()
             lr = self.optimizer.param_groups[0]["lr"]
-            x, y = batch_at(train_data, seed=cfg.seed, step=data_position, batch_size=cfg.batch_size,
-                            context=context, rank=self.rank, world_size=self.world)
+            if fixed is None:
+                x, y = batch_at(train_data, seed=cfg.seed, step=data_position, batch_size=cfg.batch_size,
+                                context=context, rank=self.rank, world_size=self.world)
+            else:
+                x, y = global_batch_at(train_data, seed=cfg.seed, step=data_position, global_batch=fixed,
+                                       context=context, rank=self.rank, world_size=self.world)
             _, loss = model(x.to(self.device), y.to(self.device))
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # Without global_batch every rank has batch_size windows and the loss backs up as it is (bit for bit
+            # as before); with it, the uneven parts are weighed so the averaged gradient is the global batch's.
+            (loss if scale is None else loss * scale).backward()
             if cfg.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             self.optimizer.step()
@@ -450,7 +471,7 @@ class _Run:
                 "loss": float(loss.item()),
                 "lr": float(lr),
                 "step_time_s": elapsed,
-                "samples_per_s": cfg.batch_size * self.world / elapsed,
+                "samples_per_s": global_size / elapsed,
             }
             if cfg.eval_every and step % cfg.eval_every == 0 and self.rank == 0:
                 val = mean_loss(self.raw, self.corpus.val, windows=cfg.eval_windows, batch_size=cfg.batch_size)

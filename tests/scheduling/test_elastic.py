@@ -156,3 +156,72 @@ def test_a_driver_that_cannot_resize_running_gangs_gets_no_resize():
     out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)], resize_running=False,
                  pending=[wl("e2").cls(ELASTIC).elastic(2, 8)])
     assert _size(out, "e2") == 8
+
+
+# -- equal priority takes back an elastic gang's growth (issue 15, part 4) --------------------------------------------
+
+def test_equal_priority_work_of_the_team_takes_back_a_grown_gang_by_shrinking_it():
+    # e (elastic, priority 20) grew to 8 while nothing waited; p (pretrain, also priority 20) arrives later and
+    # needs 4. Equal priority never stops e, but what e grew into is given back: e shrinks to 4.
+    st = make_state([node("n1").gpus(8)], [team("nlp", gpu=8)],
+                    running=[running(wl("e").cls(ELASTIC).elastic(2, 8).workers(8), on=("n1",) * 8, since=0)],
+                    pending=[wl("p").cls(PRETRAIN).workers(4).at(FAR - 1)])
+    res = cycle(st.snapshot(), FAR)
+    assert not res.preempted and not res.admitted
+    assert [(r.workload.id, r.from_workers, r.to_workers) for r in res.resized] == [("e", 8, 4)]
+    assert "shrinks from 8 to 4" in res.resized[0].reason and "p (nlp/pretrain, priority 20)" in res.resized[0].reason
+    (wait,) = res.pending
+    assert type(wait.reason).__name__ == "WaitingForPreemption" and wait.reason.victims == ("e",)
+    st.resize(res.resized[0], FAR)
+    res = cycle(st.snapshot(), FAR)
+    assert [a.workload.id for a in res.admitted] == ["p"] and not res.resized and not res.preempted
+    # A lower class of the team does not: it waits, e keeps its 8.
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)],
+                 running=[running(wl("e").cls(ELASTIC).elastic(2, 8).workers(8), on=("n1",) * 8, since=0)],
+                 pending=[wl("s").cls(SWEEP).workers(4).at(FAR - 1)], now=FAR)
+    assert _resized(out) == {} and out.preempted == {} and "s" not in out.admitted
+
+
+def test_equal_priority_never_stops_a_gang_whole_it_waits_when_the_minimum_is_not_enough():
+    # e (3..4) can give 1 GPU; p needs 2. A higher class would stop e whole; equal priority only waits.
+    run = [running(wl("e").cls(ELASTIC).elastic(3, 4).workers(4), on=("n1",) * 4, since=0)]
+    out = decide([node("n1").gpus(4)], [team("nlp", gpu=4)], running=run,
+                 pending=[wl("p").cls(PRETRAIN).workers(2).at(FAR - 1)], now=FAR)
+    assert out.preempted == {} and _resized(out) == {} and "p" not in out.admitted
+    assert out.reason_type("p") != "WaitingForPreemption"
+    # Nor is a fixed gang of its priority stopped to make up the difference (both are in the team's class 20).
+    run2 = run + [running(wl("f").cls(PRETRAIN).workers(2), on=("n2",) * 2, since=0)]
+    out = decide([node("n1").gpus(4), node("n2").gpus(2)], [team("nlp", gpu=6)], running=run2,
+                 pending=[wl("p").cls(PRETRAIN).workers(2).at(FAR - 1)], now=FAR)
+    assert out.preempted == {} and _resized(out) == {}
+    out = decide([node("n1").gpus(4)], [team("nlp", gpu=4)], running=run,
+                 pending=[wl("p").cls(PROD).workers(2).at(FAR - 1)], now=FAR)
+    assert out.preempted == {"p": ("e",)}
+
+
+def test_another_teams_equal_priority_work_takes_growth_only_by_reclaim():
+    # cv's e holds 8, within cv's nominal quota: nlp's equal-priority p may not shrink it (in-quota work is
+    # protected), though p would be within nlp's own nominal quota.
+    run = [running(wl("e").team("cv").cls(ELASTIC).elastic(2, 8).workers(8), on=("n1",) * 8, since=0)]
+    p = wl("p").cls(PRETRAIN).workers(4).at(FAR - 1)
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=4), team("cv", gpu=8)], running=run, pending=[p], now=FAR)
+    assert _resized(out) == {} and out.preempted == {}
+    # cv borrows (nominal 4, holds 8) but p would take nlp past its own nominal quota (2): no reclaim, nothing.
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=2, borrow=4), team("cv", gpu=4, borrow=4)], running=run,
+                 pending=[p], now=FAR)
+    assert _resized(out) == {} and out.preempted == {}
+    # Reclaiming within its nominal quota, nlp shrinks the borrowed part, as for any priority.
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=4), team("cv", gpu=4, borrow=4)], running=run,
+                 pending=[p], now=FAR)
+    assert _resized(out) == {"e": (8, 4)} and out.preempted == {}
+
+
+def test_equal_priority_shrink_waits_for_the_minimum_runtime():
+    slow = WorkloadClass("slow-elastic", priority=20, preemptible=True, min_runtime_s=600, resizable=True)
+    p = wl("p").cls(PRETRAIN).workers(4).at(FAR - 1)
+    run = [running(wl("e").cls(slow).elastic(2, 8).workers(8), on=("n1",) * 8, since=FAR - 100)]
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)], running=run, pending=[p], now=FAR)
+    assert _resized(out) == {} and out.preempted == {}
+    run = [running(wl("e").cls(slow).elastic(2, 8).workers(8), on=("n1",) * 8, since=FAR - 600)]
+    out = decide([node("n1").gpus(8)], [team("nlp", gpu=8)], running=run, pending=[p], now=FAR)
+    assert _resized(out) == {"e": (8, 4)} and out.preempted == {}

@@ -311,4 +311,7 @@ def test_cli_elastic_flags(tmp_path):
     (summary,) = json.loads(ok.stdout)["runs"].values()
     assert summary["options"]["elastic_speedup"] == "train=amdahl:0.05,linear"
     assert summary["options"]["resize_overhead_s"] == 120.0
-    assert summary["resizes"]["total"] == 0
+    # b (1 GPU, a's class and priority) takes back what a grew into: a shrinks from 4 workers to 3 and pays the
+    # 2-minute resize overhead on its 6 GPUs.
+    assert summary["resizes"]["total"] == 1
+    assert summary["resizes"]["overhead_gpu_hours"] == pytest.approx(120 * 6 / 3600)

@@ -12,9 +12,10 @@ Rules every policy keeps (enforced here, not by each policy):
 - another team's work is touched only while that team's running leases hold more than its nominal quota, when the
   admission policy protects in-quota work (``PreemptionContext.protected``).
 
-Policies: ``default`` (Kueue-like: within a team a higher class preempts a lower one; a team that stays within its
-nominal quota reclaims what others borrowed), ``ordering`` (any lease that ranks after the preemptor under the
-ordering policy: LAS demotion, SRTF; but none (re)started too recently for the config's hysteresis,
+Policies: ``default`` (Kueue-like: within a team a higher class preempts a lower one, and work of equal priority
+takes back what the team's elastic gangs of that priority grew into, by shrinking them, never by stopping them; a team
+that stays within its nominal quota reclaims what others borrowed), ``ordering`` (any lease that ranks after the
+preemptor under the ordering policy: LAS demotion, SRTF; but none (re)started too recently for the config's hysteresis,
 ``settled_after``, so that no workload is stopped over and over), ``none``.
 
 Cost of a victim, smallest first: class priority, then GPU-seconds of work since its last checkpoint (what a stop
@@ -113,6 +114,18 @@ class PreemptionContext:
                 ls.sort(key=self.cost)
                 self._unsorted.discard((team, prio))
             yield from ls
+
+    def team_shrinks(self, team: str, prio: int) -> Iterable[Lease]:
+        """The shrink options (to their minimum) of the team's eligible elastic gangs of class priority ``prio``,
+        cheapest first; never a whole lease. Lazy, like ``team_candidates``, whose class list it reads."""
+        ls = self._classes(team).get(prio)
+        if not ls:
+            return
+        if (team, prio) in self._unsorted:
+            ls.sort(key=self.cost)
+            self._unsorted.discard((team, prio))
+        shrinks = self.shrinks
+        yield from (l for l in ls if l.id in shrinks)
 
     def by_team(self) -> Dict[str, List[Lease]]:
         return {t: self.team_eligible(t) for t in list(self.teams())}
@@ -252,15 +265,24 @@ PREEMPTIONS: Registry[PreemptionPolicy] = Registry("preemption", default="defaul
 @PREEMPTIONS.register("default")
 class DefaultPreemption:
     def memo_key(self, preemptor, ctx):
-        """Whether it reclaims (then other teams' leases count); a lower class gets a subset of the candidates."""
+        """Whether it reclaims (then other teams' leases count); a lower class gets a subset of the candidates.
+
+        Still so with the shrink options of the preemptor's own priority: a preemptor of priority p gets classes
+        below p whole and the shrinks of class p; one of priority q > p gets class p whole (its shrink options
+        included) among the classes below q. Equal priorities get equal candidates."""
         reclaim = ctx.ledger.within_nominal(preemptor.team, preemptor.gang.total)
         return reclaim, reclaim, -preemptor.cls.priority
 
     def candidates(self, preemptor, ctx):
         team, prio = preemptor.team, preemptor.cls.priority
         reclaim = ctx.ledger.within_nominal(team, preemptor.gang.total)
-        # Within the team: its lower classes.
-        streams = [ctx.team_candidates(team, below=prio)]
+        # Within the team: its lower classes; then what its elastic gangs of the preemptor's own priority grew into
+        # (their shrink options only). Growth is opportunistic, taken while nothing of that priority waited: work
+        # of equal priority that arrives later takes it back rather than wait for the whole gang to end, but never
+        # stops such a gang (its whole lease is no candidate, so find_victims cannot turn the shrink into a stop).
+        # A shrink option costs more than any stop of a lower class (cost is class first), so chaining keeps the
+        # stream cheapest first, and lazy.
+        streams = [itertools.chain(ctx.team_candidates(team, below=prio), ctx.team_shrinks(team, prio))]
         fresh = [l for l in ctx.fresh_by_team.get(team, ())
                  if l.workload.cls.preemptible and l.workload.cls.priority < prio]
         # Reclaim takes only from teams that borrow, whatever the admission policy: two teams both under their
