@@ -41,7 +41,8 @@ def _logs(request, env):
 
 
 def elastic(name, **config):
-    s = spec(name, "team-a", "pretrain", gpu=1, cpu=0.5, config=dict(TRAIN, **config))
+    # The same 8 windows a step at 2 or 4 workers (workloads.train_lm: global_batch).
+    s = spec(name, "team-a", "pretrain", gpu=1, cpu=0.5, config=dict(TRAIN, global_batch=8, **config))
     s["gang"]["workers"] = {"min": 2, "max": 4}
     return s
 

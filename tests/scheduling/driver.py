@@ -1,7 +1,9 @@
 """A tiny driver of ``ClusterState`` + ``cycle`` with a fake clock, for multi-cycle tests.
 
 Admitted workloads run for their duration; victims of a preemption stop ``grace`` seconds after they are told, lose
-all work since they started (the worst case: no checkpoint), and go back to their queue. Workloads arrive at their
+all work since they started (the worst case: no checkpoint), and go back to their queue. Resizes of elastic gangs
+are carried out as the control actor does: growth at once, a shrink ``grace`` seconds later (the gang is kept whole,
+terminating, until then); a gang's duration is not changed by its size here. Workloads arrive at their
 submit time. ``run`` returns when nothing waits and nothing runs, and fails on a deadlock or after ``max_cycles``.
 """
 from __future__ import annotations
@@ -26,6 +28,8 @@ class Driver:
         self.now = 0.0
         self.ends: Dict[str, float] = {}
         self.stops: Dict[str, float] = {}
+        self.shrinks: Dict[str, tuple] = {}  # workload id -> (when, the Resize)
+        self.resizes = self.shrunk = 0
         self.cycles = 0
         self.admissions = 0
         self.preemptions = 0
@@ -46,6 +50,14 @@ class Driver:
             self.state.start(a, self.now)
             self.ends[a.workload.id] = self.now + self.durations[a.workload.id]
             self.admissions += 1
+        for rz in res.resized:
+            self.resizes += 1
+            if rz.to_workers > rz.from_workers:
+                self.state.resize(rz, self.now)
+            else:
+                self.shrunk += 1
+                self.state.mark_terminating(rz.workload.id)
+                self.shrinks[rz.workload.id] = (self.now + self.grace, rz)
         for p in res.preempted:
             for v in p.victims:
                 self.state.mark_terminating(v)
@@ -56,7 +68,7 @@ class Driver:
 
     def advance(self) -> bool:
         """Move the clock to the next event and apply it; False when there is none."""
-        times = list(self.ends.values()) + list(self.stops.values())
+        times = list(self.ends.values()) + list(self.stops.values()) + [t for t, _ in self.shrinks.values()]
         if self.arrivals:
             times.append(self.arrivals[0].submit_time)
         if not times:
@@ -67,6 +79,11 @@ class Driver:
                 del self.ends[wid]
                 self.state.finish(wid, self.now)
                 self.finished.append(wid)
+        for wid, (t, rz) in sorted(self.shrinks.items(), key=lambda kv: (kv[1][0], kv[0])):
+            if t <= self.now:
+                del self.shrinks[wid]
+                if wid in self.state.leases:  # not ended meanwhile
+                    self.state.resize(rz, self.now)
         for wid, t in sorted(self.stops.items(), key=lambda kv: (kv[1], kv[0])):
             if t <= self.now:
                 del self.stops[wid]

@@ -44,7 +44,7 @@ from raylane.scheduling import (
 )
 from raylane.scheduling.types import node_devices
 
-from .builders import CRITICAL, FINETUNE, PRETRAIN, PROD, SLOW_START, SWEEP
+from .builders import CRITICAL, ELASTIC, FINETUNE, PRETRAIN, PROD, SLOW_START, SWEEP
 from .driver import Driver
 
 CLASSES = [CRITICAL, PROD, FINETUNE, PRETRAIN, SWEEP, SLOW_START]
@@ -70,8 +70,9 @@ class Scenario:
 
 
 def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = None, n_workloads: int = 18,
-                    fractional: bool = False) -> Scenario:
-    """``fractional``: workers ask shares of a GPU too (0.25 to 0.6), beside whole GPUs."""
+                    fractional: bool = False, elastic: bool = False) -> Scenario:
+    """``fractional``: workers ask shares of a GPU too (0.25 to 0.6), beside whole GPUs. ``elastic``: about a third
+    of the workloads are elastic gangs (a resizable class, 1 to 5 workers between their bounds)."""
     rng = random.Random(seed)
     nodes = []
     for i in range(rng.randint(2, 5)):
@@ -105,6 +106,10 @@ def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = N
             runtime_estimate_s=rng.choice([None, float(rng.randint(10, 400))]),
             data_snapshot=rng.choice([None, "c4"]),
         )
+        if elastic and rng.random() < 0.35:
+            lo = rng.choice([1, 1, 2])
+            hi = lo + rng.randint(1, 3)
+            w = replace(w, cls=ELASTIC, gang=replace(w.gang, workers=lo, min_workers=lo, max_workers=hi))
         if check_feasible(w, nodes, teams, config.admission) is not None:
             continue
         workloads.append(w)
@@ -212,6 +217,8 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
                 q = snap.teams[lease.team].quotas["gpu"]
                 assert snap_usage[lease.team].gpu > q.nominal + EPS, f"{v} of {lease.team} was in quota"
 
+    check_resizes(snap, res, now, free, usage if protects else None)
+
     # Every examined pending workload has a reason and a distinct, increasing position.
     positions = [p.position for p in res.pending]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
@@ -219,6 +226,39 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
     # Nothing skipped silently: fewer decided than waiting only when a cycle limit was hit.
     if len(decided) < len(queued):
         assert len(res.admitted) >= cfg.max_admissions_per_cycle or len(decided) >= max_examined
+
+
+def check_resizes(snap: Snapshot, res: CycleResult, now: float, free: Dict[str, Resources], usage) -> None:
+    """Resizes: of running gangs of resizable classes only, within their bounds, from their size now, keeping
+    their workers where they are, once a cycle and never beside a stop of the same gang; a shrink keeps the rules
+    of a stop; growth over-commits no node (``free``: what is left after this cycle's admissions) and, under
+    protecting admission (``usage``: with them), no quota."""
+    leases = {l.id: l for l in snap.leases}
+    stopped = {v for p in res.preempted for v in p.victims}
+    seen = set()
+    for rz in res.resized:
+        lease = leases[rz.workload.id]
+        g = lease.workload.gang
+        assert rz.workload.id not in seen and rz.workload.id not in stopped, rz
+        seen.add(rz.workload.id)
+        assert lease.state is LeaseState.RUNNING and lease.workload.cls.resizable and g.elastic, rz
+        assert rz.from_workers == g.workers == len(lease.placement) and rz.to_workers != rz.from_workers, rz
+        assert g.lo <= rz.to_workers <= g.hi and len(rz.placement) == rz.to_workers, rz
+        keep = min(rz.from_workers, rz.to_workers)
+        assert tuple(rz.placement[:keep]) == tuple(lease.placement[:keep]), rz
+        if rz.to_workers < rz.from_workers:
+            assert lease.workload.cls.preemptible and now - lease.start_time >= lease.workload.cls.min_runtime_s
+            continue
+        assert now - lease.start_time >= snap.config.resize_interval_s, rz
+        for nid in rz.placement[rz.from_workers:]:
+            free[nid] = free[nid] - g.per_worker
+        if usage is not None:
+            usage[lease.team] = usage.get(lease.team, Resources()) + g.per_worker.scale(rz.to_workers - g.workers)
+    for nid, f in free.items():
+        assert f.gpu >= -EPS and f.cpu >= -EPS and f.memory >= -EPS, (nid, f)
+    if usage is not None and quota_ok(snap.teams, dict(snap.usage if snap.usage is not None else
+                                                       team_usage(snap.leases))):
+        assert quota_ok(snap.teams, usage), usage
 
 
 def _worker_devices_ok(g: float, idx) -> bool:
@@ -285,6 +325,35 @@ def test_every_policy_runs_random_scenarios_to_completion(axis, name, seed):
     cfg = random_config(rng, **{axis: name})
     scn = random_scenario(rng.randint(0, 10**6), cfg)
     assert_all_ran(scn, drive(scn))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("axis,name", [(a, n) for a, reg in AXES.items() for n in reg.names()])
+def test_every_policy_runs_elastic_gangs_to_completion(axis, name, seed):
+    """Elastic gangs among fixed ones: admitted within their bounds, grown into free capacity, shrunk as a
+    preemption option; every cycle keeps the invariants, resizes included (``check_resizes``), and everything
+    runs to the end with the books balanced."""
+    rng = random.Random(f"elastic/{axis}/{name}/{seed}")
+    cfg = replace(random_config(rng, **{axis: name}), resize_interval_s=rng.choice([0.0, 30.0]))
+    scn = random_scenario(rng.randint(0, 10**6), cfg, elastic=True)
+    assert any(w.gang.elastic for w in scn.workloads)
+    assert_all_ran(scn, drive(scn))
+
+
+def test_elastic_scenarios_do_resize():
+    """The elastic conformance runs are not vacuous: across a dozen scenarios under the default policies, running
+    gangs both grow and shrink (and each scenario runs to the end)."""
+    resizes = shrinks = 0
+    for seed in range(12):
+        rng = random.Random(f"elastic-resizes/{seed}")
+        cfg = replace(random_config(rng, preemption="default", admission="quota"), resize_interval_s=0.0)
+        scn = random_scenario(rng.randint(0, 10**6), cfg, elastic=True, n_workloads=24)
+        # Arrivals spread over 15 minutes, so higher classes arrive while grown gangs run.
+        scn.workloads = [replace(w, submit_time=float(rng.randint(0, 900))) for w in scn.workloads]
+        d = drive(scn)
+        assert_all_ran(scn, d)
+        resizes, shrinks = resizes + d.resizes, shrinks + d.shrunk
+    assert resizes > shrinks > 0, (resizes, shrinks)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
