@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 # still training while the test makes the cluster change around it; stop requests are heard at checkpoints.
 TRAIN = {"checkpoint_every": 10, "report_every": 1, "batch_size": 4, "warmup_steps": 2, "eval_every": 0,
          "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
-STEPS = 500
+STEPS = 400
 
 
 @pytest.fixture(scope="module")
