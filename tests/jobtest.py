@@ -42,10 +42,13 @@ def start_env(tmp, *, policy: Optional[dict] = None, gpu_nodes=(("gpu-a", ["gpu-
             "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
 
 
-def module_env(tmp_path_factory, name: str, **class_overrides):
+def module_env(tmp_path_factory, name: str, scheduler: Optional[dict] = None, **class_overrides):
     """For a module-scoped ``env`` fixture: ``yield from module_env(tmp_path_factory, "x", pretrain={...})``, the
-    classes of ``local_policy`` overridden as given. Job logs of a failed test are printed by conftest."""
-    env = start_env(tmp_path_factory.mktemp(name), policy=local_policy(**class_overrides))
+    classes of ``local_policy`` overridden as given (and its ``scheduler`` settings, if given). Job logs of a
+    failed test are printed by conftest."""
+    policy = local_policy(**class_overrides)
+    policy["scheduler"].update(scheduler or {})
+    env = start_env(tmp_path_factory.mktemp(name), policy=policy)
     try:
         yield env
     finally:

@@ -10,9 +10,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
-from tests.jobtest import (finished, metric_history, mlflow_run, print_job_logs_on_failure,  # noqa: E402
-                           record_of_job, start_env, stop_env, submit_job)
-from tests.raytest import local_policy, spec, wait_for  # noqa: E402
+from tests.jobtest import (finished, metric_history, mlflow_run, module_env, record_of_job,  # noqa: E402
+                           submit_job)
+from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -25,19 +25,7 @@ STEPS = 400
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    policy = local_policy()
-    policy["scheduler"]["resize_interval"] = "5s"
-    env = start_env(tmp_path_factory.mktemp("elastic"), policy=policy)
-    try:
-        yield env
-    finally:
-        stop_env(env)
-
-
-@pytest.fixture(autouse=True)
-def _logs(request, env):
-    yield
-    print_job_logs_on_failure(request, env)
+    yield from module_env(tmp_path_factory, "elastic", scheduler={"resize_interval": "5s"})
 
 
 def elastic(name, **config):
