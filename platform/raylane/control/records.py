@@ -103,11 +103,7 @@ class Record:
         elif e.kind == "rejected":
             self.state, self.reason, self.ended_at = State.REJECTED, d.get("reason", ""), e.ts
         elif e.kind == "admitted":
-            self.state = State.ADMITTED
-            self.placement = tuple(d["placement"])
-            self.devices = tuple(tuple(x) for x in d.get("devices") or ())
-            self.pg_name = d.get("pg_name")
-            self.admitted_at = e.ts
+            self._hold(e)
             self.attempts += 1
             self.reason, self.position, self.reason_data = "", None, {}
         elif e.kind == "running":
@@ -142,11 +138,7 @@ class Record:
                 self.placement = tuple(d["placement"])
                 self.devices = tuple(tuple(x) for x in d.get("devices") or ())
         elif e.kind == "resized":
-            self.state = State.ADMITTED
-            self.placement = tuple(d["placement"])
-            self.devices = tuple(tuple(x) for x in d.get("devices") or ())
-            self.pg_name = d.get("pg_name")
-            self.admitted_at = e.ts
+            self._hold(e)
             self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
             self.step = d.get("step", self.step)
             self.stop_deadline = None
@@ -170,6 +162,16 @@ class Record:
         note = d.get("note")
         if note:
             self.events.append((e.ts, note))
+
+    def _hold(self, e: Entry) -> None:
+        """A lease (an admission, or the same lease at its new size after a resize): its nodes, devices and
+        reservation, from the entry's time."""
+        d = e.data
+        self.state = State.ADMITTED
+        self.placement = tuple(d["placement"])
+        self.devices = tuple(tuple(x) for x in d.get("devices") or ())
+        self.pg_name = d.get("pg_name")
+        self.admitted_at = e.ts
 
     def public(self) -> Dict[str, Any]:
         out = asdict(self)
