@@ -1,5 +1,8 @@
 """The control actor on a real multi-node Ray cluster: submit, admit into a real placement group, cancel, quota
-refusal, infeasible rejection, preemption of a reservation, and a kill-and-restart with the queue intact."""
+refusal, infeasible rejection, preemption of a reservation, a kill-and-restart with the queue intact, and when a
+resize of an elastic gang is carried out."""
+import time
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -17,7 +20,9 @@ def ctl(tmp_path_factory):
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     journal = str(tmp_path_factory.mktemp("journal") / "journal.db")
     # No minimum runtime for pretrain so that preemption is immediate in these tests.
-    client = start_control(local_policy(pretrain={"min_runtime": 0}), journal, tick_s=0.2)
+    policy = local_policy(pretrain={"min_runtime": 0})
+    policy["scheduler"]["resize_interval"] = "1s"  # elastic gangs grow a second after they start (only one test has one)
+    client = start_control(policy, journal, tick_s=0.2)
     yield client
     stop_control()
     stop_cluster(cluster)
@@ -286,4 +291,31 @@ def test_admission_is_ready_only_once_the_reservation_is_placed(ctl):
         remove_placement_group(stopped_gang)
     rec = wait_for(lambda: (r := ctl.wait_admission(wid, 1.0)).ready and r, what="reservation placed")
     assert rec.state is State.ADMITTED and pg_table()[rec["pg_name"]]["state"] == "CREATED"
+    drain(ctl)
+
+
+def test_a_resize_waits_until_the_gang_is_heard_from_after_its_hand_over(ctl):
+    # Ray Train takes many seconds to start a gang's workers after the driver hands the reservation over; the loop
+    # hears a stop only at its checkpoints once it runs. A resize asked before that would run out its grace period
+    # and be forced, so the actor holds the core's resize until the gang polls (or checkpoints).
+    drain(ctl)
+    other = ctl.submit(spec("hold-b", "team-b", "pretrain", workers=2)).id
+    wait_for(lambda: ctl.status(other).state is State.ADMITTED, what="team-b holds 2 of the 4 GPUs")
+    s = spec("elastic", "team-a", "pretrain")
+    s["gang"]["workers"] = {"min": 2, "max": 4}
+    wid = ctl.submit(s).id
+    rec = wait_for(lambda: (r := ctl.wait_admission(wid, 1.0)).ready and r, what="the elastic gang admitted")
+    assert rec["workers"] == 2
+    ctl.report(wid, "running")  # the driver's hand-over to Ray Train
+    ctl.cancel(other)
+    # The core asks for growth into the freed GPUs every cycle from a second after the start: held meanwhile.
+    time.sleep(3.0)
+    assert ctl.status(wid).state is State.RUNNING
+    assert not [e for e in ctl.explain(wid)["journal"] if e["kind"] == "resizing"]
+    assert ctl.should_stop(wid) is False  # the loop's first poll: it runs
+    wait_for(lambda: ctl.status(wid).state is State.RESIZING, what="the growth carried out once heard from")
+    got = [(e["from_workers"], e["to_workers"]) for e in ctl.explain(wid)["journal"] if e["kind"] == "resizing"]
+    assert got == [(2, 4)]
+    rec = ctl.release(wid, Outcome.YIELDED, step=0)
+    assert rec.state is State.ADMITTED and rec["workers"] == 4 and rec["resizes"] == 1
     drain(ctl)

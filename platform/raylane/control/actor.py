@@ -134,6 +134,9 @@ class ControlActor(PipelineCalls):
         self._confirmed: set = set()
         self._loop_task: Optional[asyncio.Task] = None
         self._workers: Dict[str, list] = {}
+        # Gangs handed over to Ray Train and not heard from since (no stop poll or checkpoint yet): wid -> the time
+        # of the hand-over. A resize waits until the gang is heard, so that it can yield (``_resize``).
+        self._starting: Dict[str, float] = {}
         self._preemptor_cls: Dict[str, str] = {}
         self._jobs_checked = 0.0
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
@@ -551,8 +554,14 @@ class ControlActor(PipelineCalls):
             # Not started yet (its driver is handing the reservation over to Ray Train) or stopping already: the
             # core decides again on the next cycle, from the books as they are then.
             return
-        grow = rz.to_workers > rz.from_workers
         grace = self.policy.workload_class(rec.cls).grace_period_s
+        handed = self._starting.get(rec.id)
+        if handed is not None and now - handed < grace:
+            # Ray Train is still starting its workers: the loop hears a stop only once it runs (at its checkpoints),
+            # so a resize asked now would likely run out its grace period and be forced. The core decides again
+            # next cycle; once the gang is heard from, or a grace period after the hand-over, it goes ahead.
+            return
+        grow = rz.to_workers > rz.from_workers
         attained = rec.attained_gpu_s
         if grow:
             attained = self.state.resize(rz, now).workload.attained_gpu_s
@@ -778,6 +787,7 @@ class ControlActor(PipelineCalls):
         if step is None:
             return
         self._append("checkpointed", rec, step=step, path=path)
+        self._starting.pop(wid, None)
         if wid in self.state.leases:
             self.state.checkpointed(wid, time.time())
         # It has a checkpoint of its own: a resume starts from that, so whatever it pinned has been loaded.
@@ -879,6 +889,7 @@ class ControlActor(PipelineCalls):
             # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
             # counting the capacity, so nothing else is admitted into it meanwhile.
             self._remove_pg(rec)
+            self._starting[wid] = time.time()
         return {"stop": rec.state.stopping, "state": rec.state.value}
 
     async def _api_register_workers(self, p: Principal, req: api.RegisterWorkers) -> None:
@@ -937,6 +948,7 @@ class ControlActor(PipelineCalls):
                                                   f"({status.split('.')[-1]})")
 
     async def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
+        self._starting.pop(req.workload_id, None)  # its loop runs: it hears a stop at its next checkpoint
         rec = self.records.get(req.workload_id)
         return rec is None or rec.state.stopping or rec.state is State.CANCELLED
 
