@@ -283,6 +283,9 @@ class Team:
     decayed_usage: float = 0.0
 
 
+# The default LAS queue thresholds in GPU-seconds: 1, 4, 16, 64 and 256 GPU-hours.
+LAS_LADDER: Tuple[float, ...] = tuple(3600.0 * 4 ** k for k in range(5))
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Which policy runs on each axis, with their parameters. Names are looked up in the registries."""
@@ -293,8 +296,10 @@ class SchedulerConfig:
     preemption: str = "default"
     # Upper bound on admissions in one cycle, so a cycle stays short; the rest wait for the next cycle.
     max_admissions_per_cycle: int = 64
-    # LAS: attained-service thresholds (GPU-seconds) of the discretized queues, Tiresias-style.
-    las_thresholds: Tuple[float, ...] = (3600.0, 36000.0)
+    # LAS: attained-service thresholds (GPU-seconds) of the discretized queues, Tiresias-style: a geometric ladder,
+    # 1, 4, 16, 64 and 256 GPU-hours (two queues at 1 and 10 left gangs of 16-64 GPUs in one FIFO queue with
+    # everything past 10 GPU-hours: docs/simulator.md, "LAS queue thresholds").
+    las_thresholds: Tuple[float, ...] = LAS_LADDER
     # Fair share: half-life of decayed usage, used by drivers that maintain Team.decayed_usage.
     fair_share_half_life_s: float = 7 * 24 * 3600.0
     # Runtime assumed for a lease with no estimate when computing reservations (EASY backfill).
@@ -505,7 +510,7 @@ class CycleResult:
 
 __all__ = [
     "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "device_count", "node_devices", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
-    "Lease", "Quota", "Team", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
+    "Lease", "Quota", "Team", "LAS_LADDER", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
     "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
     "Preempt", "Pending", "Reject", "Resize", "Decision", "CycleResult",
 ]

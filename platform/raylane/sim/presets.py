@@ -15,8 +15,9 @@ Presets
 - ``greedy``: FIFO order, but anything that fits starts (Kueue's BestEffortFIFO); big gangs may starve.
 - ``easy``: FIFO with EASY backfilling on exact runtime estimates (its best case); ``easy-noisy`` on estimates off
   by a log-normal factor (sigma 0.5).
-- ``las``: Tiresias' discretized 2D-LAS: least attained GPU-service first over queues split at 1 and 10 GPU-hours,
-  FIFO inside a queue, preempting leases that rank after a waiting job, but none that has run less than an hour
+- ``las``: Tiresias' discretized 2D-LAS: least attained GPU-service first over queues split at 1, 4, 16, 64 and 256
+  GPU-hours (``LAS_LADDER``: two queues at 1 and 10, the preset before, put every gang of 16-64 GPUs in one FIFO
+  queue past 10 GPU-hours, 1.69x the oracle on the big-gangs mix), FIFO inside a queue, preempting leases that rank after a waiting job, but none that has run less than an hour
   since its last (re)start (hysteresis, ``HYSTERESIS``): no job is preempted more than once per hour it runs.
   Knows no durations.
 - ``las-easy``: the same LAS with EASY backfilling on no estimates: a gang blocked for capacity reserves the nodes it
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping
 
 from raylane.errors import UnknownNameError
-from raylane.scheduling.types import SchedulerConfig
+from raylane.scheduling.types import LAS_LADDER, SchedulerConfig
 from raylane.sim.engine import SimOptions
 
 __all__ = ["Preset", "PRESETS", "COMPARISON", "HYSTERESIS", "get_preset", "apply_preset"]
@@ -71,12 +72,12 @@ _P = [
     Preset("easy-noisy", "FIFO with EASY backfill on noisy estimates (log-normal, sigma 0.5)",
            dict(ordering="fifo", backfill="easy", preemption="none"), dict(estimates="noisy", noise_sigma=0.5),
            knows_durations=True),
-    Preset("las", "Tiresias 2D-LAS: queues at 1 and 10 GPU-hours, preemptive after 1 h of run",
-           dict(ordering="las", backfill="none", preemption="ordering", las_thresholds=(1 * HOUR, 10 * HOUR),
+    Preset("las", "Tiresias 2D-LAS: queues at 1, 4, 16, 64 and 256 GPU-hours, preemptive after 1 h of run",
+           dict(ordering="las", backfill="none", preemption="ordering", las_thresholds=LAS_LADDER,
                 **HYSTERESIS),
            dict(max_examined=STRICT_EXAMINED)),
     Preset("las-easy", "Tiresias 2D-LAS with EASY backfill on no estimates, preemptive after 1 h of run",
-           dict(ordering="las", backfill="easy", preemption="ordering", las_thresholds=(1 * HOUR, 10 * HOUR),
+           dict(ordering="las", backfill="easy", preemption="ordering", las_thresholds=LAS_LADDER,
                 **HYSTERESIS)),
     Preset("srtf-oracle", "SRTF on exact durations, preemptive, EASY backfill (lower-bound reference)",
            dict(ordering="srtf", backfill="easy", preemption="ordering"), dict(estimates="exact"),
