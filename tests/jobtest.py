@@ -144,6 +144,10 @@ def print_job_logs_on_failure(request, env) -> None:
         tail = int(os.environ.get("RAYLANE_TEST_LOG_CHARS", "4000"))  # more of each job's log, when debugging
         for job in env["jobs"]:
             print(f"----- logs of {job} -----\n" + env["client"].get_job_logs(job)[-tail:])
+        # Once more after the logs: a CI excerpt that shows only the tail of the output still names the failure.
+        crash = getattr(rep.longrepr, "reprcrash", None)
+        if crash is not None:
+            print(f"----- the failure: {crash.path}:{crash.lineno} -----\n{crash.message[:tail]}")
     env["jobs"].clear()
 
 
