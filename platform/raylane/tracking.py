@@ -575,7 +575,7 @@ class RunTracker:
         self.client.log_artifacts(self.run_id, str(path), artifact_path)
 
     def log_workers(self, workers: int, step: int) -> None:
-        """The gang's worker count from ``step`` on, as the metric ``workers`` (logged at every start and restart,
+        """The gang's worker count from ``step`` on, as the metric ``workers`` (logged for every start and restart,
         so an elastic gang's resizes read as a step function beside its loss)."""
         self.client.log_batch(self.run_id, metrics=[Metric(METRIC_WORKERS, float(workers),
                                                            int(time.time() * 1000), int(step))])

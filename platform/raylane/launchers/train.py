@@ -179,16 +179,18 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         bound_train_waits()
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl)
-        workers = len(rec["placement"])
-        if workers != last_workers:  # every start of an elastic gang at a new size; a fixed gang's once
-            tracker.log_workers(workers, step=rec.get("step") or 0)
-            last_workers = workers
+        workers, started_at = len(rec["placement"]), rec.get("step") or 0
         error: Optional[BaseException] = None
         result = None
         try:
             result = trainer.fit()
         except Exception as exc:  # noqa: BLE001 - classified below: forced stop, cancel, or a crash to retry
             error = exc
+        if workers != last_workers:  # every start of an elastic gang at a new size; a fixed gang's once
+            # Logged once the attempt has ended, at the step it started from: the driver's first use of its tracker
+            # imports MLflow (about 2 s of CPU here), which must not delay the gang's first step.
+            tracker.log_workers(workers, step=started_at)
+            last_workers = workers
         now_rec = ctl.status(wid)
         state = now_rec.state
         out = (result.return_value or {}) if result is not None else {}
