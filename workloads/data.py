@@ -198,12 +198,8 @@ def batch_at(
     A pure function of its arguments. The global batch of a step is ``batch_size * world_size`` windows drawn with a
     generator seeded by ``(seed, step)``; rank ``r`` takes the ``r``-th slice of it, so ranks never share a window.
     """
-    high = data.numel() - context - 1
-    if high <= 0:
-        raise ValueError(f"context: got {context}; the split holds only {data.numel()} bytes, need > context + 1")
-    rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, high, size=batch_size * world_size)[rank * batch_size : (rank + 1) * batch_size]
-    return _windows(data, torch.from_numpy(starts), context)
+    starts = _step_starts(data, seed, step, batch_size * world_size, context)
+    return _windows(data, starts[rank * batch_size : (rank + 1) * batch_size], context)
 
 
 def rank_slice(global_batch: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -247,21 +243,28 @@ def global_batch_at(
     weigh their loss by ``loss_scale``.
     """
     lo, hi = rank_slice(global_batch, rank, world_size)
-    high = data.numel() - context - 1
-    if high <= 0:
-        raise ValueError(f"context: got {context}; the split holds only {data.numel()} bytes, need > context + 1")
-    rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, high, size=global_batch)[lo:hi]
-    return _windows(data, torch.from_numpy(starts), context)
+    return _windows(data, _step_starts(data, seed, step, global_batch, context)[lo:hi], context)
 
 
 def eval_windows(data: torch.Tensor, *, count: int, context: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` windows spread evenly over ``data`` (no randomness): the fixed evaluation set of a split."""
+    starts = torch.linspace(0, _last_start(data, context), steps=count).long()
+    return _windows(data, starts, context)
+
+
+def _last_start(data: torch.Tensor, context: int) -> int:
+    """The exclusive bound of a window's start in ``data`` (a window is ``context + 1`` bytes); > 0 or an error."""
     high = data.numel() - context - 1
     if high <= 0:
         raise ValueError(f"context: got {context}; the split holds only {data.numel()} bytes, need > context + 1")
-    starts = torch.linspace(0, high, steps=count).long()
-    return _windows(data, starts, context)
+    return high
+
+
+def _step_starts(data: torch.Tensor, seed: int, step: int, count: int, context: int) -> torch.Tensor:
+    """The starts of the ``count`` windows of ``step``'s global batch: drawn by a generator seeded by
+    ``(seed, step)``, so any worker draws the same ones whatever the world size."""
+    rng = np.random.default_rng([seed, step])
+    return torch.from_numpy(rng.integers(0, _last_start(data, context), size=count))
 
 
 def _windows(data: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
