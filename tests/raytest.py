@@ -121,9 +121,19 @@ def stop_cluster(c) -> None:
     shutil.rmtree(c.raylane_temp_dir, ignore_errors=True)
 
 
+_GIVEN_PORTS: set = set()
+
+
 def free_port() -> int:
+    """A TCP port free now, and never one this process was given before: the kernel may hand the same ephemeral
+    port to two binds in a row once the first socket is closed, and Ray refuses a node whose dashboard and agent
+    ports were both given the same number."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port

@@ -24,6 +24,7 @@ import yaml
 from raylane import credentials, localcluster
 from raylane.config.cluster import ClusterFile, load_cluster
 from raylane.tracking import client_for, tracking_uri
+from tests.raytest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -184,12 +185,6 @@ def test_no_deploy_file_holds_a_token_and_the_mlflow_server_keeps_its_files_priv
 # ------------------------------------------------------------------------------------- a live cluster (ray, slow)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listening(port: int) -> set:
     """Local addresses listening on TCP ``port`` (Linux /proc/net/tcp and tcp6)."""
     found = set()
@@ -223,7 +218,7 @@ def test_a_local_cluster_refuses_callers_without_the_token_and_serves_its_dashbo
     small = ClusterFile.model_validate({"name": "hardening", "head": {"cpus": 1},
                                         "nodes": [{"name": "w", "cpus": 1, "memory": "1Gi"}]})
     t0 = time.time()
-    st = localcluster.up(small, port=_free_port(), dashboard_port=_free_port(), client_port=_free_port())
+    st = localcluster.up(small, port=free_port(), dashboard_port=free_port(), client_port=free_port())
     try:
         dash = st["dashboard"]
         port = int(dash.rsplit(":", 1)[1])

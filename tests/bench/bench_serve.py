@@ -40,14 +40,6 @@ TRAIN = {"max_steps": 1_000_000, "checkpoint_every": 1000, "batch_size": 8, "war
          "corpus": {"max_bytes": 200_000}, "model": SHAPE}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _policy() -> dict:
     from tests.raytest import local_policy
 
@@ -98,7 +90,7 @@ def main(argv=None) -> None:
     from raylane.control.client import State, start_control, stop_control
     from raylane.launchers.serve import ServingDriver
     from tests.loadgen import LoadGen
-    from tests.raytest import spec, wait_for
+    from tests.raytest import free_port, spec, wait_for
     from workloads.train_lm import LocalHooks, train
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -113,7 +105,7 @@ def main(argv=None) -> None:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
     ctl = start_control(_policy(), str(tmp / "journal.db"), tick_s=0.2)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     print(f"cluster, control actor and Serve up in {time.perf_counter() - t0:.1f} s; logs under {tmp}")
 
