@@ -143,3 +143,23 @@ def _random_state(rnd):
         runs.append(running(wl(f"r{i}").team(rnd.choice(["nlp", "cv"])).gpus(g)
                             .cls(rnd.choice([SWEEP, PRETRAIN])), on=(nid,), since=0.0))
     return make_state(nodes, teams, running=runs)
+
+
+def test_capacity_counts_what_gives_back_so_a_cycle_may_trust_an_earlier_no_room():
+    # The cycle remembers a gang shape that found no room until ``grown`` moves (cycle._Walk._place_now).
+    cap = Capacity([node("n1").gpus(2).obj(), node("n2").gpus(1).obj()])
+    one = Resources(gpu=1)
+    big = wl("big").gpus(2).workers(2).obj().gang
+    assert place(big, cap) is None and cap.grown == 0
+    taken = cap.take_placement(("n1",), one)
+    assert cap.grown == 0  # a take never makes room
+    mark = cap.mark()
+    cap.take_placement(("n2",), one)
+    cap.rollback(mark)  # putting back what a trial took gives room back
+    assert cap.grown == 1
+    cap.give_placement(("n1",), one, taken)
+    assert cap.grown == 2 and place(wl("w").gpus(2).obj().gang, cap) == ("n1",)
+    cap.assign("n2", Resources(), (0.0,))  # less: not counted
+    assert cap.grown == 2
+    cap.assign("n2", one, (1.0,))  # more: counted
+    assert cap.grown == 3 and cap.copy().grown == 0

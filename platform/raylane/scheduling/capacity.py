@@ -127,7 +127,7 @@ def _devices_of(node: Node) -> Devices:
 
 
 class Capacity(Recorded):
-    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_total")
+    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_total", "grown")
 
     def __init__(self, nodes: Iterable[Node]):
         super().__init__()
@@ -154,6 +154,9 @@ class Capacity(Recorded):
         # Kept up to date from here on: every capacity-blocked workload's reason reads it.
         free = self.free.values()
         self._total = Resources(sum(map(_GPU, free)), sum(map(_CPU, free)), sum(map(_MEMORY, free)))
+        # How many changes have given something back on some node (a give, a rollback, an assign of more): while it
+        # stays the same, only takes happened, and a gang that found no room finds none (``cycle`` remembers).
+        self.grown = 0
 
     # -- buckets -------------------------------------------------------------------------------------------
     def _bucket_add(self, node_id: str, gpu: float) -> None:
@@ -180,9 +183,13 @@ class Capacity(Recorded):
             self._bucket_remove(node_id, old.gpu)
             self._bucket_add(node_id, new.gpu)
         self.free[node_id] = new
-        if devs is not self.dev[node_id]:
+        old_devs = self.dev[node_id]
+        if devs is not old_devs:
             self.dev[node_id] = devs
             self._partial.pop(node_id, None)
+        if new.gpu > old.gpu or new.cpu > old.cpu or new.memory > old.memory or (
+                devs is not old_devs and any(n > o for n, o in zip(devs, old_devs))):
+            self.grown += 1
         self._total = self._total - old + new
 
     def assign(self, node_id: str, free: Resources, devices: Devices) -> None:
@@ -332,4 +339,5 @@ class Capacity(Recorded):
         c._keys = list(self._keys)
         Recorded.__init__(c)
         c._total = self._total
+        c.grown = 0
         return c

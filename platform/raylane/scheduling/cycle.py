@@ -281,6 +281,8 @@ class _Walk:
         self.team_version: Dict[str, int] = {}
         self.borrow_version = 0
         self.touched: set = set()  # leases shrunk or stopped in this cycle: they do not grow
+        # Gang shapes with no room now: (gang, data snapshot) -> (the capacity asked, its ``grown`` then).
+        self.no_room: Dict[Tuple, Tuple[Capacity, int]] = {}
 
     def decide(self, w: Workload, position: int, need: Resources) -> bool:
         """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
@@ -568,7 +570,18 @@ class _Walk:
         return (self.future.avail if self.future is not None else self.cap).pick(plan, w.gang.per_worker)
 
     def _place_now(self, w: Workload) -> Optional[Tuple[str, ...]]:
-        return place(w.gang, self.future.avail if self.future is not None else self.cap, w.data_snapshot)
+        """Where ``w`` starts now, or None. A gang of the same shape that found no room on the same capacity, with
+        nothing given back there since (``Capacity.grown``), finds none again: on a full cluster with thousands
+        waiting, most examined workloads ask what an earlier one of their shape was told."""
+        cap = self.future.avail if self.future is not None else self.cap
+        key = (w.gang, w.data_snapshot)
+        seen = self.no_room.get(key)
+        if seen is not None and seen[0] is cap and seen[1] == cap.grown:
+            return None
+        plan = place(w.gang, cap, w.data_snapshot)
+        if plan is None:
+            self.no_room[key] = (cap, cap.grown)
+        return plan
 
     def _fits(self, w: Workload, need: Resources, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
         if self.admission.check(ledger, w.team, need) is not None:
