@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -35,6 +36,14 @@ def test_flags_override_the_preset():
     assert res.exit_code == 0, res.output
     run = json.loads(res.stdout)["runs"]["fifo"]
     assert run["policy"]["backfill"] == "greedy" and run["policy"]["ordering"] == "fifo"
+
+
+def test_the_text_report_gives_the_cycle_s_wall_time_as_the_replay_ran_it():
+    res = runner.invoke(app, [TIRESIAS, "--nodes", "4", "--gpus-per-node", "4", "--preset", "fifo", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stdout.splitlines() if x.startswith("fifo: replayed 60 jobs"))
+    assert re.search(r"\(\d+ cycles; each p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms wall; up to \d+ pending\)",
+                     line), line
 
 
 def test_policy_file_with_generic_trace():

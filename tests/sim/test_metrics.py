@@ -38,6 +38,16 @@ def test_figures_of_a_small_fifo_replay():
     assert s["preemptions"]["per_job"] == 0 and not s["partial"]
 
 
+def test_the_replay_times_each_cycle_and_counts_what_was_pending_at_it():
+    # One 8-GPU node: a takes it at 0; b and c (1 GPU each) arrive at 10 and wait together until a ends at 100.
+    r = replay(trace(job("a").gpus(8).at(0).runs(100), job("b").at(10).runs(5), job("c").at(10).runs(5)))
+    rep = summarize(r)["replay"]
+    assert len(r.cycle_wall) == len(r.cycle_pending) == r.cycles == rep["cycles"] > 0
+    assert max(r.cycle_pending) == rep["pending_max"] == 2 and r.cycle_pending[0] == 1
+    ms = rep["cycle_ms"]
+    assert 0 < ms["p50"] <= ms["p99"] <= ms["max"] == pytest.approx(max(r.cycle_wall) * 1000.0)
+
+
 def test_entitlement_follows_nominal_gpu_quota():
     teams = {"x": Team("x", {"gpu": Quota(6)}), "y": Team("y", {"gpu": Quota(2)})}
     r = replay(trace(job("a").at(0).team("x"), job("b").at(0).team("y")), teams=teams)

@@ -437,7 +437,10 @@ def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_colu
     else:
         _out.print(table)
         for label, r in results:
-            _out.print(f"{label}: replayed {len(r.jobs)} jobs in {r.wall_s:.1f}s wall ({r.cycles} cycles)"
+            lat = summaries[label]["replay"]
+            _out.print(f"{label}: replayed {len(r.jobs)} jobs in {r.wall_s:.1f}s wall ({r.cycles} cycles; each "
+                       f"p50 {lat['cycle_ms']['p50']:.2f} ms, p99 {lat['cycle_ms']['p99']:.2f} ms, max "
+                       f"{lat['cycle_ms']['max']:.2f} ms wall; up to {lat['pending_max']} pending)"
                        + (" [partial: stopped early]" if r.partial else ""), markup=False)
             worst = summaries[label]["preemptions"]["per_hour"]["worst"]
             if worst is not None:

@@ -172,6 +172,10 @@ class SimResult:
     cycles: int = 0
     instants: int = 0
     wall_s: float = 0.0
+    # Wall seconds of each scheduling cycle (the core's ``cycle()``, timed as the control actor times it for
+    # ``raylane_cycle_seconds``), and the pending workloads in the snapshot it was given.
+    cycle_wall: List[float] = field(default_factory=list)
+    cycle_pending: List[int] = field(default_factory=list)
     partial: bool = False
     # Simulated time the replay stopped at (the last completion, or where it was interrupted).
     end_time: float = 0.0
@@ -369,6 +373,8 @@ class Simulator:
         nrunning = 0
         done = 0
         cycles = 0
+        cycle_wall: List[float] = []
+        cycle_pending: List[int] = []
         instants = 0
         tick_at = math.inf
         t = 0.0
@@ -663,8 +669,12 @@ class Simulator:
                     state.decay(now)
                     last_decay = now
                 snap = state.snapshot(limit=max_examined)
+                pending_now = state.pending_count()
+                c0 = time.perf_counter()
                 with gc_paused():  # as the control actor runs it: no collection inside a cycle
                     result = cycle(snap, now, max_examined=max_examined)
+                cycle_wall.append(time.perf_counter() - c0)
+                cycle_pending.append(pending_now)
                 cycles += 1
                 for adm in result.admitted:
                     start(adm, now)
@@ -767,6 +777,7 @@ class Simulator:
             first_start=first_start, finish=finish, preemptions=preemptions, lost_work=lost, team_gpu_s=team_gpu_s,
             times=times, busy=busy_s, queued=queued_s, running=running_s, rejected=list(self.rejected),
             cycles=cycles, instants=instants, wall_s=time.perf_counter() - wall0, partial=partial,
+            cycle_wall=cycle_wall, cycle_pending=cycle_pending,
             end_time=t, cluster_name=self.cluster_name,
             trace_source=self.trace.source, tick_s=tick, stranded=stranded_s, requeues=requeues,
             lost_gpu_s=lost_gpu_s, failures=failures, drains=[tuple(d) for d in drains], down_gpu_s=down_gpu_s,

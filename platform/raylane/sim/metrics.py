@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from raylane.sim.engine import SimResult
 
-__all__ = ["summarize", "thrash", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES"]
+__all__ = ["summarize", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -296,8 +296,17 @@ def summarize(r: SimResult) -> Dict[str, Any]:
                            "max": max(drain_times, default=math.nan)},
             "down_gpu_hours": r.down_gpu_s / 3600.0,
         },
-        "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s},
+        "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s, **cycle_latency(r)},
     }
+
+
+def cycle_latency(r) -> Dict[str, Any]:
+    """The scheduling cycle's wall time as the replay ran it (milliseconds: p50, p99, max), and the most workloads
+    pending at a cycle. The control actor exports the same measure as ``raylane_cycle_seconds``."""
+    walls = sorted(w * 1000.0 for w in r.cycle_wall)
+    return {"cycle_ms": {"p50": percentile(walls, 50), "p99": percentile(walls, 99),
+                         "max": walls[-1] if walls else math.nan},
+            "pending_max": max(r.cycle_pending, default=0)}
 
 
 def get(summary: Dict[str, Any], dotted: str) -> Any:
