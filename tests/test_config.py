@@ -472,6 +472,13 @@ def test_cli_spec_check_ok_against_policy():
     assert "pretrain-tiny-lm (train, class pretrain, team team-a): 2 x (2 GPU, 1 CPU, 1 GiB)" in result.stdout
 
 
+def test_cli_submit_refuses_a_bare_reservation_of_a_pipeline_before_connecting():
+    pipeline = ROOT / "examples" / "pipelines" / "worked-example.yaml"
+    result = runner.invoke(app, ["submit", str(pipeline), "--reserve-only"])
+    assert result.exit_code == 1, result.output
+    assert "--reserve-only: got True; not for kind: pipeline" in result.stderr
+
+
 def test_cli_spec_check_without_policy_says_so():
     result = runner.invoke(app, ["spec", "check", str(PRETRAIN)])
     assert result.exit_code == 0 and "pass --policy" in result.stdout

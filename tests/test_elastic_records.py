@@ -1,4 +1,5 @@
-"""What the control plane remembers of a resize (issue 15), and what a serving replica counts it reclaimed.
+"""What the control plane remembers of a resize (issue 15) and of a workload's MLflow run, and what a serving
+replica counts it reclaimed.
 
 Pure: journal entries applied to a ``Record`` as recovery replays them (the live path applies the same entries), and
 the serving driver's count of GPUs given, from an ``explain`` view. No Ray.
@@ -75,3 +76,17 @@ def test_serving_counts_the_gpus_a_shrink_gave_and_a_stopped_gangs_whole_size():
     assert _gpus_given(view, "rep-10") == 2
     assert _gpus_given(view, "rep-2") == 0
     assert _gpus_given({"team": "team-b", "redacted": True}, "rep-1") == 0  # another team's journal: not shown
+
+
+def test_the_mlflow_run_a_driver_names_is_kept_and_replayed_and_an_error_is_cleared_by_a_later_name():
+    # The gang may start before its driver's run exists; its workers read these two fields (raylane.train).
+    rec = replay(ADMIT, RUNNING)
+    assert rec.mlflow_run_id is None and rec.mlflow_run_error is None
+    rec = replay(ADMIT, RUNNING, ("event", {"note": "MLflow run not started", "mlflow_run_error": "RetryableError: x"}))
+    assert rec.mlflow_run_id is None and rec.mlflow_run_error == "RetryableError: x"
+    rec = replay(ADMIT, RUNNING, ("event", {"mlflow_run_error": "RetryableError: x"}),
+                 ("event", {"note": "MLflow run abc", "mlflow_run_id": "abc"}))
+    assert rec.mlflow_run_id == "abc" and rec.mlflow_run_error is None
+    assert rec.public()["mlflow_run_id"] == "abc"
+    # A restart (pipelines' stages, resumed drivers) may name it with the running report.
+    assert replay(ADMIT, ("running", {"job_id": "j", "mlflow_run_id": "r2"})).mlflow_run_id == "r2"

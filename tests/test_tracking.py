@@ -349,6 +349,103 @@ def test_the_child_s_errors_reach_the_driver_typed_with_the_field_named(tmp_path
     assert "tracking_uri" in str(err.value) and "file://" in str(err.value) and "sqlite" in str(err.value)
 
 
+def test_a_pending_run_names_the_run_from_its_thread_and_gives_it_to_the_driver(uri):
+    from raylane.runstart import PendingRun, RunStarter
+
+    named, failed = [], []
+    starter = RunStarter(team=SPEC["team"], tracking_uri=uri)
+    starter.ask(workload_id="pretrain-child-3", spec=SPEC)
+    pending = PendingRun(starter, announce=named.append, fail=failed.append)
+    started = pending.result()
+    assert pending.done() and pending.announced and named == [started] and not failed
+    assert client(uri).get_run(started.run_id).data.tags["raylane.workload_id"] == "pretrain-child-3"
+    starter.close()  # the driver's own close, after the thread took the answer: nothing left to do
+
+
+def test_a_pending_run_that_fails_says_why_and_raises_the_child_s_error_to_the_driver(tmp_path):
+    from raylane.runstart import PendingRun, RunStarter
+
+    failed = []
+    starter = RunStarter(team=SPEC["team"], tracking_uri=f"file://{tmp_path}/mlruns")
+    starter.ask(workload_id="pretrain-child-4", spec=SPEC)
+    pending = PendingRun(starter, announce=lambda s: pytest.fail("announced a run that failed"), fail=failed.append)
+    with pytest.raises(ValidationError) as err:
+        pending.result()
+    assert failed == [err.value] and "tracking_uri" in str(err.value) and not pending.announced
+
+
+def test_a_pending_run_whose_announcement_fails_is_still_answered():
+    from raylane.runstart import PendingRun, StartedRun
+
+    class Starter:  # a child's answer, already in; the control actor unreachable when told
+        def result(self):
+            return StartedRun("r1", "sqlite:///x.db", False)
+
+    def announce(started):
+        raise ConnectionError("control actor restarting")
+
+    pending = PendingRun(Starter(), announce=announce, fail=lambda exc: None)
+    assert pending.result().run_id == "r1" and not pending.announced  # the driver names it again (launchers.train)
+
+
+def test_a_driver_refuses_a_store_mlflow_refuses_before_anything_queues(tmp_path):
+    from raylane.run import run_workload
+
+    spec = dict(SPEC, entrypoint="workloads.ray_train:train_loop_per_worker")
+    with pytest.raises(ValidationError) as err:  # before Ray is touched or the spec's code is imported
+        run_workload(spec, tracking_uri=f"file://{tmp_path}/mlruns")
+    assert "tracking_uri" in str(err.value) and "file://" in str(err.value) and "sqlite" in str(err.value)
+
+
+class _Control:
+    """The control actor as a worker sees the workload's record: a status per call (pure: no Ray)."""
+
+    def __init__(self, *records):
+        self.records, self.calls, self.credential = list(records), 0, None
+
+    def status(self, workload_id, timeout=None):
+        from raylane.control.client import WorkloadView
+
+        self.calls += 1
+        rec = self.records[min(self.calls, len(self.records)) - 1]
+        if isinstance(rec, BaseException):
+            raise rec
+        return WorkloadView(rec)
+
+    def reconnect(self):
+        return self
+
+
+def _opts(control):
+    from raylane.train import LoopOptions
+
+    return LoopOptions(workload_id="w-1", control=control, awaits_run=True)
+
+
+def test_rank_0_waits_for_the_run_its_driver_names_asking_again_while_the_actor_restarts():
+    from raylane.train import _await_run_name
+
+    running = {"state": "RUNNING", "mlflow_run_id": None}
+    ctl = _Control(running, ConnectionError("actor restarting"), running, dict(running, mlflow_run_id="abc"))
+    assert _await_run_name(_opts(ctl), timeout_s=30) == ("abc", None) and ctl.calls == 4
+
+
+def test_rank_0_gives_up_with_why_the_run_is_missing():
+    from raylane.errors import NotFoundError
+    from raylane.train import _await_run_name
+
+    failed = _Control({"state": "RUNNING", "mlflow_run_error": "ValidationError: tracking_uri"})
+    assert _await_run_name(_opts(failed), timeout_s=30) == (
+        None, "the workload's MLflow run could not be started: ValidationError: tracking_uri")
+    ended = _Control({"state": "CANCELLED"})
+    assert _await_run_name(_opts(ended), timeout_s=30) == (None, "w-1 ended (CANCELLED) before its MLflow run was named")
+    gone = _Control(NotFoundError("no such workload"))
+    assert _await_run_name(_opts(gone), timeout_s=30) == (None, "the control plane no longer knows w-1")
+    silent = _Control({"state": "RUNNING"})
+    assert _await_run_name(_opts(silent), timeout_s=0.3) == (
+        None, "the driver did not name the MLflow run of w-1 within 0.3s")
+
+
 def test_a_starter_closed_before_asking_creates_no_run(uri):
     from raylane.runstart import RunStarter
 

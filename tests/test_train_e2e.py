@@ -118,6 +118,9 @@ def test_crash_within_retry_budget_restarts_from_checkpoint(env):
     run, hist = loss_history(env, wid)
     assert run.data.tags["raylane.restarts"] == "1"
     assert [s for s, _ in hist][-1] == 40
+    # The run its driver named to the control actor (the gang may start before it exists: raylane.train waits for
+    # the name) is the one every attempt's metrics went to.
+    assert rec["mlflow_run_id"] == run.info.run_id
 
 
 def test_crash_over_retry_budget_fails_with_reason(env):

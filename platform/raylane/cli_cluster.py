@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raylane.errors import FatalError, RetryableError
+from raylane.errors import FatalError, RetryableError, ValidationError
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)

@@ -25,7 +25,7 @@ def check_options(port: int, mlflow_url: Optional[str], refresh: float, *, sourc
 
 def default_mlflow_url() -> Optional[str]:
     """The MLflow server runs are tracked on, when it is one (an http(s) tracking URI): its UI is on the same URL."""
-    from raylane.tracking import _env_uri
+    from raylane.locations import _env_uri
 
     uri = _env_uri() or ""
     return uri.rstrip("/") if re.match(r"https?://", uri) else None

@@ -63,6 +63,10 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     from raylane.config.loader import load_spec_from_dict
 
     kwargs: Dict[str, Any] = {}
+    if kind != "serve":  # a store MLflow refuses is named now, before anything queues (raylane.locations)
+        from raylane.locations import tracking_uri as resolve_tracking_uri
+
+        resolve_tracking_uri(tracking_uri)
     if kind == "train":  # MLflow's import and store open beside the rest of the start-up (raylane.runstart)
         from raylane.runstart import RunStarter
 
@@ -106,11 +110,11 @@ def connect_driver():
 
 
 def _init_ray() -> None:
-    """Connect the job's driver to its cluster, staying in the job's working directory (``tracking.ensure_cwd``: on
+    """Connect the job's driver to its cluster, staying in the job's working directory (``raylane.locations``: on
     several nodes of one machine, connecting has other nodes unpack the working directory again over this one)."""
     import ray
 
-    from raylane.tracking import ensure_cwd
+    from raylane.locations import ensure_cwd
 
     ensure_cwd()
     os.environ["PWD"] = os.getcwd()

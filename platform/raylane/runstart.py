@@ -7,6 +7,10 @@ as the spec is read: the child imports ``raylane.tracking`` and opens the experi
 Ray, imports Ray Train and submits; the driver then hands it the workload id and gets the run id back
 (``RunTracker.start`` in the child: the same run a driver of the same workload would find or create).
 
+The gang does not wait for the run either (``PendingRun``): the driver awaits the child's answer in a thread and
+names the run to the control actor (``mlflow_run_id`` of an event), while Ray Train starts the workers; each worker
+waits for that name before the user's loop runs (``raylane.train``), which on an idle cluster it has long had.
+
 The driver's own ``RunTracker`` (for events and the end of the run) is built when first used, after the gang has
 started (``LateTracker``); its ``start()`` finds the run the child made.
 
@@ -23,12 +27,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from raylane.errors import FatalError, RaylaneError, RetryableError, ValidationError
 
-__all__ = ["RunStarter", "StartedRun", "LateTracker"]
+__all__ = ["RunStarter", "StartedRun", "PendingRun", "LateTracker"]
 
 # How long the driver waits for the child's answer once it asked (a slow MLflow server, a locked sqlite file).
 ANSWER_TIMEOUT_S = 120.0
@@ -49,6 +54,7 @@ class RunStarter:
             [sys.executable, "-m", "raylane.runstart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, cwd=os.getcwd(), env=_child_env())
         self._asked: Optional[str] = None
+        self._lock = threading.Lock()  # ``result`` may run in a ``PendingRun``'s thread while the driver closes
         self._send({"team": team, "tracking_uri": tracking_uri})
 
     def _send(self, message: Optional[Mapping[str, Any]]) -> None:
@@ -68,9 +74,10 @@ class RunStarter:
 
     def result(self) -> StartedRun:
         """The child's answer to ``ask`` (waits for it; the first call only)."""
-        if self._proc is None or self._asked is None:
-            raise RuntimeError("RunStarter.result called before ask, or twice")
-        proc, self._proc, wid = self._proc, None, self._asked
+        with self._lock:
+            if self._proc is None or self._asked is None:
+                raise RuntimeError("RunStarter.result called before ask, or twice")
+            proc, self._proc, wid = self._proc, None, self._asked
         try:
             out, err = proc.communicate(timeout=ANSWER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -87,13 +94,62 @@ class RunStarter:
 
     def close(self) -> None:
         """Not needed after all (the driver stopped before submitting): the child exits without a run."""
-        if self._proc is not None:
+        with self._lock:
             proc, self._proc = self._proc, None
+        if proc is not None:
             try:
                 proc.communicate(None if self._asked else "\n", timeout=30)
             except (subprocess.TimeoutExpired, BrokenPipeError, ValueError):
                 proc.kill()
                 proc.communicate()
+
+
+class PendingRun:
+    """A ``RunStarter``'s answer, awaited in a thread, so that the gang starts without it: ``announce(started)``
+    runs in that thread once the run exists (the training driver names it to the control actor there), and
+    ``fail(error)`` if it could not be started. ``result()`` waits for the answer and returns it, or raises the
+    child's error."""
+
+    def __init__(self, starter: RunStarter, *, announce: Callable[[StartedRun], None],
+                 fail: Callable[[BaseException], None]):
+        self._started: Optional[StartedRun] = None
+        self._error: Optional[BaseException] = None
+        self.announced = False
+        self._thread = threading.Thread(target=self._await, args=(starter, announce, fail),
+                                        name="raylane-run-starter", daemon=True)
+        self._thread.start()
+
+    def _await(self, starter: RunStarter, announce, fail) -> None:
+        try:
+            self._started = starter.result()
+        except BaseException as exc:  # noqa: BLE001 - raised again by result(), in the driver's own thread
+            self._error = exc
+            _quietly(fail, exc)
+            return
+        self.announced = _quietly(announce, self._started)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> StartedRun:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._started is not None
+        return self._started
+
+
+def _quietly(fn: Callable[[Any], None], arg: Any) -> bool:
+    """``fn(arg)``; False (logged) if it raised: the control actor restarting must not lose the run's answer."""
+    import logging
+
+    try:
+        fn(arg)
+        return True
+    except Exception:  # noqa: BLE001
+        logging.getLogger("raylane.runstart").warning("could not tell the control actor about the MLflow run",
+                                                      exc_info=True)
+        return False
 
 
 class LateTracker:

@@ -18,7 +18,10 @@ rank, the same number of times: it is a broadcast from rank 0), and when it answ
 returns (or just reports it: the report then ends the loop). Outside Raylane ``should_yield()`` is always False.
 
 The MLflow run is also named in each worker's environment (``MLFLOW_RUN_ID``, ``MLFLOW_TRACKING_URI``), so the
-loop's own ``mlflow`` calls land in the workload's run; ``workload_id()`` gives the control plane's id.
+loop's own ``mlflow`` calls land in the workload's run; ``workload_id()`` gives the control plane's id. The driver
+starts the run beside the gang (``raylane.runstart``): when the gang starts first, rank 0 waits, before the loop
+runs, until the driver has named the run to the control actor (the workload's ``mlflow_run_id``), and every rank
+gets the name from it; if the driver could not start the run (``mlflow_run_error``), the attempt fails with why.
 
 Fault drills for tests (``config.fault``, read by the platform, never passed to the loop) live in
 ``raylane.launchers.faults`` and act on reports, so they work for any loop.
@@ -31,6 +34,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+from raylane.runstart import ANSWER_TIMEOUT_S  # a light module: neither MLflow nor Ray
 
 log = logging.getLogger("raylane.train")
 
@@ -76,7 +81,7 @@ class StopPoll:
         except NotFoundError:  # the control plane no longer knows it: stop
             return True
         except Exception as exc:  # noqa: BLE001 - the control actor restarting must not kill training
-            self.control = ControlClient(None, self.control.credential)
+            self.control = self.control.reconnect()
             raise RetryableError(f"control actor unreachable: {exc}") from exc
 
 
@@ -91,6 +96,7 @@ class LoopOptions:
     marker_dir: Optional[str] = None
     extra_env: Dict[str, str] = field(default_factory=dict)
     control: Any = None  # the driver's ControlClient, for stop polls
+    awaits_run: bool = False  # run_id is not known yet: the workers wait for the driver to name it (_named_run)
 
 
 class UserLoop:
@@ -105,7 +111,8 @@ class UserLoop:
     def __call__(self, config: Dict[str, Any]) -> Dict[str, Any]:
         global _session
         fn = self._function()
-        session = _Session(self.opts)
+        opts = _named_run(self.opts) if self.opts.awaits_run else self.opts
+        session = _Session(opts)
         _session = session
         session.install()
         try:
@@ -125,6 +132,57 @@ class UserLoop:
         from raylane import entrypoints
 
         return entrypoints.load(self.target, "train")
+
+
+# How long rank 0 waits for the driver to name the workload's MLflow run: the driver's own wait for the run's
+# starter, and a margin for the control actor restarting.
+RUN_NAME_TIMEOUT_S = ANSWER_TIMEOUT_S + 30.0
+
+
+def _named_run(opts: LoopOptions) -> LoopOptions:
+    """``opts`` with the MLflow run the driver named to the control actor: rank 0 waits for it (or for why there is
+    none) and every rank gets its answer (a broadcast). Raises ``RetryableError`` if the run could not be started."""
+    import dataclasses
+
+    import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from raylane.errors import RetryableError
+
+    answer = _await_run_name(opts) if ray.train.get_context().get_world_rank() == 0 else None
+    run_id, error = broadcast_from_rank_zero(answer)
+    if error:
+        raise RetryableError(error)
+    return dataclasses.replace(opts, run_id=run_id, awaits_run=False)
+
+
+def _await_run_name(opts: LoopOptions, timeout_s: float = RUN_NAME_TIMEOUT_S) -> tuple:
+    """``(run_id, None)`` once the workload's record names its MLflow run, else ``(None, why)``."""
+    from raylane.control.client import ControlClient
+    from raylane.errors import NotFoundError
+
+    control = opts.control or ControlClient.connect()
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while True:
+        try:
+            rec = control.status(opts.workload_id, timeout=10)
+        except NotFoundError:
+            return None, f"the control plane no longer knows {opts.workload_id}"
+        except Exception as exc:  # noqa: BLE001 - the control actor restarting: ask again
+            log.warning("could not ask the control actor for the MLflow run; will ask again: %s", exc)
+            control, rec = control.reconnect(), None
+        if rec is not None:
+            if rec.get("mlflow_run_id"):
+                return rec["mlflow_run_id"], None
+            if rec.get("mlflow_run_error"):
+                return None, f"the workload's MLflow run could not be started: {rec['mlflow_run_error']}"
+            if rec.terminal:
+                return None, f"{opts.workload_id} ended ({rec.state.value}) before its MLflow run was named"
+        if time.monotonic() >= deadline:
+            return None, f"the driver did not name the MLflow run of {opts.workload_id} within {timeout_s:g}s"
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 def _takes_argument(fn: Callable) -> bool:

@@ -151,6 +151,7 @@ class Report(Request):
     detail: Optional[Text] = None
     restart: Optional[StrictBool] = None
     mlflow_run_id: Optional[Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = None
+    mlflow_run_error: Optional[Text] = None  # the driver could not start the workload's MLflow run: why
     job_id: Optional[JobId] = None
     step: Optional[Step] = None
     action: ClassVar[Optional[Action]] = Action.REPORT

@@ -101,6 +101,11 @@ class ControlClient:
         """The same control plane, called with another credential."""
         return ControlClient(self._handle, credential, timeout=self.timeout)
 
+    def reconnect(self) -> "ControlClient":
+        """The same caller, finding the control actor anew at its next call (after a failed call: the handle may
+        name an actor that has since restarted)."""
+        return ControlClient(None, self.credential, timeout=self.timeout)
+
     def __repr__(self) -> str:
         return f"ControlClient({self.credential!r})"
 
@@ -161,9 +166,12 @@ class ControlClient:
 
     def report(self, workload_id: str, kind: ReportKind, *, note: Optional[str] = None,
                detail: Optional[str] = None, restart: Optional[bool] = None, mlflow_run_id: Optional[str] = None,
-               job_id: Optional[str] = None, step: Optional[int] = None) -> Reply:
+               mlflow_run_error: Optional[str] = None, job_id: Optional[str] = None,
+               step: Optional[int] = None) -> Reply:
         args = {k: v for k, v in dict(note=note and note[:4000], detail=detail and detail[:4000], restart=restart,
-                                      mlflow_run_id=mlflow_run_id, job_id=job_id, step=step).items()
+                                      mlflow_run_id=mlflow_run_id,
+                                      mlflow_run_error=mlflow_run_error and mlflow_run_error[:4000], job_id=job_id,
+                                      step=step).items()
                 if v is not None}
         return Reply(self._call("report", workload_id=workload_id, kind=ReportKind(kind), **args))
 

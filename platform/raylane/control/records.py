@@ -81,6 +81,16 @@ class Record:
     # The resize under way (state RESIZING): from_workers, to_workers, placement and devices at the new size, reason.
     resize: Dict[str, Any] = field(default_factory=dict)
     resizes: int = 0
+    # The MLflow run its driver named (``mlflow_run_id`` of a report), or why the driver could not start one: a gang
+    # may start before the run exists, and its workers wait for one or the other (``raylane.train``).
+    mlflow_run_id: Optional[str] = None
+    mlflow_run_error: Optional[str] = None
+
+    def _name_run(self, d: Dict[str, Any]) -> None:
+        if d.get("mlflow_run_id"):
+            self.mlflow_run_id, self.mlflow_run_error = d["mlflow_run_id"], None
+        elif d.get("mlflow_run_error"):
+            self.mlflow_run_error = d["mlflow_run_error"]
 
     @property
     def workers(self) -> int:
@@ -109,10 +119,12 @@ class Record:
         elif e.kind == "running":
             self.state = State.RUNNING
             self.job_id = d.get("job_id", self.job_id)
+            self._name_run(d)
         elif e.kind == "event":
             self.restarts += 1 if d.get("restart") else 0
             if "detail" in d:
                 self.detail = d["detail"]
+            self._name_run(d)
         elif e.kind == "checkpointed":
             self.last_checkpoint = e.ts
             self.step = d.get("step", self.step)

@@ -123,34 +123,48 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
     from raylane.control.client import EndState, Outcome, State
     from raylane.errors import FatalError
     from raylane.run import _fail_now, _fatal_cause, _job_id, _say, _short, _wait_admitted
-    from raylane.runstart import LateTracker
+    from raylane.runstart import LateTracker, PendingRun
 
     storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
     run_id = None
+    pending: Optional[PendingRun] = None
+
+    def name_run(rid: str) -> None:
+        ctl.event(wid, f"MLflow run {rid}", mlflow_run_id=rid)
 
     def start_run() -> str:
-        """The MLflow run's id: the child's answer when a starter prepares it, else started here. Either way the
-        driver's own tracker is built on first use (MLflow's import is not on the way to the gang's start)."""
+        """The MLflow run's id: the child's answer when a starter prepares it (waited for here), else started here.
+        Either way the driver's own tracker is built on first use (MLflow's import is not on the way to the gang's
+        start)."""
         nonlocal run_id, uri
         if run_id is None:
-            if run_starter is not None:
-                started = run_starter.result()
+            if pending is not None:
+                started = pending.result()  # the child's error, if it failed, is raised here
                 run_id, uri = started.run_id, started.tracking_uri
+                if not pending.announced:  # the control actor was restarting when the thread told it
+                    name_run(run_id)
             else:
                 run_id, uri = tracker.run_id, tracker.tracking_uri
-            ctl.event(wid, f"MLflow run {run_id}", mlflow_run_id=run_id)
+                name_run(run_id)
         return run_id
 
     def make_tracker():
         from raylane.tracking import RunTracker
 
+        if pending is not None:
+            start_run()
         return RunTracker(workload_id=wid, spec=spec, tracking_uri=uri if run_id else tracking_uri,
                           cost_of=ctl.run_cost)
 
     uri = tracking_uri
     tracker = LateTracker(make_tracker)
     if run_starter is not None:
+        # The child's answer is awaited in a thread: the gang's first attempt may start before the run exists, and
+        # its workers wait for the name the control actor is given (raylane.train), or for why there is none.
         run_starter.ask(workload_id=wid, spec=spec)
+        pending = PendingRun(run_starter, announce=lambda started: name_run(started.run_id),
+                             fail=lambda exc: ctl.event(wid, f"MLflow run not started: {_short(exc)}",
+                                                        mlflow_run_error=_short(exc)))
     else:
         start_run()
     retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
@@ -158,8 +172,8 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
     last_workers = None
     while True:
         rec = _wait_admitted(ctl, wid, poll_s)
-        start_run()  # the run exists before anything is logged to it, the gang's end included
         if rec.terminal:
+            start_run()  # the run exists before anything is logged to it, the gang's end included
             tracker.finish("KILLED" if rec.state is State.CANCELLED else rec.state.value)
             return rec
         attempt_t0 = time.time()
@@ -173,9 +187,11 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
         except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
             return _fail_now(ctl, tracker, wid, f"{exc}")
+        if pending is not None and pending.done():
+            start_run()  # answered already (or failed: raised here, before the gang starts)
         loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=uri,
-                                            fault=fault, marker_dir=os.path.join(storage_path, wid, "_faults"),
-                                            control=ctl))
+                                            awaits_run=run_id is None, fault=fault,
+                                            marker_dir=os.path.join(storage_path, wid, "_faults"), control=ctl))
         bound_train_waits()
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl)
