@@ -127,14 +127,15 @@ def mlflow_run(env, wid: str, must: bool = True):
 
 
 def metric_history(env, wid: str, key: str = "loss", must: bool = True):
-    """(run, [(step, value), ...] sorted by step) of ``key`` in workload ``wid``'s run."""
+    """(run, [(step, value), ...] sorted by step, then by when each was logged) of ``key`` in workload ``wid``'s
+    run: an elastic gang that resizes twice at one step has its ``workers`` at that step in the order they ran."""
     from raylane.tracking import client_for
 
     run = mlflow_run(env, wid, must)
     if run is None:
         return None, []
     hist = client_for(env["uri"]).get_metric_history(run.info.run_id, key)
-    return run, sorted((m.step, m.value) for m in hist)
+    return run, [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.step, m.timestamp))]
 
 
 def print_job_logs_on_failure(request, env) -> None:

@@ -46,6 +46,12 @@ def running_at(env, wid, workers, done):
     return rec.state is State.RUNNING and rec["resizes"] == done and len(rec["placement"]) == workers
 
 
+def checkpointed_after(env, wid, step):
+    # The gang has trained and checkpointed past ``step`` at its size now (each resize then starts from a step of
+    # its own, as a gang that has been running would; one right after a start yields at its first checkpoint).
+    return (env["ctl"].status(wid)["step"] or 0) > step
+
+
 def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
     ctl = env["ctl"]
     # Another team's job holds 2 of the 4 GPUs (it holds at step 5 until it is stopped).
@@ -57,10 +63,13 @@ def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
     job = submit_job(env, elastic("elastic-a", max_steps=STEPS), "elastic-a")
     wid = record_of_job(env, job)["id"]
     wait_for(lambda: running_at(env, wid, 2, 0), timeout=120, what="the elastic gang running at 2 workers")
+    wait_for(lambda: checkpointed_after(env, wid, 0), timeout=120, what="the gang's checkpoint at 2 workers")
 
     # The other job leaves: the gang grows into its GPUs once it has run the resize interval.
     ctl.cancel(other)
     wait_for(lambda: running_at(env, wid, 4, 1), timeout=120, what="the elastic gang grown to 4 workers")
+    grown_at = env["ctl"].status(wid)["step"] or 0
+    wait_for(lambda: checkpointed_after(env, wid, grown_at), timeout=120, what="the gang's checkpoint at 4 workers")
 
     # A higher class of the same team arrives; the team is at its quota ceiling (4 GPUs): the gang shrinks.
     ft_job = submit_job(env, spec("ft-a", "team-a", "finetune", gpu=2, cpu=0.5, config=dict(TRAIN, max_steps=20)),

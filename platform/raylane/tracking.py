@@ -495,11 +495,13 @@ class RunTracker:
             raise NotFoundError(f"model directory {str(path)!r} does not exist or is not a directory")
         self.client.log_artifacts(self.run_id, str(path), artifact_path)
 
-    def log_workers(self, workers: int, step: int) -> None:
+    def log_workers(self, workers: int, step: int, at: Optional[float] = None) -> None:
         """The gang's worker count from ``step`` on, as the metric ``workers`` (logged for every start and restart,
-        so an elastic gang's resizes read as a step function beside its loss)."""
+        so an elastic gang's resizes read as a step function beside its loss), timestamped ``at`` (when that
+        attempt started, in seconds since the epoch; now if not given): two resizes at one step keep their order."""
+        when = time.time() if at is None else at
         self.client.log_batch(self.run_id, metrics=[Metric(METRIC_WORKERS, float(workers),
-                                                           int(time.time() * 1000), int(step))])
+                                                           int(when * 1000), int(step))])
 
     def log_cost(self, cost: float) -> None:
         """What the run's leases cost (GPU-hours x the node types' prices, ``raylane.cost``), as the metric

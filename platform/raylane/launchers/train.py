@@ -195,7 +195,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         bound_train_waits()
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl)
-        workers, started_at = len(rec["placement"]), rec.get("step") or 0
+        workers, started_at, started = len(rec["placement"]), rec.get("step") or 0, time.time()
         error: Optional[BaseException] = None
         result = None
         try:
@@ -205,7 +205,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         if workers != last_workers:  # every start of an elastic gang at a new size; a fixed gang's once
             # Logged once the attempt has ended, at the step it started from: the driver's first use of its tracker
             # imports MLflow (about 2 s of CPU here), which must not delay the gang's first step.
-            tracker.log_workers(workers, step=started_at)
+            tracker.log_workers(workers, step=started_at, at=started)
             last_workers = workers
         now_rec = ctl.status(wid)
         state = now_rec.state
