@@ -120,8 +120,11 @@ def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = N
 def random_config(rng: random.Random, **fixed) -> SchedulerConfig:
     kw = {axis: rng.choice(reg.names()) for axis, reg in AXES.items()}
     kw.update(fixed)
-    return SchedulerConfig(**kw, max_admissions_per_cycle=rng.choice([1, 3, 64]), las_thresholds=(60.0, 600.0),
-                           fair_share_half_life_s=600.0, default_runtime_s=200.0)
+    cfg = SchedulerConfig(**kw, max_admissions_per_cycle=rng.choice([1, 3, 64]), las_thresholds=(60.0, 600.0),
+                          fair_share_half_life_s=600.0, default_runtime_s=200.0)
+    # The ordering policy's hysteresis (leases settle at different times: the settle order a driver keeps).
+    return replace(cfg, hysteresis_min_run_s=rng.choice([0.0, 0.0, 20.0, 90.0]),
+                   hysteresis_service_fraction=rng.choice([0.0, 0.0, 0.5]))
 
 
 # ------------------------------------------------------------------------------------------------ invariants
@@ -165,8 +168,10 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
     assert again == res
     # The snapshot is not changed by a cycle.
     assert snap == before
-    # What a driver may leave out (usage, leases by team) is derived to the same effect.
-    assert cycle(replace(snap, usage=None, leases_by_team=None), now, max_examined=max_examined) == res
+    # What a driver may leave out (usage, leases by team, the leases in end and settle order) is derived to the
+    # same effect.
+    assert cycle(replace(snap, usage=None, leases_by_team=None, lease_order=None), now,
+                 max_examined=max_examined) == res
     # Remembering failed preemption searches within a cycle is only a shortcut: without it, the same decisions.
     with no_memo():
         assert cycle(snap, now, max_examined=max_examined) == res

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Protocol, Sequence, Tuple
 
 from raylane.scheduling.capacity import Capacity, Devices, WorkerDevices, _shift, choose_devices, gpu_slots
+from raylane.scheduling.leaseorder import InEndOrder
 from raylane.scheduling.placement import place
 from raylane.scheduling.registry import Registry
 from raylane.scheduling.types import Lease, LeaseState, Resources, SchedulerConfig, Workload
@@ -90,7 +91,9 @@ def shadow(head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,
     scratch = cap.copy()
     need_gpu = head.gang.total.gpu
     free_gpu = sum(r.gpu for r in scratch.free.values())
-    for lease in sorted(leases, key=lambda l: expected_end(l, now, cfg)):
+    # In expected-end order: as given when the driver keeps them so (``leaseorder.InEndOrder``), else sorted.
+    ordered = leases if isinstance(leases, InEndOrder) else sorted(leases, key=lambda l: expected_end(l, now, cfg))
+    for lease in ordered:
         scratch.give_placement(lease.placement, lease.workload.gang.per_worker, lease.devices)
         free_gpu += lease.workload.gang.total.gpu
         if free_gpu + 1e-9 < need_gpu:

@@ -127,7 +127,7 @@ def _devices_of(node: Node) -> Devices:
 
 
 class Capacity(Recorded):
-    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_total", "grown")
+    __slots__ = ("nodes", "free", "dev", "_partial", "_buckets", "_keys", "_total", "grown", "changes")
 
     def __init__(self, nodes: Iterable[Node]):
         super().__init__()
@@ -157,6 +157,8 @@ class Capacity(Recorded):
         # How many changes have given something back on some node (a give, a rollback, an assign of more): while it
         # stays the same, only takes happened, and a gang that found no room finds none (``cycle`` remembers).
         self.grown = 0
+        # How many changes of any kind: while it stays the same, every query answers as before.
+        self.changes = 0
 
     # -- buckets -------------------------------------------------------------------------------------------
     def _bucket_add(self, node_id: str, gpu: float) -> None:
@@ -190,6 +192,7 @@ class Capacity(Recorded):
         if new.gpu > old.gpu or new.cpu > old.cpu or new.memory > old.memory or (
                 devs is not old_devs and any(n > o for n, o in zip(devs, old_devs))):
             self.grown += 1
+        self.changes += 1
         self._total = self._total - old + new
 
     def assign(self, node_id: str, free: Resources, devices: Devices) -> None:
@@ -340,4 +343,5 @@ class Capacity(Recorded):
         Recorded.__init__(c)
         c._total = self._total
         c.grown = 0
+        c.changes = 0
         return c

@@ -34,6 +34,7 @@ from raylane.scheduling import ordering as _ordering  # noqa: F401  (registers t
 from raylane.scheduling.admission import ADMISSIONS, QuotaLedger
 from raylane.scheduling.backfill import BACKFILLS, Reservation
 from raylane.scheduling.capacity import Capacity, partial
+from raylane.scheduling.leaseorder import InEndOrder
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
@@ -262,7 +263,7 @@ class _Walk:
         for l in self.stopping:
             held[l.team] = held.get(l.team, Resources()) - l.workload.gang.total
         self.pctx = PreemptionContext(snapshot.leases, self.ledger, admission, order, cfg, now, held,
-                                      snapshot.leases_by_team)
+                                      snapshot.leases_by_team, snapshot.lease_order)
         if self.future is not None:
             self.pctx.ledger = self.future.ledger
         self.reservation: Optional[Reservation] = None
@@ -283,6 +284,8 @@ class _Walk:
         self.touched: set = set()  # leases shrunk or stopped in this cycle: they do not grow
         # Gang shapes with no room now: (gang, data snapshot) -> (the capacity asked, its ``grown`` then).
         self.no_room: Dict[Tuple, Tuple[Capacity, int]] = {}
+        # Gang shapes' reasons for no capacity: (workers, per worker, features) -> (``cap.changes`` then, reason).
+        self.reasons: Dict[Tuple, Tuple[int, NoCapacity]] = {}
 
     def decide(self, w: Workload, position: int, need: Resources) -> bool:
         """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
@@ -321,13 +324,9 @@ class _Walk:
             return False
 
         # d. Blocked by capacity: the first such workload gets a reservation; later ones must respect it.
-        best, best_free = cap.best_node_for(w.gang.per_worker, w.gang.features)
-        devs = cap.dev.get(best, ()) if best is not None else ()
-        inner = NoCapacity(w.gang.workers, w.gang.per_worker, best, best_free, cap.total_free(),
-                           devs if partial(devs) else ())
+        inner = self._no_capacity(w)
         if self.reservation is None:
-            self.reservation = self.backfill.reserve(w, cap, list(self.snapshot.leases) + self.admitted_leases,
-                                                     self.now, self.cfg)
+            self.reservation = self.backfill.reserve(w, cap, self._leases_ending(), self.now, self.cfg)
             if self.reservation is not None:
                 self.head_position = position
                 start = self.reservation.shadow_time
@@ -335,6 +334,28 @@ class _Walk:
                 return False
         self.pending.append(Pending(w, inner, position))
         return False
+
+    def _no_capacity(self, w: Workload) -> NoCapacity:
+        """Why ``w`` finds no room now. The same for every gang of its shape while the capacity has not changed
+        (``Capacity.changes``): on a full cluster most examined workloads get the reason an earlier one got."""
+        cap, g = self.cap, w.gang
+        key = (g.workers, g.per_worker, g.features)
+        got = self.reasons.get(key)
+        if got is not None and got[0] == cap.changes:
+            return got[1]
+        best, best_free = cap.best_node_for(g.per_worker, g.features)
+        devs = cap.dev.get(best, ()) if best is not None else ()
+        inner = NoCapacity(g.workers, g.per_worker, best, best_free, cap.total_free(), devs if partial(devs) else ())
+        self.reasons[key] = (cap.changes, inner)
+        return inner
+
+    def _leases_ending(self):
+        """Every lease and this cycle's admissions, for the backfill policy: in expected-end order without sorting
+        when the driver keeps its leases in that order (``Snapshot.lease_order``)."""
+        order = self.snapshot.lease_order
+        if order is None:
+            return list(self.snapshot.leases) + self.admitted_leases
+        return InEndOrder(order.ending(self.now, self.stopping, self.admitted_leases, self.cfg))
 
     def _memo_key(self, w: Workload, res):
         """(what a preemption search for ``w`` depends on, the versions of the state now, its bound), or None."""

@@ -48,7 +48,7 @@ class PreemptionContext:
 
     def __init__(self, leases: Sequence[Lease], ledger: QuotaLedger, admission: AdmissionPolicy, ordering,
                  cfg: SchedulerConfig, now: float, held: Optional[Dict[str, Resources]] = None,
-                 leases_by_team: Optional[Mapping[str, Sequence[Lease]]] = None):
+                 leases_by_team: Optional[Mapping[str, Sequence[Lease]]] = None, lease_order=None):
         self.leases = leases
         self.ledger = ledger
         self.admission = admission
@@ -63,7 +63,9 @@ class PreemptionContext:
         self._by_class: Dict[str, Dict[int, List[Lease]]] = {}  # team -> class priority -> leases
         self._unsorted: set = set()  # (team, class priority) lists not sorted yet
         self._cost: Dict[str, Tuple] = {}
-        self._ranked: Optional[List[Tuple[Tuple, Lease]]] = None
+        # ``ranked`` lists, all and settled only (see ``ranked``); the driver's lease order, when it keeps one.
+        self._ranked: Dict[bool, List[Tuple[Tuple, Lease]]] = {}
+        self._order = lease_order
         # Shrink options of running elastic gangs (see ``shrink_option``): option id -> (the whole lease, its size
         # after the shrink); and each whole lease's option down to its minimum.
         self.shrinks: Dict[str, Tuple[Lease, int]] = {}
@@ -174,14 +176,33 @@ class PreemptionContext:
         got = self.shrinks.get(lease.id)
         return lease if got is None else got[0]
 
-    def ranked(self) -> List[Tuple[Tuple, Lease]]:
-        """Running candidates with their rank under the ordering policy, ascending (once per cycle)."""
-        if self._ranked is None:
-            rank, cfg = self.ordering.rank, self.cfg
-            whole = self.whole
-            self._ranked = sorted(((rank(whole(l).workload, self.attained(whole(l)), cfg), l)
-                                   for ls in self.by_team().values() for l in ls), key=lambda e: e[0])
-        return self._ranked
+    def ranked(self, settled: bool = False) -> List[Tuple[Tuple, Lease]]:
+        """Running candidates (and their shrink options) with their rank under the ordering policy, ascending; a
+        shrink option has its gang's rank. ``settled``: only those the hysteresis lets the ``ordering`` policy stop
+        (``settled_after``). Once per cycle each. When the driver keeps its leases in settle order
+        (``Snapshot.lease_order``) only the settled ones are read: a cycle does not rank thousands of leases that
+        have all (re)started within the hour."""
+        got = self._ranked.get(settled)
+        if got is None:
+            rank, cfg, now, running = self.ordering.rank, self.cfg, self.now, LeaseState.RUNNING
+            pool = self._order.settled(now) if settled and self._order is not None else self.leases
+            shrink = cfg.resize_running
+            got = []
+            for l in pool:
+                w = l.workload
+                c = w.cls
+                if l.state is not running or not c.preemptible or now - l.start_time < c.min_runtime_s:
+                    continue
+                r = rank(w, w.attained_gpu_s + max(0.0, now - l.start_time) * w.gang.total.gpu, cfg)
+                if not settled or now >= settled_after(l, cfg):
+                    got.append((r, l))
+                if shrink and c.resizable and w.gang.workers > w.gang.lo:
+                    o = self.shrink_option(l, w.gang.lo)
+                    if not settled or now >= settled_after(o, cfg):
+                        got.append((r, o))
+            got.sort(key=_rank_of)  # stable: a gang before its shrink option
+            self._ranked[settled] = got
+        return got
 
     def attained(self, lease: Lease) -> float:
         return lease.workload.attained_gpu_s + max(0.0, self.now - lease.start_time) * lease.workload.gang.total.gpu
@@ -232,8 +253,12 @@ class PreemptionContext:
         ls = self._by_class.get(lease.team, {}).get(lease.workload.cls.priority)
         if ls is not None:
             ls[:] = [l for l in ls if l.id not in gone]
-        if self._ranked is not None:
-            self._ranked = [e for e in self._ranked if e[1].id not in gone]
+        for k, ranked in self._ranked.items():
+            self._ranked[k] = [e for e in ranked if e[1].id not in gone]
+
+
+def _rank_of(entry):
+    return entry[0]
 
 
 def victim_cost(lease: Lease, now: float) -> Tuple:
@@ -306,7 +331,8 @@ class OrderingPreemption:
     def candidates(self, preemptor, ctx):
         rank, cfg = ctx.ordering.rank, ctx.cfg
         mine = rank(preemptor, preemptor.attained_gpu_s, cfg)
-        ranked = ctx.ranked()
+        # Hysteresis: a lease (re)started too recently is not stopped again by the ordering (see settled_after).
+        ranked = ctx.ranked(settled=cfg.hysteresis_min_run_s > 0 or cfg.hysteresis_service_fraction > 0)
         after = bisect.bisect_right(ranked, mine, key=lambda e: e[0])
         fresh = [(rank(l.workload, ctx.attained(l), cfg), l) for l in ctx.fresh.values()
                  if l.workload.cls.preemptible]
@@ -315,14 +341,10 @@ class OrderingPreemption:
         # takes away): leave them out rather than have find_victims step over each.
         team = preemptor.team
         open_ = {t: t == team or not ctx.protects() or ctx.team_borrows(t) for t in ctx.teams()}
-        # Hysteresis: a lease (re)started too recently is not stopped again by the ordering (see settled_after).
-        now = ctx.now
-        hold = cfg.hysteresis_min_run_s > 0 or cfg.hysteresis_service_fraction > 0
         # The worst-ranked go first: under LAS the most-served, under SRTF the longest remaining.
         return itertools.chain((l for _, l in fresh),
                                (ranked[i][1] for i in range(len(ranked) - 1, after - 1, -1)
-                                if open_[ranked[i][1].team]
-                                and (not hold or now >= settled_after(ranked[i][1], cfg))))
+                                if open_[ranked[i][1].team]))
 
 
 def settled_after(lease: Lease, cfg: SchedulerConfig) -> float:

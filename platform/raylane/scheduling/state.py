@@ -17,7 +17,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from raylane.errors import NotFoundError
 from raylane.scheduling.capacity import _returned_devices, _shift, choose_devices, pick_devices
+from raylane.scheduling.leaseorder import LeaseOrder, SortedLeases, static_end
 from raylane.scheduling.ordering import ORDERINGS
+from raylane.scheduling.preemption import settled_after
 from raylane.scheduling.types import (
     Admit,
     Lease,
@@ -50,6 +52,15 @@ class ClusterState:
         self._team_leases_cache: Dict[str, Tuple[Lease, ...]] = {}
         self._nodes_cache: Optional[Tuple[Node, ...]] = None
         self._decayed_at: Optional[float] = None
+        # The leases by static end and by when they settle, with each one's place in the lease table (its sequence
+        # number: the table keeps the order leases started in), so that a cycle need not sort them
+        # (raylane.scheduling.leaseorder).
+        self._seq = 0
+        self._seq_of: Dict[str, int] = {}
+        self._by_end = SortedLeases()
+        self._by_settle = SortedLeases()
+        self._order_cache: Optional[LeaseOrder] = None
+        self._seq_cache: Optional[Dict[str, int]] = None  # copied for snapshots only when a lease comes or goes
 
     # -- nodes ---------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> None:
@@ -186,6 +197,11 @@ class ClusterState:
             raise NotFoundError(f"no lease {workload_id!r}")
         w = lease.workload
         del self._team_leases[w.team][workload_id]
+        del self._seq_of[workload_id]
+        self._seq_cache = None
+        self._by_end.remove(workload_id)
+        self._by_settle.remove(workload_id)
+        self._order_cache = None
         self._team_leases_cache.pop(w.team, None)
         self._adjust(lease.placement, w.gang.per_worker, lease.devices, +1)
         self.usage[w.team] = (self.usage.get(w.team, Resources()) - w.gang.total).rounded()
@@ -203,6 +219,14 @@ class ClusterState:
         return w2
 
     def _put(self, lease: Lease) -> None:
+        seq = self._seq_of.get(lease.id)
+        if seq is None:  # a new entry of the table: last in its order
+            seq = self._seq_of[lease.id] = self._seq
+            self._seq += 1
+            self._seq_cache = None
+        self._by_end.put(lease, static_end(lease, self.config), seq)
+        self._by_settle.put(lease, settled_after(lease, self.config), seq)
+        self._order_cache = None
         self.leases[lease.id] = lease
         self._team_leases.setdefault(lease.team, {})[lease.id] = lease
         self._team_leases_cache.pop(lease.team, None)
@@ -256,8 +280,12 @@ class ClusterState:
                 t = self._team_leases_cache[team] = tuple(ls.values())
             if t:
                 by_team[team] = t
+        if self._order_cache is None:
+            if self._seq_cache is None:
+                self._seq_cache = dict(self._seq_of)
+            self._order_cache = LeaseOrder(*self._by_end.frozen(), *self._by_settle.frozen(), self._seq_cache)
         return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
-                        usage=dict(self.usage), leases_by_team=by_team)
+                        usage=dict(self.usage), leases_by_team=by_team, lease_order=self._order_cache)
 
 
 def _with_devices(node: Node) -> Node:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 RESOURCE_NAMES: Tuple[str, ...] = ("gpu", "cpu", "memory")
 
@@ -332,6 +332,9 @@ class Snapshot:
     # Team -> its leases (the same leases as ``leases``, grouped); derived when a driver does not keep it. Lets a
     # preemption search read only the teams it may take from.
     leases_by_team: Optional[Mapping[str, Tuple[Lease, ...]]] = None
+    # The same leases in the orders a cycle reads them in (``raylane.scheduling.leaseorder.LeaseOrder``), kept by
+    # a driver as leases start and end; None: the cycle sorts them (the same decisions).
+    lease_order: Optional[Any] = None
 
     def pending(self) -> Tuple[Workload, ...]:
         return tuple(w for q in self.queues.values() for w in q)
