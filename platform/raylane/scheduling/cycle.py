@@ -282,8 +282,8 @@ class _Walk:
         self.team_version: Dict[str, int] = {}
         self.borrow_version = 0
         self.touched: set = set()  # leases shrunk or stopped in this cycle: they do not grow
-        # Gang shapes with no room now: (gang, data snapshot) -> (the capacity asked, its ``grown`` then).
-        self.no_room: Dict[Tuple, Tuple[Capacity, int]] = {}
+        # Gang shapes with no room: (gang, data snapshot, the capacity asked) -> its ``grown`` then.
+        self.no_room: Dict[Tuple, int] = {}
         # Gang shapes' reasons for no capacity: (workers, per worker, features) -> (``cap.changes`` then, reason).
         self.reasons: Dict[Tuple, Tuple[int, NoCapacity]] = {}
 
@@ -390,9 +390,13 @@ class _Walk:
         earlier in this cycle are the first candidates: giving their place back loses nothing.
         """
         future, pctx = self.future, self.pctx
-        work = (future.work if future is not None else self.present).with_holdings(pctx.holdings)
-        pctx.ledger = work.ledger
-        chosen = self._search(w, need, res, work)
+        base = future.work if future is not None else self.present
+        pctx.ledger = base.ledger
+        memo = self._memo_key(w, res)
+        if memo is not None and self._failed_before(*memo):
+            return None  # failed for the same kind of workload, with nothing changed since that could help
+        work = base.with_holdings(pctx.holdings)
+        chosen = self._search(w, need, res, work, memo)
         if not chosen:
             return None
         if res is not None and not self._allowed_after(w, chosen, work, res):
@@ -446,14 +450,12 @@ class _Walk:
         # On a copy: asking must not use up what the head leaves spare.
         return plan is not None and self.backfill.allows(w, plan, res.copy(), self.now, devices)
 
-    def _search(self, w: Workload, need: Resources, res, work: Working):
-        """``find_victims`` over the policy's candidates, short-cut where the outcome is known to be a failure."""
+    def _search(self, w: Workload, need: Resources, res, work: Working, memo):
+        """``find_victims`` over the policy's candidates, short-cut where the outcome is known to be a failure.
+        ``memo``: the search's ``_memo_key``; a failure is remembered under it (most of a long queue waits on the
+        same few quotas, and a search that failed for the same kind of workload, with nothing changed since that
+        could make it succeed, fails again)."""
         pctx, team = self.pctx, w.team
-        # A search that failed for the same kind of workload, with nothing changed since that could make it
-        # succeed, fails again: it is not repeated (most of a long queue waits on the same few quotas).
-        memo = self._memo_key(w, res)
-        if memo is not None and self._failed_before(*memo):
-            return None
         candidates = self.preemption.candidates(w, pctx)
         if res is not None and pctx.fresh:
             # Behind a reservation the preemptor may not be allowed to start now; giving back an admission for it
@@ -514,7 +516,9 @@ class _Walk:
         fresh = [(a.workload.cls.priority, 1, a.workload.submit_time, a.workload.id, a) for a in self.admitted
                  if _growable(a.workload) and len(a.placement) < a.workload.gang.hi]
         now, interval = self.now, self.cfg.resize_interval_s
-        running = [(l.workload.cls.priority, 0, l.start_time, l.id, l) for l in self.snapshot.leases
+        order = self.snapshot.lease_order  # the elastic gangs only, when the driver keeps them apart
+        running = [(l.workload.cls.priority, 0, l.start_time, l.id, l)
+                   for l in (order.elastic if order is not None else self.snapshot.leases)
                    if l.workload.gang.max_workers is not None and l.state is LeaseState.RUNNING
                    and _growable(l.workload) and l.workload.gang.workers < l.workload.gang.hi
                    and now - l.start_time >= interval and l.id not in self.touched] if self.cfg.resize_running else []
@@ -591,23 +595,26 @@ class _Walk:
         return (self.future.avail if self.future is not None else self.cap).pick(plan, w.gang.per_worker)
 
     def _place_now(self, w: Workload) -> Optional[Tuple[str, ...]]:
-        """Where ``w`` starts now, or None. A gang of the same shape that found no room on the same capacity, with
-        nothing given back there since (``Capacity.grown``), finds none again: on a full cluster with thousands
-        waiting, most examined workloads ask what an earlier one of their shape was told."""
-        cap = self.future.avail if self.future is not None else self.cap
-        key = (w.gang, w.data_snapshot)
+        """Where ``w`` starts now, or None."""
+        return self._room(w, self.future.avail if self.future is not None else self.cap)
+
+    def _room(self, w: Workload, cap: Capacity) -> Optional[Tuple[str, ...]]:
+        """``place`` on ``cap``. A gang of the same shape that found no room on the same capacity, with nothing
+        given back there since (``Capacity.grown``), finds none again: on a full cluster with thousands waiting,
+        most examined workloads ask what an earlier one of their shape was told."""
+        key = (w.gang, w.data_snapshot, cap)  # (a Capacity hashes by identity)
         seen = self.no_room.get(key)
-        if seen is not None and seen[0] is cap and seen[1] == cap.grown:
+        if seen is not None and seen == cap.grown:
             return None
         plan = place(w.gang, cap, w.data_snapshot)
         if plan is None:
-            self.no_room[key] = (cap, cap.grown)
+            self.no_room[key] = cap.grown
         return plan
 
     def _fits(self, w: Workload, need: Resources, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
         if self.admission.check(ledger, w.team, need) is not None:
             return None
-        return place(w.gang, cap, w.data_snapshot)
+        return self._room(w, cap)
 
 
 def _growable(w: Workload) -> bool:

@@ -1,12 +1,13 @@
 """Leases kept in the order of a time that does not change while they run, so that a cycle need not sort them.
 
-Two per-cycle passes over every running lease used to set the cycle's cost at scale (issue 14: some 4,000 leases
+Per-cycle passes over every running lease used to set the cycle's cost at scale (issue 14: some 4,000 leases
 and 10,000 pending on 1,000 x 8 GPUs): EASY's shadow time sorted all leases by expected end, and the ``ordering``
 preemption policy ranked them all, though its hysteresis let it stop none that had run less than an hour. Both keys
 are fixed for a lease from its start: its *static end* (start + its runtime estimate, or the configured default)
 and the instant it *settles* (``preemption.settled_after``). ``ClusterState`` keeps its leases sorted by each as they
 start and finish (``SortedLeases``), and hands the orders to the cycle with each snapshot (``LeaseOrder``); the
-cycle then reads only the leases it needs (those that end before the blocked head fits; those settled by now).
+cycle then reads only the leases it needs (those that end before the blocked head fits; those settled by now). It
+also keeps the elastic gangs apart, so that growth does not look over every lease each cycle.
 
 A snapshot built without them (``Snapshot.lease_order`` None) is decided exactly the same way, by sorting.
 
@@ -78,6 +79,8 @@ class LeaseOrder:
     settle_keys: Tuple[Key, ...]
     by_settle: Tuple[Lease, ...]
     seq: Mapping[str, int]
+    # The elastic gangs (a gang with a maximum size), in table order: the only leases a cycle's growth looks at.
+    elastic: Tuple[Lease, ...] = ()
 
     @classmethod
     def of(cls, leases: Sequence[Lease], cfg: SchedulerConfig) -> "LeaseOrder":
@@ -89,7 +92,7 @@ class LeaseOrder:
         end = sorted(((static_end(l, cfg), seq[l.id]), l) for l in leases)
         settle = sorted(((settled_after(l, cfg), seq[l.id]), l) for l in leases)
         return cls(tuple(k for k, _ in end), tuple(l for _, l in end), tuple(k for k, _ in settle),
-                   tuple(l for _, l in settle), seq)
+                   tuple(l for _, l in settle), seq, tuple(l for l in leases if l.workload.gang.max_workers is not None))
 
     def settled(self, now: float) -> Sequence[Lease]:
         """The leases settled by ``now`` (``now >= settled_after``), in settle order."""

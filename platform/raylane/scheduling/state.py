@@ -61,6 +61,7 @@ class ClusterState:
         self._by_settle = SortedLeases()
         self._order_cache: Optional[LeaseOrder] = None
         self._seq_cache: Optional[Dict[str, int]] = None  # copied for snapshots only when a lease comes or goes
+        self._elastic: Dict[str, Lease] = {}  # the leases of elastic gangs, in table order
 
     # -- nodes ---------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> None:
@@ -198,6 +199,7 @@ class ClusterState:
         w = lease.workload
         del self._team_leases[w.team][workload_id]
         del self._seq_of[workload_id]
+        self._elastic.pop(workload_id, None)
         self._seq_cache = None
         self._by_end.remove(workload_id)
         self._by_settle.remove(workload_id)
@@ -226,6 +228,8 @@ class ClusterState:
             self._seq_cache = None
         self._by_end.put(lease, static_end(lease, self.config), seq)
         self._by_settle.put(lease, settled_after(lease, self.config), seq)
+        if lease.workload.gang.max_workers is not None:
+            self._elastic[lease.id] = lease
         self._order_cache = None
         self.leases[lease.id] = lease
         self._team_leases.setdefault(lease.team, {})[lease.id] = lease
@@ -283,7 +287,8 @@ class ClusterState:
         if self._order_cache is None:
             if self._seq_cache is None:
                 self._seq_cache = dict(self._seq_of)
-            self._order_cache = LeaseOrder(*self._by_end.frozen(), *self._by_settle.frozen(), self._seq_cache)
+            self._order_cache = LeaseOrder(*self._by_end.frozen(), *self._by_settle.frozen(), self._seq_cache,
+                                           tuple(self._elastic.values()))
         return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
                         usage=dict(self.usage), leases_by_team=by_team, lease_order=self._order_cache)
 
