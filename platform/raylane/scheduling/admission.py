@@ -28,11 +28,13 @@ class QuotaLedger(Recorded):
     for: read on every check, so worked out once.
     """
 
-    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits")
+    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "changes")
 
     def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources]):
         super().__init__()
         self.teams = teams
+        # How many changes (usage applied or restored): while it stays the same, every check answers as before.
+        self.changes = 0
         self.usage: Dict[str, Resources] = dict(usage)
         self.limits: Dict[str, Tuple[Tuple[str, float, float, float], ...]] = {
             name: tuple((r, q.nominal, q.guaranteed, q.ceiling) for r, q in t.quotas.items())
@@ -51,9 +53,11 @@ class QuotaLedger(Recorded):
         c.teams, c.limits = self.teams, self.limits
         c.usage, c.pool_cap, c.pool_used = dict(self.usage), dict(self.pool_cap), dict(self.pool_used)
         Recorded.__init__(c)
+        c.changes = 0
         return c
 
     def _restore(self, entry) -> None:
+        self.changes += 1
         team, old, pool = entry
         if old is None:
             self.usage.pop(team, None)
@@ -72,6 +76,7 @@ class QuotaLedger(Recorded):
         self._apply(team, self.used(team) - res)
 
     def _apply(self, team: str, new: Resources) -> None:
+        self.changes += 1
         lim = self.limits.get(team)
         if self._log is not None:
             self._log.append((team, self.usage.get(team), tuple((r, self.pool_used[r]) for r, _, _, _ in lim or ())))

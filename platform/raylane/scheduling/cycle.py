@@ -286,6 +286,8 @@ class _Walk:
         self.no_room: Dict[Tuple, int] = {}
         # Gang shapes' reasons for no capacity: (workers, per worker, features) -> (``cap.changes`` then, reason).
         self.reasons: Dict[Tuple, Tuple[int, NoCapacity]] = {}
+        # Quota answers: (ledger, team, need) -> (``ledger.changes`` then, the answer).
+        self.checks: Dict[Tuple, Tuple[int, object]] = {}
 
     def decide(self, w: Workload, position: int, need: Resources) -> bool:
         """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
@@ -306,7 +308,7 @@ class _Walk:
         # a. It does not fit now. Will it fit once what is already stopping is gone (and what others waiting for
         #    that have claimed is taken)? Then it waits for them and no more victims are chosen for it.
         if future is not None:
-            fplan = self._fits(w, need, future.cap, future.ledger)
+            fplan = None if self._check(future.ledger, w.team, need) is not None else self._room(w, future.cap)
             if fplan is not None:
                 future.claim(w, fplan)
                 self.pending.append(Pending(w, WaitingForPreemption(future.waited_for(fplan)), position))
@@ -583,11 +585,23 @@ class _Walk:
         self.touched.add(lease.id)
 
     def _quota_now(self, w: Workload, need: Resources):
-        reason = self.admission.check(self.ledger, w.team, need)
+        reason = self._check(self.ledger, w.team, need)
         if reason is None and self.future is not None:
             # What waiting workloads have claimed of the future is spoken for: starting now must not take it, or
             # they would have to preempt again once their victims are gone.
-            reason = self.admission.check(self.future.ledger, w.team, need)
+            reason = self._check(self.future.ledger, w.team, need)
+        return reason
+
+    def _check(self, ledger: QuotaLedger, team: str, need: Resources):
+        """The admission policy's answer for ``team`` taking ``need`` more on ``ledger``: the same as last time it
+        was asked while the ledger has not changed since (``QuotaLedger.changes``; most of a long queue asks for
+        the same few teams and sizes between two admissions)."""
+        key = (ledger, team, need)  # (a QuotaLedger hashes by identity)
+        got = self.checks.get(key)
+        if got is not None and got[0] == ledger.changes:
+            return got[1]
+        reason = self.admission.check(ledger, team, need)
+        self.checks[key] = (ledger.changes, reason)
         return reason
 
     def _pick(self, w: Workload, plan: Tuple[str, ...]):
