@@ -111,3 +111,17 @@ def test_sorted_leases_replace_a_lease_in_place_and_forget_it():
     s.remove("a")
     s.remove("nothing")
     assert s.frozen() == (((5.0, 1),), (b,))
+
+
+@pytest.mark.parametrize("backfill,preemption,kept", [("easy", "default", True), ("none", "ordering", True),
+                                                      ("none", "default", False), ("greedy", "none", False)])
+def test_the_orders_are_kept_only_for_policies_that_read_them(backfill, preemption, kept):
+    cfg = replace(CFG, backfill=backfill, preemption=preemption)
+    st = ClusterState([node("n0").gpus(8).obj()], {"a": team("a", 8)}, cfg)
+    w = wl("w").team("a").cls(ELASTIC).elastic(1, 2).obj()
+    st.enqueue(w)
+    st.start(Admit(w, ("n0",)), 0.0)
+    order = st.snapshot().lease_order
+    assert (order is not None) is kept
+    if kept:
+        assert [l.id for l in order.by_end] == [l.id for l in order.elastic] == ["w"]

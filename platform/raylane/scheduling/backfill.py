@@ -112,6 +112,9 @@ def shadow(head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,
 
 @BACKFILLS.register("easy")
 class Easy:
+    # The shadow time reads the leases in expected-end order: a driver keeps them so (``Snapshot.lease_order``).
+    reads_lease_order = True
+
     def reserve(self, head, cap, leases, now, cfg):
         return shadow(head, cap, leases, now, cfg)
 

@@ -324,6 +324,9 @@ class DefaultPreemption:
 
 @PREEMPTIONS.register("ordering")
 class OrderingPreemption:
+    # Ranks only the leases its hysteresis lets go, read in settle order when a driver keeps it (``ranked``).
+    reads_lease_order = True
+
     def memo_key(self, preemptor, ctx):
         """A preemptor that ranks later gets a subset of the candidates."""
         return None, True, ctx.ordering.rank(preemptor, preemptor.attained_gpu_s, ctx.cfg)

@@ -19,7 +19,8 @@ from raylane.errors import NotFoundError
 from raylane.scheduling.capacity import _returned_devices, _shift, choose_devices, pick_devices
 from raylane.scheduling.leaseorder import LeaseOrder, SortedLeases, static_end
 from raylane.scheduling.ordering import ORDERINGS
-from raylane.scheduling.preemption import settled_after
+from raylane.scheduling.backfill import BACKFILLS
+from raylane.scheduling.preemption import PREEMPTIONS, settled_after
 from raylane.scheduling.types import (
     Admit,
     Lease,
@@ -55,6 +56,11 @@ class ClusterState:
         # The leases by static end and by when they settle, with each one's place in the lease table (its sequence
         # number: the table keeps the order leases started in), so that a cycle need not sort them
         # (raylane.scheduling.leaseorder).
+        # Kept only where the configured backfill or preemption policy reads them (``reads_lease_order``): elsewhere
+        # keeping them would only cost (a cycle with no use for them reads none; growth then looks over all leases).
+        self._orders = any(getattr(reg.get(name), "reads_lease_order", False)
+                           for reg, name in ((BACKFILLS, config.backfill), (PREEMPTIONS, config.preemption))
+                           if name in reg.names())
         self._seq = 0
         self._seq_of: Dict[str, int] = {}
         self._by_end = SortedLeases()
@@ -198,12 +204,13 @@ class ClusterState:
             raise NotFoundError(f"no lease {workload_id!r}")
         w = lease.workload
         del self._team_leases[w.team][workload_id]
-        del self._seq_of[workload_id]
-        self._elastic.pop(workload_id, None)
-        self._seq_cache = None
-        self._by_end.remove(workload_id)
-        self._by_settle.remove(workload_id)
-        self._order_cache = None
+        if self._orders:
+            del self._seq_of[workload_id]
+            self._elastic.pop(workload_id, None)
+            self._seq_cache = None
+            self._by_end.remove(workload_id)
+            self._by_settle.remove(workload_id)
+            self._order_cache = None
         self._team_leases_cache.pop(w.team, None)
         self._adjust(lease.placement, w.gang.per_worker, lease.devices, +1)
         self.usage[w.team] = (self.usage.get(w.team, Resources()) - w.gang.total).rounded()
@@ -221,16 +228,17 @@ class ClusterState:
         return w2
 
     def _put(self, lease: Lease) -> None:
-        seq = self._seq_of.get(lease.id)
-        if seq is None:  # a new entry of the table: last in its order
-            seq = self._seq_of[lease.id] = self._seq
-            self._seq += 1
-            self._seq_cache = None
-        self._by_end.put(lease, static_end(lease, self.config), seq)
-        self._by_settle.put(lease, settled_after(lease, self.config), seq)
-        if lease.workload.gang.max_workers is not None:
-            self._elastic[lease.id] = lease
-        self._order_cache = None
+        if self._orders:
+            seq = self._seq_of.get(lease.id)
+            if seq is None:  # a new entry of the table: last in its order
+                seq = self._seq_of[lease.id] = self._seq
+                self._seq += 1
+                self._seq_cache = None
+            self._by_end.put(lease, static_end(lease, self.config), seq)
+            self._by_settle.put(lease, settled_after(lease, self.config), seq)
+            if lease.workload.gang.max_workers is not None:
+                self._elastic[lease.id] = lease
+            self._order_cache = None
         self.leases[lease.id] = lease
         self._team_leases.setdefault(lease.team, {})[lease.id] = lease
         self._team_leases_cache.pop(lease.team, None)
@@ -284,7 +292,7 @@ class ClusterState:
                 t = self._team_leases_cache[team] = tuple(ls.values())
             if t:
                 by_team[team] = t
-        if self._order_cache is None:
+        if self._orders and self._order_cache is None:
             if self._seq_cache is None:
                 self._seq_cache = dict(self._seq_of)
             self._order_cache = LeaseOrder(*self._by_end.frozen(), *self._by_settle.frozen(), self._seq_cache,
