@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Protocol, Sequence, Tuple
 
 from raylane.scheduling.capacity import Capacity, Devices, WorkerDevices, _shift, choose_devices, gpu_slots
-from raylane.scheduling.leaseorder import InEndOrder
+from raylane.scheduling.leaseorder import InEndOrder, static_end
 from raylane.scheduling.placement import place
 from raylane.scheduling.registry import Registry
 from raylane.scheduling.types import Lease, LeaseState, Resources, SchedulerConfig, Workload
@@ -80,9 +80,7 @@ class Greedy:
 def expected_end(lease: Lease, now: float, cfg: SchedulerConfig) -> float:
     if lease.state is LeaseState.TERMINATING:
         return now
-    est = lease.workload.runtime_estimate_s
-    end = lease.start_time + (est if est is not None else cfg.default_runtime_s)
-    return max(end, now)
+    return max(static_end(lease, cfg), now)
 
 
 def shadow(head: Workload, cap: Capacity, leases: Iterable[Lease], now: float,

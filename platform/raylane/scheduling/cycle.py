@@ -308,7 +308,7 @@ class _Walk:
         # a. It does not fit now. Will it fit once what is already stopping is gone (and what others waiting for
         #    that have claimed is taken)? Then it waits for them and no more victims are chosen for it.
         if future is not None:
-            fplan = None if self._check(future.ledger, w.team, need) is not None else self._room(w, future.cap)
+            fplan = self._fits(w, need, future.cap, future.ledger)
             if fplan is not None:
                 future.claim(w, fplan)
                 self.pending.append(Pending(w, WaitingForPreemption(future.waited_for(fplan)), position))
@@ -626,7 +626,7 @@ class _Walk:
         return plan
 
     def _fits(self, w: Workload, need: Resources, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
-        if self.admission.check(ledger, w.team, need) is not None:
+        if self._check(ledger, w.team, need) is not None:
             return None
         return self._room(w, cap)
 

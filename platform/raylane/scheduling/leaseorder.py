@@ -22,6 +22,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from raylane.scheduling.preemption import settled_after
 from raylane.scheduling.types import Lease, LeaseState, SchedulerConfig
 
 Key = Tuple[float, int]  # (the time, the lease's sequence number)
@@ -86,8 +87,6 @@ class LeaseOrder:
     def of(cls, leases: Sequence[Lease], cfg: SchedulerConfig) -> "LeaseOrder":
         """The orders of ``leases`` (a snapshot's lease table, in its order) under ``cfg``, built at once: for a
         driver that does not keep them as its leases change (``ClusterState`` does)."""
-        from raylane.scheduling.preemption import settled_after  # (preemption's rule; it does not import this)
-
         seq = {l.id: i for i, l in enumerate(leases)}
         end = sorted(((static_end(l, cfg), seq[l.id]), l) for l in leases)
         settle = sorted(((settled_after(l, cfg), seq[l.id]), l) for l in leases)

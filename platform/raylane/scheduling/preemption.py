@@ -193,7 +193,7 @@ class PreemptionContext:
                 c = w.cls
                 if l.state is not running or not c.preemptible or now - l.start_time < c.min_runtime_s:
                     continue
-                r = rank(w, w.attained_gpu_s + max(0.0, now - l.start_time) * w.gang.total.gpu, cfg)
+                r = rank(w, self.attained(l), cfg)
                 if not settled or now >= settled_after(l, cfg):
                     got.append((r, l))
                 if shrink and c.resizable and w.gang.workers > w.gang.lo:
@@ -336,7 +336,7 @@ class OrderingPreemption:
         mine = rank(preemptor, preemptor.attained_gpu_s, cfg)
         # Hysteresis: a lease (re)started too recently is not stopped again by the ordering (see settled_after).
         ranked = ctx.ranked(settled=cfg.hysteresis_min_run_s > 0 or cfg.hysteresis_service_fraction > 0)
-        after = bisect.bisect_right(ranked, mine, key=lambda e: e[0])
+        after = bisect.bisect_right(ranked, mine, key=_rank_of)
         fresh = [(rank(l.workload, ctx.attained(l), cfg), l) for l in ctx.fresh.values()
                  if l.workload.cls.preemptible]
         fresh = sorted((e for e in fresh if e[0] > mine), key=lambda e: e[0], reverse=True)
