@@ -4,7 +4,9 @@ A user's loop needs nothing from this module. Raylane runs the spec's entrypoint
 ``train_loop_per_worker(config)`` inside ``UserLoop``, which, in each worker process, wraps two Ray Train calls:
 
 - ``ray.train.report(metrics, checkpoint=...)``: the metrics go to the workload's MLflow run (rank 0, against
-  ``metrics["step"]``, else ``global_step``, else ``training_iteration``, else the report's index in the attempt),
+  ``metrics["step"]``, else ``global_step``, else ``training_iteration``, else the report's index in the workload,
+  counted across attempts from the step of the checkpoint the attempt resumed from: ``report_step``; the control
+  plane records a step-less loop's checkpoints at that index too, so a preemption resumes it),
   then the report goes to Ray as usual. After a report in which rank 0 passed a checkpoint, if the control actor has
   asked the workload to stop (a preemption), the report does not return: it raises ``Yielded`` (a BaseException, so
   a loop's ``except Exception`` does not swallow it), the attempt ends as *yielded* at that step, the lease goes
@@ -12,6 +14,16 @@ A user's loop needs nothing from this module. Raylane runs the spec's entrypoint
   reported after the checkpoint is lost, because nothing is reported after it.
 - ``ray.train.get_preemption_info()``: also answers (a ``PreemptionInfo`` with no nodes) while the platform asks the
   workload to stop, so a loop that already yields on Ray's node-drain notices yields at once for Raylane too.
+
+A resumed attempt whose loop does not resume (it never asks ``ray.train.get_checkpoint()`` before its first report,
+or its first step is below the checkpoint's) has restarted from zero: rank 0 says so in the journal, the driver in
+MLflow (an event and the tag ``raylane.restarted_from_zero``), and its points are logged again rather than dropped as
+already logged, so the curve shows the restart.
+
+On a node whose GPUs are logical (Ray schedules ``GPU`` but there is no CUDA: the local cluster, a dry run), each
+worker's Ray Train torch utilities are pointed at the CPU (``use_cpu_for_logical_gpus``): ``prepare_model``,
+``prepare_data_loader`` and ``get_device`` give the CPU, while the gang still holds its GPUs. With CUDA nothing
+changes.
 
 A loop that wants to yield at its current step rather than at its next checkpoint calls ``should_yield()`` (every
 rank, the same number of times: it is a broadcast from rank 0), and when it answers True reports a checkpoint and
@@ -39,7 +51,51 @@ from raylane.runstart import ANSWER_TIMEOUT_S  # a light module: neither MLflow 
 
 log = logging.getLogger("raylane.train")
 
-__all__ = ["should_yield", "workload_id", "Yielded", "UserLoop", "StopPoll"]
+__all__ = ["should_yield", "workload_id", "Yielded", "UserLoop", "StopPoll", "report_step",
+           "use_cpu_for_logical_gpus"]
+
+STEP_KEYS = ("step", "global_step", "training_iteration")
+
+
+def report_step(metrics: Optional[Mapping[str, Any]], index: int) -> int:
+    """A report's step: its metrics' ``step``, else ``global_step``, else ``training_iteration`` (an integer, or a
+    float with an integer value), else ``index``, the report's index in the workload (``resume_step`` + the
+    report's index in the attempt). The worker (MLflow) and Train's controller (checkpoints) both use it."""
+    step = explicit_step(metrics)
+    return index if step is None else step
+
+
+def explicit_step(metrics: Optional[Mapping[str, Any]]) -> Optional[int]:
+    """The step the loop itself reported (``STEP_KEYS``, first that is an integer), or None."""
+    for key in STEP_KEYS:
+        value = (metrics or {}).get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            return int(value)
+    return None
+
+
+def use_cpu_for_logical_gpus() -> bool:
+    """In a Ray Train worker that holds GPUs but has no CUDA (logical GPUs), have Ray Train's torch utilities
+    resolve the CPU instead of ``cuda:N``; returns whether it did. Ray picks its torch device manager from the
+    worker's accelerator ids (the CUDA one, whose device then fails: ``torch.cuda.Stream requires CUDA support``),
+    and ``ScalingConfig`` refuses ``use_gpu=False`` with GPUs in ``resources_per_worker``, so the choice is made
+    here, per process, before the loop runs."""
+    import ray
+
+    if not ray.get_gpu_ids():
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    from ray.air._internal import device_manager
+    from ray.air._internal.device_manager.cpu import CPUTorchDeviceManager
+
+    with device_manager._torch_device_manager_lock:
+        device_manager._torch_device_manager = CPUTorchDeviceManager()
+    return True
 
 _session: Optional["_Session"] = None
 
@@ -97,12 +153,14 @@ class LoopOptions:
     extra_env: Dict[str, str] = field(default_factory=dict)
     control: Any = None  # the driver's ControlClient, for stop polls
     awaits_run: bool = False  # run_id is not known yet: the workers wait for the driver to name it (_named_run)
+    resume_step: int = 0  # the workload's step when the attempt starts (its last checkpoint's), for report_step
 
 
 class UserLoop:
     """Ray Train's ``train_loop_per_worker`` for a workload: imports the user's entrypoint in the worker (from the
     job's working directory or an installed package), runs it with the user's config under the report wrapper, and
-    returns ``{"status": "finished" | "yielded", "step": last reported step, "value": what the loop returned}``."""
+    returns ``{"status": "finished" | "yielded", "step": last reported step, "value": what the loop returned}``,
+    with ``"restarted_from_zero": step`` when a resumed attempt's loop did not resume from that step's checkpoint."""
 
     def __init__(self, target: Union[str, Callable], opts: LoopOptions):
         self.target = target
@@ -111,6 +169,7 @@ class UserLoop:
     def __call__(self, config: Dict[str, Any]) -> Dict[str, Any]:
         global _session
         fn = self._function()
+        use_cpu_for_logical_gpus()
         opts = _named_run(self.opts) if self.opts.awaits_run else self.opts
         session = _Session(opts)
         _session = session
@@ -119,9 +178,10 @@ class UserLoop:
             takes_config = _takes_argument(fn)
             value = fn(config) if takes_config else fn()
             status = "yielded" if session.asked else "finished"
-            return {"status": status, "step": session.last_step, "value": _plain(value)}
+            return {"status": status, "step": session.last_step, "value": _plain(value), **session.findings()}
         except Yielded as y:
-            return {"status": "yielded", "step": y.step if y.step is not None else session.last_step}
+            return {"status": "yielded", "step": y.step if y.step is not None else session.last_step,
+                    **session.findings()}
         finally:
             session.close()
             _session = None
@@ -216,6 +276,7 @@ class _DeferredLogger:
         self._logger = None
         self._error: Optional[BaseException] = None
         self._early: list = []
+        self._keep_repeats = False
         self._thread = threading.Thread(target=self._build, args=(run_id, tracking_uri),
                                         name="raylane-metric-logger", daemon=True)
 
@@ -236,6 +297,8 @@ class _DeferredLogger:
             self._thread.join()
         if self._error is not None:
             raise self._error
+        if self._keep_repeats:
+            self._logger.keep_repeats()
         for step, metrics in self._early:
             self._logger.log(step, metrics)
         self._early = []
@@ -250,6 +313,21 @@ class _DeferredLogger:
 
     def flush(self) -> None:
         self._ready(wait=True).flush()
+
+    def keep_repeats(self) -> None:
+        self._keep_repeats = True
+
+    def close(self, attempts: int = 5) -> None:
+        """The last flush: tried again with backoff, since nothing is written after it (``MetricLogger.flush``
+        keeps what it could not write for the next flush, and there is none)."""
+        logger = self._ready(wait=True)
+        for i in range(attempts):
+            logger.flush()
+            if not logger.pending():
+                return
+            time.sleep(min(0.5 * 2 ** i, 5.0))
+        log.error("run %s: %d metrics could not be written to %s", logger.run_id, logger.pending(),
+                  logger.tracking_uri)
 
 
 class _Session:
@@ -269,6 +347,8 @@ class _Session:
             self.logger = _DeferredLogger(opts.run_id, opts.tracking_uri or "")
         self.faults = Faults(marker_dir=opts.marker_dir or "", **opts.fault) if opts.fault else None
         self.resumed = ray.train.get_checkpoint() is not None
+        self.read_checkpoint = False  # the loop asked for its checkpoint (get_checkpoint) before its first report
+        self.restarted_from: Optional[int] = None  # resumed, but the loop started again from zero
         self.asked = False
         self.last_step: Optional[int] = None
         self.reports = 0
@@ -290,6 +370,7 @@ class _Session:
         self._saved = {"report": ray.train.report, "get_preemption_info": ray.train.get_preemption_info}
         original_report, original_info = self._saved["report"], self._saved["get_preemption_info"]
         session = self
+        self._watch_checkpoint_reads()
 
         def report(metrics, checkpoint=None, *args, **kwargs):
             return session.report(original_report, metrics, checkpoint, *args, **kwargs)
@@ -305,18 +386,60 @@ class _Session:
         ray.train.report = report
         ray.train.get_preemption_info = get_preemption_info
 
+    def _watch_checkpoint_reads(self) -> None:
+        """Notice the loop asking for its checkpoint, however it imported ``get_checkpoint``: every spelling ends
+        in the worker's ``TrainFnUtils``, whose method is shadowed on the instance for this attempt."""
+        from ray.train.v2._internal.execution.train_fn_utils import get_train_fn_utils
+
+        utils = get_train_fn_utils()
+        original = utils.get_checkpoint
+        session = self
+
+        def get_checkpoint():
+            session.read_checkpoint = True
+            return original()
+
+        utils.get_checkpoint = get_checkpoint
+        self._utils = utils
+
     def close(self) -> None:
         import ray.train
 
         for name, fn in self._saved.items():
             setattr(ray.train, name, fn)
+        utils = getattr(self, "_utils", None)
+        if utils is not None and "get_checkpoint" in vars(utils):
+            del utils.get_checkpoint
         if self.logger is not None:
-            self.logger.flush()
+            self.logger.close()
+
+    def findings(self) -> Dict[str, Any]:
+        """What the driver tells MLflow about this attempt beyond its metrics."""
+        return {} if self.restarted_from is None else {"restarted_from_zero": self.restarted_from}
+
+    def _check_resumed(self, step: int, explicit: bool) -> None:
+        """At a resumed attempt's first report: did the loop resume from its checkpoint?"""
+        resumed_at = self.opts.resume_step
+        if self.read_checkpoint and not (explicit and step < resumed_at):
+            return
+        self.restarted_from = resumed_at
+        why = ("it did not ask for its checkpoint (ray.train.get_checkpoint())" if not self.read_checkpoint
+               else f"its first step is {step}")
+        if self.logger is not None:
+            self.logger.keep_repeats()  # its points are new training, not a re-run of logged steps
+        if self.rank == 0 and self.opts.control is not None:
+            try:
+                self.opts.control.event(self.opts.workload_id,
+                                        f"restarted from zero: resumed at step {resumed_at}, but {why}")
+            except Exception as exc:  # noqa: BLE001 - telling is best effort; the driver tells MLflow too
+                log.warning("could not journal the restart from zero: %s", exc)
 
     # -- the wrapped calls
 
     def report(self, original, metrics, checkpoint, *args, **kwargs):
         step = self._step_of(metrics)
+        if self.resumed and self.reports == 1:
+            self._check_resumed(step, explicit_step(metrics) is not None)
         if self.faults is not None:
             self.faults.before_report(step, self.rank)
         if self.logger is not None:
@@ -359,13 +482,7 @@ class _Session:
 
     def _step_of(self, metrics: Optional[Mapping[str, Any]]) -> int:
         self.reports += 1
-        for key in ("step", "global_step", "training_iteration"):
-            value = (metrics or {}).get(key)
-            if isinstance(value, bool):
-                continue
-            if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-                return int(value)
-        return self.reports
+        return report_step(metrics, self.opts.resume_step + self.reports)
 
 
 def _preemption_info():

@@ -34,16 +34,20 @@ class RecordCheckpoints(ReportCallback):
     consumer that waits for that step (raylane.control.checkpoints), and counts it as the gang's last checkpoint.
     """
 
-    def __init__(self, workload_id: str, control):
+    def __init__(self, workload_id: str, control, first_index: int = 0):
         self.workload_id = workload_id
         self.control = control
+        self.index = first_index  # the workload's report index: a step-less loop's step (raylane.train.report_step)
 
     def after_report(self, training_report, metrics):
+        from raylane.train import report_step
+
+        self.index += 1
         checkpoint = getattr(training_report, "checkpoint", None)
         if checkpoint is None:
             return
         reported = getattr(training_report, "metrics", None) or {}
-        step = {"step": reported["step"]} if "step" in reported else {}
+        step = {"step": report_step(reported, self.index)}
         try:
             self.control.checkpoint_saved(self.workload_id, checkpoint.path, step, timeout=60)
         except Exception as exc:  # noqa: BLE001 - the control plane restarting must not fail the training run
