@@ -319,3 +319,62 @@ def test_a_resize_waits_until_the_gang_is_heard_from_after_its_hand_over(ctl):
     rec = ctl.release(wid, Outcome.YIELDED, step=0)
     assert rec.state is State.ADMITTED and rec["workers"] == 4 and rec["resizes"] == 1
     drain(ctl)
+
+
+def test_a_burst_of_one_spec_name_keeps_every_workload(ctl):
+    # Ids drawn with 6 hex digits collided 3 times in 10,000 submissions of one name: a record was overwritten and
+    # the journal held two rows under one id. Every submission here must stay a workload of its own.
+    drain(ctl)
+    n = 300
+    # One GPU each: four run within team-a's quota, the rest wait (no hundreds of reservations to place).
+    wids = [ctl.submit(spec("burst", "team-a", "eval")).id for _ in range(n)]
+    assert len(set(wids)) == n
+    kept = {r.id for r in ctl.queue(include_done=True) if r.id.startswith("burst-")}
+    assert kept == set(wids)
+    rows = [sum(e["kind"] == "submitted" for e in ctl.explain(w)["journal"]) for w in wids]
+    assert rows == [1] * n
+    drain(ctl)
+
+
+def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    # The control actor's class run in this process (on the module's cluster), on a journal that already holds a
+    # rejected workload, with a source of randomness that draws that workload's id again and again.
+    import asyncio
+
+    from raylane import ids
+    from raylane.control.actor import ControlActor
+    from raylane.control.journal import Journal
+    from raylane.errors import ConflictError
+
+    taken = "burst-0123456789ab"
+    path = str(tmp_path / "journal.db")
+    j = Journal(path)
+    j.append("submitted", taken, spec=spec("burst", "team-a", "eval", gpu=0), submit_time=time.time(), owner="a")
+    j.append("rejected", taken, reason="the earlier one")
+    j.close()
+    actor = ControlActor(local_policy(), path, auth={"enabled": False})
+
+    def rows(kind_is_audit=False):
+        return [(e.seq, e.kind, e.workload_id, e.data) for e in actor.journal.replay()
+                if (e.kind == "audit") == kind_is_audit]
+
+    try:
+        before = rows()
+        rec = actor.records[taken]
+        monkeypatch.setattr(ids, "suffix", lambda: taken.rsplit("-", 1)[1])
+        with pytest.raises(ConflictError) as err:
+            asyncio.run(actor.request(None, "submit", {"spec": spec("burst", "team-a", "eval", gpu=0)}))
+        assert err.value.errors[0][:2] == ("id", taken)
+        # No journal row but the refusal's audit, no record change: the earlier workload is as it was.
+        assert rows() == before
+        assert [(d["outcome"], d["reason"].split(":")[0]) for *_, d in rows(True)] == [("refused", "ConflictError")]
+        assert list(actor.records) == [taken] and actor.records[taken] is rec
+        assert (rec.state, rec.reason) == (State.REJECTED, "the earlier one")
+        # A pipeline id is the caller's choice: one a workload goes by is refused the same way.
+        with pytest.raises(ConflictError) as err:
+            asyncio.run(actor.request(None, "pipeline_submit", {"spec": {"name": "p"}, "pipeline_id": taken,
+                                                                "storage_path": str(tmp_path)}))
+        assert err.value.errors[0][:2] == ("pipeline_id", taken)
+        assert rows() == before
+    finally:
+        actor.journal.close()

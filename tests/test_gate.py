@@ -601,6 +601,7 @@ WRONG: Dict[Any, List[Any]] = {
     "restart": ["yes", 1, 0, "true", []],
     "mlflow_run_id": ["", "run id", "x" * 65, 1, "../x"],
     "mlflow_run_error": ["x" * 4001, 1, [], {"a": 1}],
+    "mlflow_uri": ["", "file:///x", "/x/mlflow.db", "sqlite:///" + "x" * 4001, "sqlite:///x\ny", 1, []],
     "path": ["", "x" * 4097, 1, None, []],
     "metrics": ["x", [1], {1: 2}, 5],
     "handles": ["x", None, 1, {"a": 1}, [0] * 4097],

@@ -20,9 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from raylane.errors import FatalError, RetryableError, ValidationError
+from raylane.ids import new_id
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
+# Kinds whose driver drives one workload that `submit` can queue before the job starts (``raylane.run
+# --workload-id``); a sweep's or a service's driver registers what it runs itself, once started.
+QUEUED_BY_SUBMIT = ("train", "eval", "batch")
 
 
 @contextlib.contextmanager
@@ -180,18 +184,33 @@ def submit(
             # The driver gets a token of its own (the caller's rights, expiring, revoked with the caller's), sent
             # as a py_modules package: never on the command line, in the env or in the job's info.
             job_token = h.job_token(note=f"ray job for {data.get('name', '?')}") if h.credential else None
-            job_id = submit_job(
-                client,
-                entrypoint=f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}",
-                # `ray job stop` sends SIGTERM; the driver then cancels its workload, drains and releases its
-                # leases, which takes longer than Ray's default 3 s before SIGKILL.
-                runtime_env=with_credential({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
-                    k: v for k, v in os.environ.items()
-                    if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}}, job_token),
-                metadata={"raylane.spec": data.get("name", "")},
-            )
+            entrypoint = f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}"
+            # A one-lease kind is queued here, under the job id it is about to get, and its driver adopts it: the
+            # workload is in the queue when this command returns, not once the driver has started (Python, the
+            # user's code and Ray imported again on the cluster: most of the 24 s this command used to take).
+            queued, submission_id = None, None
+            if data.get("kind", "train") in QUEUED_BY_SUBMIT:
+                submission_id = f"raylane-{new_id(data.get('name', 'job'), kind='job')}"
+                queued = h.submit(data, job_id=submission_id)
+                entrypoint += f" --workload-id {shlex.quote(queued.id)}"
+            try:
+                job_id = submit_job(
+                    client,
+                    entrypoint=entrypoint,
+                    submission_id=submission_id,
+                    # `ray job stop` sends SIGTERM; the driver then cancels its workload, drains and releases its
+                    # leases, which takes longer than Ray's default 3 s before SIGKILL.
+                    runtime_env=with_credential({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
+                        k: v for k, v in os.environ.items()
+                        if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}}, job_token),
+                    metadata={"raylane.spec": data.get("name", "")},
+                )
+            except BaseException:
+                if queued is not None:  # no driver will ever run it
+                    h.cancel(queued.id)
+                raise
             console.print(f"ray job {job_id} submitted")
-            rec = _workload_of_job(h, client, job_id)
+            rec = queued if queued is not None else _workload_of_job(h, client, job_id)
             if rec.get("kind") == "pipeline":
                 console.print(f"pipeline {rec['id']}: {rec['state']}, {len(rec.get('stages') or [])} stages; "
                               f"`raylane queue` lists them", highlight=False)

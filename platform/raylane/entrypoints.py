@@ -92,8 +92,9 @@ def on_path(working_dir: Optional[str]) -> Iterator[None]:
             sys.path.remove(path)
 
 
-def load(ref: Entrypoint | str, kind: str = "train", *, field: str = "entrypoint") -> Any:
-    """Import ``ref`` and check it has the shape ``kind`` calls; ``ValidationError`` naming the entrypoint if not."""
+def load(ref: Entrypoint | str, kind: Optional[str] = "train", *, field: str = "entrypoint") -> Any:
+    """Import ``ref`` and check it has the shape ``kind`` calls (``None``: import only, the caller checks the shape);
+    ``ValidationError`` naming ``field`` if not."""
     ep = parse(ref, field) if isinstance(ref, str) else ref
     try:
         module = importlib.import_module(ep.module)
@@ -116,7 +117,7 @@ def load(ref: Entrypoint | str, kind: str = "train", *, field: str = "entrypoint
             raise ValidationError("spec", [(field, str(ep), f"module {ep.module!r} has no {ep.attr!r}; its callables: "
                                                             f"{', '.join(known[:20]) or '(none)'}")])
         obj = getattr(obj, part)
-    problem = signature_problem(obj, kind)
+    problem = signature_problem(obj, kind) if kind is not None else None
     if problem:
         raise ValidationError("spec", [(field, str(ep), f"{problem}; {kind} needs {SIGNATURES[kind]}")])
     return obj
@@ -218,9 +219,29 @@ def _short(value: Any) -> Any:
 
 
 def check_spec(spec: Mapping[str, Any], *, working_dir: Optional[str] = None, load_code: bool = True) -> Any:
-    """Every check of a spec's code that submission runs: the entrypoint or command is there and fits the kind, and
-    the config fits the entrypoint's declared schema. Returns the loaded entrypoint (None for a command or a kind
-    that runs no user code). ``load_code=False`` checks only the form (for a machine without the user's project)."""
+    """Every check of a spec's code that submission runs: the entrypoint or command is there and fits the kind, the
+    config fits the entrypoint's declared schema, and the training datasets' files and functions are there
+    (``raylane.launchers.datasets``). Returns the loaded entrypoint (None for a command or a kind that runs no user
+    code). ``load_code=False`` checks only the form (for a machine without the user's project). The problems of the
+    code and of the datasets are raised together, in one ``ValidationError``."""
+    data_errors: List[Tuple[str, Any, str]] = []
+    if spec.get("datasets"):
+        from raylane.launchers.datasets import source_errors
+
+        data_errors = source_errors(spec["datasets"], working_dir=working_dir, load_code=load_code)
+    try:
+        obj = _check_code(spec, working_dir=working_dir, load_code=load_code)
+    except ValidationError as exc:
+        if data_errors:
+            raise ValidationError(exc.source, exc.errors + data_errors) from None
+        raise
+    if data_errors:
+        raise ValidationError("spec", data_errors)
+    return obj
+
+
+def _check_code(spec: Mapping[str, Any], *, working_dir: Optional[str], load_code: bool) -> Any:
+    """The entrypoint or command of ``spec`` and its config (``check_spec``); raises at the first problem found."""
     kind = spec.get("kind", "train")
     entry, command = spec.get("entrypoint"), spec.get("command")
     if kind not in CODE_KINDS:

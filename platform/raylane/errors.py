@@ -32,6 +32,11 @@ class ValidationError(FatalError):
         return (type(self), (self.source, self.errors))
 
 
+class ConflictError(ValidationError):
+    """An id already in use (a workload's, a pipeline's or a sweep's): refused before anything is written or
+    changed. ``errors`` names the id (field ``id`` or ``pipeline_id``) and what is allowed."""
+
+
 class UnknownNameError(FatalError, KeyError):
     """A policy, strategy or other registered name that does not exist."""
 

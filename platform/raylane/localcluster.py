@@ -61,8 +61,13 @@ WITHHELD = ("RAYLANE_TOKEN", "RAYLANE_CREDENTIALS", "RAY_AUTH_TOKEN")
 
 def ray_env(token_path: Optional[Path] = None) -> Dict[str, str]:
     """The environment ``ray start`` runs with, which every process of the cluster inherits: the caller's, less
-    ``WITHHELD``; Ray's token authentication on with the token in ``token_path``, or off without one."""
+    ``WITHHELD``, with the folder of this Python first on ``PATH``; Ray's token authentication on with the token in
+    ``token_path``, or off without one."""
     env = {k: v for k, v in os.environ.items() if k not in WITHHELD}
+    # The Python that runs raylane first on PATH, whatever shell started it (`.venv/bin/raylane up` without the
+    # venv active): a job's `python -m raylane.run` then runs this Python, which has raylane, not the system's.
+    here = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join([here] + [d for d in env.get("PATH", "").split(os.pathsep) if d and d != here])
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     if token_path is not None:

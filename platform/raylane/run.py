@@ -52,10 +52,12 @@ def _say(msg: str) -> None:
 
 def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, storage_path: Optional[str] = None,
                  tracking_uri: Optional[str] = None, poll_s: float = 2.0,
-                 working_dir: Optional[str] = None) -> Dict[str, Any]:
+                 working_dir: Optional[str] = None, workload_id: Optional[str] = None) -> Dict[str, Any]:
     """Check ``spec``'s code, then run it to the end with its kind's launcher; returns the final record.
 
-    ``working_dir``: where the user's code is (default: the job's working directory, which Ray puts on the path)."""
+    ``working_dir``: where the user's code is (default: the job's working directory, which Ray puts on the path).
+    ``workload_id``: drive that workload, queued already with this job's id (``raylane submit`` queues it before
+    it submits the job; kinds train, eval and batch), instead of submitting the spec."""
     from raylane import entrypoints
     from raylane.launchers import launcher_for
 
@@ -93,6 +95,8 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
         kwargs.update(storage_path=storage_path, tracking_uri=tracking_uri, poll_s=poll_s)
     if train_fn is not None:
         kwargs["train_fn"] = train_fn
+    if workload_id is not None:
+        kwargs["workload_id"] = workload_id
     return launcher(spec, **kwargs)
 
 
@@ -214,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--spec-json", default=None, help="the spec itself, as JSON (what `raylane submit` passes)")
     p.add_argument("--storage-path", default=None, help="where checkpoints go (default ~/.raylane/runs)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite ~/.raylane/mlflow.db)")
+    p.add_argument("--workload-id", default=None, help="drive this workload, queued already with this job's id "
+                                                       "(what `raylane submit` passes)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     try:
@@ -228,7 +234,8 @@ def main(argv=None) -> int:
 
             view = run_pipeline(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri)
             return 0 if view["state"] == "SUCCEEDED" else 1
-        rec = run_workload(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri)
+        rec = run_workload(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri,
+                           workload_id=args.workload_id)
     except FatalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -61,7 +61,7 @@ from mlflow.exceptions import MlflowException
 
 from raylane.errors import FatalError, NotFoundError, ValidationError
 from raylane.locations import (  # noqa: F401 - importable from here as before
-    DEFAULT_TRACKING_URI, _sqlite_path, ensure_cwd, tracking_uri)
+    DEFAULT_TRACKING_URI, _default_uri, _env_uri, _normalise, _sqlite_path, ensure_cwd, tracking_uri)
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -69,6 +69,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "MetricLogger",
     "RunTracker",
+    "close_run",
     "code_version",
     "spec_params",
     "tracking_uri",
@@ -86,6 +87,7 @@ TAG_LAST_EVENT = "raylane.last_event"
 TAG_METRICS_STEP = "raylane.metrics_step"
 TAG_INITIALISED = "raylane.initialised"  # set last, once params and artifacts of a new run are all logged
 TAG_SNAPSHOT_SEEN = "raylane.data_snapshot.observed"  # a snapshot other than the logged param was trained on
+TAG_END_REASON = "raylane.end_reason"  # why the control plane ended a run its driver left open (close_run)
 TAG_COST = "raylane.cost"  # what the run's leases cost (raylane.cost), also its metric METRIC_COST
 METRIC_COST = "cost"
 PARAM_CODE_VERSION = "raylane.code_version"
@@ -530,6 +532,28 @@ class RunTracker:
 _resolve_uri = tracking_uri  # RunTracker's argument of the same name hides the function
 
 
+def close_run(uri: Optional[str], run_id: str, status: str, reason: str) -> str:
+    """End run ``run_id`` of the store ``uri`` (None: the default store) as ``status`` (an MLflow status or a workload
+    state, as ``RunTracker.finish`` takes) if it is still ``RUNNING``, with ``reason`` as the tag
+    ``raylane.end_reason``: a run its driver left open (``raylane.control.ends``). A run that has ended is left as
+    it is; a sqlite store that does not exist is not created. Returns what it did, for the journal; never raises."""
+    try:
+        uri = _normalise(uri or _env_uri() or _default_uri())
+        db = _sqlite_path(uri)
+        if db is not None and not db.is_file():
+            return f"MLflow run {run_id}: no store at {uri}"
+        client = client_for(uri)
+        run = client.get_run(run_id)
+        if run.info.status in TERMINAL_STATUSES:
+            return f"MLflow run {run_id} ended {run.info.status} by its driver"
+        mlflow_status = STATE_TO_STATUS.get(status, status)
+        client.set_tag(run_id, TAG_END_REASON, _tag_value(reason))
+        client.set_terminated(run_id, mlflow_status)
+        return f"MLflow run {run_id} left RUNNING by its driver: ended {mlflow_status} ({reason})"
+    except Exception as exc:  # noqa: BLE001 - a record of what happened; the control plane goes on
+        return f"MLflow run {run_id} could not be closed: {type(exc).__name__}: {str(exc)[:300]}"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The training gang's side.
 
@@ -564,6 +588,7 @@ class MetricLogger:
         self._reports = 0
         self._since: Optional[float] = None
         self.failed_flushes = 0
+        self._repeats_from: Optional[int] = None  # from this buffer index on, steps at or below the mark are kept
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -588,19 +613,35 @@ class MetricLogger:
         try:
             client = self._get_client()
             mark = int(client.get_run(self.run_id).data.tags.get(TAG_METRICS_STEP, 0))
-            fresh = [m for m in self._buffer if m.step > mark]
+            keep = len(self._buffer) if self._repeats_from is None else self._repeats_from
+            fresh = [m for i, m in enumerate(self._buffer) if m.step > mark or i >= keep]
             for chunk in _chunks(fresh, _MAX_METRICS_PER_BATCH - 1):
                 top = max(m.step for m in chunk)
                 # The mark travels with the metrics: both land or neither does.
                 client.log_batch(self.run_id, metrics=chunk, tags=[RunTag(TAG_METRICS_STEP, str(max(top, mark)))])
             self._buffer, self._reports, self._since = [], 0, None
+            if self._repeats_from is not None:
+                self._repeats_from = 0
         except Exception as exc:  # noqa: BLE001 - tracking must not kill training
             self.failed_flushes += 1
             self._reports, self._since = 0, time.monotonic()
             if len(self._buffer) > _MAX_BUFFERED:
-                del self._buffer[: len(self._buffer) - _MAX_BUFFERED]
+                dropped = len(self._buffer) - _MAX_BUFFERED
+                del self._buffer[:dropped]
+                if self._repeats_from is not None:
+                    self._repeats_from = max(0, self._repeats_from - dropped)
             logger.warning("run %s: could not write metrics to %s (%d failed flushes, %d metrics kept): %s",
                            self.run_id, self.tracking_uri, self.failed_flushes, len(self._buffer), exc)
+
+    def keep_repeats(self) -> None:
+        """From now on, log steps at or below the run's high-water mark too: the loop restarted from zero, so its
+        steps are new training, not a re-run of steps already logged (``raylane.train``)."""
+        if self._repeats_from is None:
+            self._repeats_from = len(self._buffer)
+
+    def pending(self) -> int:
+        """Metrics not written yet (a flush failed)."""
+        return len(self._buffer)
 
     def _get_client(self) -> MlflowClient:
         if self._client is None:

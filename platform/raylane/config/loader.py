@@ -543,6 +543,10 @@ def _code_errors(spec: Optional[WorkloadSpec], data: Mapping, errors: ErrorList,
         fields = {f: data.get(f) for f in _CODE_FIELDS}
         fields["kind"] = fields["kind"] or DEFAULT_KIND
     fields = {k: v for k, v in fields.items() if v is not None}
+    datasets = data.get("datasets")  # its files and functions (raylane.launchers.datasets), unless refused already
+    refused = any(str(p).split(".")[0] == "datasets" for p, _, _ in errors)
+    if isinstance(datasets, Mapping) and datasets and not refused:
+        fields["datasets"] = dict(datasets)
     wd = str(working_dir) if working_dir else None
     try:
         entrypoints.check_spec(fields, working_dir=wd, load_code=load_code)

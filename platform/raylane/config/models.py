@@ -565,6 +565,7 @@ class StageOf(_Model):
 # Kind-specific sections live in modules of their own, built on the helpers above.
 from raylane.config.serve import ServeSpec  # noqa: E402
 from raylane.config.sweep import SweepSpec  # noqa: E402
+from raylane.config.datasets import DataConfigSpec, DatasetName, DatasetSource, split_name_errors  # noqa: E402
 
 
 class WorkloadSpec(_Model):
@@ -615,6 +616,32 @@ class WorkloadSpec(_Model):
         if v is not None and gang is not None and gang.hi != 1:
             raise _err("sweep", f"gang.workers 1 for kind: tune (got {gang.workers_value}): each trial slot is 1 "
                                 f"worker of sweep.resources")
+        return v
+
+    # kind: train only (raylane.config.datasets): named Ray Data sources handed to the TorchTrainer as datasets=,
+    # and Ray Train's DataConfig for them. They change nothing the scheduler sees (the gang's resources are its own).
+    datasets: Dict[DatasetName, DatasetSource] = Field(default_factory=dict)
+    data_config: Optional[DataConfigSpec] = None
+
+    @field_validator("datasets")
+    @classmethod
+    def _datasets_for_train(cls, v: Dict[str, DatasetSource], info: ValidationInfo) -> Dict[str, DatasetSource]:
+        kind = info.data.get("kind")
+        if v and kind is not None and kind != "train":
+            raise _err("datasets", f"only for kind: train (this spec's kind is {kind}); remove the section")
+        return v
+
+    @field_validator("data_config")
+    @classmethod
+    def _data_config_of_datasets(cls, v: Optional[DataConfigSpec], info: ValidationInfo) -> Optional[DataConfigSpec]:
+        if v is None or "datasets" not in info.data:  # the datasets have errors of their own
+            return v
+        if not info.data["datasets"]:
+            raise _err("data_config", "only with datasets: (Ray Train's DataConfig of the spec's datasets); add "
+                                      "datasets or remove data_config")
+        bad = split_name_errors(v, info.data["datasets"])
+        if bad is not None:
+            raise bad  # its errors read data_config.datasets_to_split[i]
         return v
 
     def to_core(self, workload_id: str, policy: ClusterPolicy, submit_time: float) -> Workload:

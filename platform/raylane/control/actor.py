@@ -24,7 +24,6 @@ import asyncio
 from dataclasses import replace
 import logging
 import os
-import secrets
 import time
 from typing import Any, Dict, List, Optional
 
@@ -36,6 +35,7 @@ from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
 from raylane.auth import Principal
 from raylane.control import api
 from raylane.control import checkpoints as ckrefs
+from raylane.control import ends
 from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal
 from raylane.control.actor_pipelines import PipelineCalls
@@ -44,6 +44,7 @@ from raylane.control.pipelines import PipelineBook
 from raylane.control.records import Record, State
 from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, month_start
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
+from raylane.ids import new_id
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
 from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.gcpace import gc_paused
@@ -57,6 +58,9 @@ GiB = 1024 ** 3
 FEATURE_LABEL_PREFIX = "feature.raylane.io/"
 NODE_TYPE_LABEL = "raylane.io/node-type"
 DATASETS_LABEL = "raylane.io/datasets"
+# A workload queued with a job id the jobs API does not know yet is not taken for gone this long after its submit:
+# `raylane submit` queues it first and submits its driver's job right after (cli_cluster.submit).
+JOB_SUBMIT_GRACE_S = 60.0
 # The cost counters and budget gauges are brought up to date every this many ticks (raylane.cost).
 COST_EXPORT_TICKS = 15
 
@@ -105,7 +109,8 @@ def bundle_for(per_worker: Resources) -> Dict[str, float]:
 
 class ControlActor(PipelineCalls):
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
-                 admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None):
+                 admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None,
+                 cancel_grace_s: float = ends.CANCEL_GRACE_S):
         """``auth``: ``{"enabled": bool, "bootstrap": {"user", "id", "salt", "digest"}}``, the first operator token
         (its digest only; ``raylane.control.client.start_control`` keeps the token). Default: enabled, and no
         token but those already journaled."""
@@ -113,6 +118,11 @@ class ControlActor(PipelineCalls):
         self.policy = load_policy_from_dict(policy, "control policy")
         self.tick_s = tick_s
         self.admit_timeout_s = admit_timeout_s
+        self.cancel_grace_s = cancel_grace_s
+        # Ended workloads with something left to do once their Ray job is over (``ends.pending``), and those whose
+        # MLflow run a task is closing now (raylane.control.ends).
+        self._ends: set = set()
+        self._closing: set = set()
         self.journal = Journal(journal_path)
         self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
         self.records: Dict[str, Record] = {}
@@ -175,6 +185,7 @@ class ControlActor(PipelineCalls):
             rec = self.records.get(e.workload_id)
             if rec is not None:
                 rec.apply(e)
+        self._ends = {wid for wid, rec in self.records.items() if ends.pending(rec)}
         self._rebuild_state(recovering=True)
 
     def _set_policy(self, data: Dict[str, Any]) -> None:
@@ -236,6 +247,10 @@ class ControlActor(PipelineCalls):
     def _append(self, kind: str, rec: Record, **data):
         e = self.journal.append(kind, rec.id, **data)
         rec.apply(e)
+        if ends.pending(rec):
+            self._ends.add(rec.id)
+        else:
+            self._ends.discard(rec.id)
         if rec.state.terminal:
             self._waiting.discard(rec.id)
             self._unpin(rec, f"{rec.id} ended")
@@ -666,13 +681,20 @@ class ControlActor(PipelineCalls):
 
         return target_team(req, find)
 
+    def _id_taken(self, wid: str) -> bool:
+        """Whether a workload or pipeline already goes by ``wid`` (records hold every workload ever submitted,
+        ended ones included, so an id is never reused)."""
+        return wid in self.records or wid in self.pipes.runs
+
     async def _api_submit(self, p: Principal, req: api.Submit) -> Dict[str, Any]:
         """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""
         spec, job_id = dict(req.spec), req.job_id
         if self.gate.enabled:  # the owner is who asked, whatever the spec says
             spec["run"] = {**(spec.get("run") if isinstance(spec.get("run"), dict) else {}), "owner": p.user}
         parsed = load_spec_from_dict(spec, f"spec {spec.get('name', '?')}", policy=self.policy)
-        wid = f"{parsed.name}-{secrets.token_hex(3)}"
+        # Drawn before anything is journaled or recorded: an id in use is drawn again, and a generator that keeps
+        # repeating is refused (ConflictError) with nothing written, never journaled twice under one id.
+        wid = new_id(parsed.name, self._id_taken)
         now = time.time()
         w = parsed.to_core(wid, self.policy, now)
         self._refresh_nodes()
@@ -834,20 +856,24 @@ class ControlActor(PipelineCalls):
         rec = self._get(wid)
         if rec.state.terminal:
             return rec.public()
-        self._cancel(rec, p.user, f"cancelled by {p.user}")
-        if rec.job_id and self.pipes.stage_of(wid) is None:  # a stage's job is its pipeline's driver: it goes on
-            self._stop_job(rec.job_id)
+        # Its driver sees the cancel, ends its MLflow run KILLED and exits non-zero, so that its job (and `ray job
+        # submit`) says the workload did not succeed; the job is stopped only if the driver is still there after
+        # the grace period (raylane.control.ends). A stage's job is its pipeline's driver: it goes on.
+        own_job = bool(rec.job_id) and self.pipes.stage_of(wid) is None
+        self._cancel(rec, p.user, f"cancelled by {p.user}",
+                     job_stop_at=time.time() + self.cancel_grace_s if own_job else None)
         self._poke()
         return rec.public()
 
-    def _cancel(self, rec: Record, by: str, note: str) -> None:
-        """Out of the queue or off its lease, journaled as cancelled, its gang stopped, its waiters woken."""
+    def _cancel(self, rec: Record, by: str, note: str, job_stop_at: Optional[float] = None) -> None:
+        """Out of the queue or off its lease, journaled as cancelled, its gang stopped, its waiters woken.
+        ``job_stop_at``: when its Ray job is stopped if its driver has not exited by then."""
         if self.state.is_pending(rec.id):
             self.state.dequeue(rec.id)
         elif rec.id in self.state.leases:
             self.state.finish(rec.id, time.time())
             self._remove_pg(rec)
-        self._append("cancelled", rec, by=by, note=note)
+        self._append("cancelled", rec, by=by, note=note, job_stop_at=job_stop_at, close_run=True)
         self._kill_gang(rec)
         ev = self._admitted.get(rec.id)
         if ev is not None:
@@ -912,40 +938,72 @@ class ControlActor(PipelineCalls):
             log.info("stop_job %s: %s", job_id, exc)
 
     def _watch_jobs(self, now: float) -> None:
-        """A workload whose Ray job ended without telling us (driver killed, job stopped) releases its lease."""
+        """A workload whose Ray job ended without telling us (driver killed, job stopped, or gone with the Ray
+        cluster it ran on) ends and releases its lease; what an end left to do (stop a driver that outlived a
+        cancel, close the MLflow run a driver left open) is done once the job is over (``raylane.control.ends``)."""
         if now - self._jobs_checked < 5.0:
             return
         self._jobs_checked = now
         live = [r for r in self.records.values() if r.job_id and not r.state.terminal]
         pipes = [r for r in self.pipes.active() if r.job_id]
-        if not live and not pipes:
+        ended = [self.records[wid] for wid in sorted(self._ends - self._closing)]
+        if not live and not pipes and not ended:
             return
         try:
             client = self._jobs()
         except Exception:  # noqa: BLE001 - no dashboard: nothing to watch
             return
         for rec in live:
-            try:
-                status = str(client.get_job_status(rec.job_id))
-            except Exception:  # noqa: BLE001 - unknown job id
+            job, status = _job_state(client, rec.job_id)
+            if job is ends.JobState.LIVE or job is None:
                 continue
-            if status.endswith(("STOPPED", "FAILED", "SUCCEEDED")):
-                if rec.id in self.state.leases:
-                    self.state.finish(rec.id, now)
-                elif self.state.is_pending(rec.id):
-                    self.state.dequeue(rec.id)
-                self._remove_pg(rec)
-                kind = "cancelled" if status.endswith("STOPPED") else "finished"
-                self._append(kind, rec, state="FAILED", outcome=f"ray job {status.split('.')[-1].lower()}",
-                             note=f"its Ray job {rec.job_id} ended ({status.split('.')[-1]}) without releasing")
+            if job is ends.JobState.GONE and now - rec.submit_time < JOB_SUBMIT_GRACE_S:
+                continue  # `raylane submit` queues the workload first, then submits the job that drives it
+            if rec.id in self.state.leases:
+                self.state.finish(rec.id, now)
+            elif self.state.is_pending(rec.id):
+                self.state.dequeue(rec.id)
+            self._remove_pg(rec)
+            if job is ends.JobState.GONE:
+                self._append("cancelled", rec, by="control plane", outcome="ray job gone", close_run=True,
+                             note=f"its Ray job {rec.job_id} no longer exists: the Ray cluster it ran on was "
+                                  f"stopped")
+                continue
+            kind = "cancelled" if status == "STOPPED" else "finished"
+            self._append(kind, rec, state="FAILED", outcome=f"ray job {status.lower()}", close_run=True,
+                         note=f"its Ray job {rec.job_id} ended ({status}) without releasing")
+        for rec in ended:
+            job = _job_state(client, rec.job_id)[0] if rec.job_id else None
+            self._after_end(ends.after_end(rec, job, now))
         for run in pipes:  # a pipeline whose driver's job ended: no one runs its stages any more
-            try:
-                status = str(client.get_job_status(run.job_id))
-            except Exception:  # noqa: BLE001 - unknown job id
-                continue
-            if status.endswith(("STOPPED", "FAILED", "SUCCEEDED")):
-                self._cancel_pipeline_stages(run, f"its driver's Ray job {run.job_id} ended "
-                                                  f"({status.split('.')[-1]})")
+            job, status = _job_state(client, run.job_id)
+            if job is not ends.JobState.LIVE and job is not None:
+                self._cancel_pipeline_stages(run, f"its driver's Ray job {run.job_id} ended ({status})")
+
+    def _after_end(self, action: Optional[ends.Action]) -> None:
+        """Carry out what ``ends.after_end`` decided for an ended workload."""
+        if action is None:
+            return
+        rec = self.records[action.workload_id]
+        if isinstance(action, ends.Settled):
+            self._ends.discard(rec.id)
+        elif isinstance(action, ends.StopJob):
+            self._append("event", rec, job_stopped=True, note=action.note)
+            self._stop_job(action.job_id)
+        elif isinstance(action, ends.CloseRun):
+            self._closing.add(rec.id)
+            asyncio.get_event_loop().create_task(self._close_run(action))
+
+    async def _close_run(self, action: ends.CloseRun) -> None:
+        """End the MLflow run a driver left open, in a task (MLflow is not imported here); journaled either way."""
+        try:
+            done = await _close_run_task.remote(action.uri, action.run_id, action.status, action.reason)
+        except Exception as exc:  # noqa: BLE001 - the task died: tried again at the next watch
+            log.warning("closing MLflow run %s of %s: %s", action.run_id, action.workload_id, exc)
+            return
+        finally:
+            self._closing.discard(action.workload_id)
+        self._append("event", self.records[action.workload_id], mlflow_run_closed=True, note=done)
 
     async def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
         self._starting.pop(req.workload_id, None)  # its loop runs: it hears a stop at its next checkpoint
@@ -1247,6 +1305,23 @@ class ControlActor(PipelineCalls):
         if rec is None:
             raise NotFoundError(f"no workload {wid!r}")
         return rec
+
+
+def _job_state(client, job_id: str):
+    """(``ends.JobState`` or None when Ray did not answer, Ray's status name or ``gone``) of a Ray job."""
+    try:
+        status = client.get_job_status(job_id)
+    except Exception as exc:  # noqa: BLE001 - a job this cluster never had answers 404; anything else: no answer
+        job = ends.job_state(error=exc)
+        return job, "gone" if job is not None else ""
+    return ends.job_state(str(status)), str(status).rsplit(".", 1)[-1]
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _close_run_task(uri: Optional[str], run_id: str, status: str, reason: str) -> str:
+    from raylane.tracking import close_run
+
+    return close_run(uri, run_id, status, reason)
 
 
 def _placed(pg_name: str) -> bool:

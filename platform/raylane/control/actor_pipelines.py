@@ -21,7 +21,7 @@ from raylane.control import api
 from raylane.control import checkpoints as ckrefs
 from raylane.control import pipelines as pl
 from raylane.control.records import Record, State
-from raylane.errors import InfeasibleError, NotFoundError, ValidationError
+from raylane.errors import ConflictError, InfeasibleError, NotFoundError, ValidationError
 from raylane.scheduling import check_feasible
 
 log = logging.getLogger("raylane.control")
@@ -38,8 +38,10 @@ class PipelineCalls:
 
         data = dict(req.spec)
         pid = req.pipeline_id
-        if pid in self.pipes.runs or any(w.startswith(pid + "-") for w in self.records):
-            raise ValidationError("pipeline", [("pipeline_id", pid, "an id no pipeline has used")])
+        # The caller chooses the id: one in use (a pipeline's, a workload's, or a prefix of a stage's) is refused
+        # before anything is journaled.
+        if pid in self.pipes.runs or pid in self.records or any(w.startswith(pid + "-") for w in self.records):
+            raise ConflictError("pipeline", [("pipeline_id", pid, "an id no pipeline or workload has used")])
         if self.gate.enabled:  # the owner is who asked, whatever the spec says
             data["run"] = {**(data.get("run") if isinstance(data.get("run"), dict) else {}), "owner": p.user}
         spec = ps.load_pipeline_spec(data, f"pipeline {data.get('name', '?')}")

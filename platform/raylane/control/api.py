@@ -152,6 +152,9 @@ class Report(Request):
     restart: Optional[StrictBool] = None
     mlflow_run_id: Optional[Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = None
     mlflow_run_error: Optional[Text] = None  # the driver could not start the workload's MLflow run: why
+    # The store of that run (default: the cluster's, ~/.raylane/mlflow.db): where the control plane closes a run
+    # its driver left open (raylane.control.ends).
+    mlflow_uri: Optional[Annotated[StrictStr, Field(pattern=r"^(sqlite:///|https?://)[^\x00-\x1f]{1,4000}$")]] = None
     job_id: Optional[JobId] = None
     step: Optional[Step] = None
     action: ClassVar[Optional[Action]] = Action.REPORT

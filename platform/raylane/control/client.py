@@ -167,11 +167,11 @@ class ControlClient:
     def report(self, workload_id: str, kind: ReportKind, *, note: Optional[str] = None,
                detail: Optional[str] = None, restart: Optional[bool] = None, mlflow_run_id: Optional[str] = None,
                mlflow_run_error: Optional[str] = None, job_id: Optional[str] = None,
-               step: Optional[int] = None) -> Reply:
+               step: Optional[int] = None, mlflow_uri: Optional[str] = None) -> Reply:
         args = {k: v for k, v in dict(note=note and note[:4000], detail=detail and detail[:4000], restart=restart,
                                       mlflow_run_id=mlflow_run_id,
                                       mlflow_run_error=mlflow_run_error and mlflow_run_error[:4000], job_id=job_id,
-                                      step=step).items()
+                                      step=step, mlflow_uri=mlflow_uri).items()
                 if v is not None}
         return Reply(self._call("report", workload_id=workload_id, kind=ReportKind(kind), **args))
 

@@ -85,10 +85,17 @@ class Record:
     # may start before the run exists, and its workers wait for one or the other (``raylane.train``).
     mlflow_run_id: Optional[str] = None
     mlflow_run_error: Optional[str] = None
+    mlflow_uri: Optional[str] = None  # the store the driver named with its run (None: the cluster's default)
+    # After an end the driver did not report itself (a cancel, a Ray job that ended or vanished): when its Ray job is
+    # stopped if its driver is still there (a cancel gives the driver this long to end its run and exit), and whether
+    # its MLflow run is still to be closed (``raylane.control.ends``). Cleared by an ``event`` saying it was done.
+    job_stop_at: Optional[float] = None
+    run_to_close: bool = False
 
     def _name_run(self, d: Dict[str, Any]) -> None:
         if d.get("mlflow_run_id"):
             self.mlflow_run_id, self.mlflow_run_error = d["mlflow_run_id"], None
+            self.mlflow_uri = d.get("mlflow_uri") or self.mlflow_uri
         elif d.get("mlflow_run_error"):
             self.mlflow_run_error = d["mlflow_run_error"]
 
@@ -125,6 +132,10 @@ class Record:
             if "detail" in d:
                 self.detail = d["detail"]
             self._name_run(d)
+            if d.get("job_stopped"):
+                self.job_stop_at = None
+            if d.get("mlflow_run_closed"):
+                self.run_to_close, self.job_stop_at = False, None
         elif e.kind == "checkpointed":
             self.last_checkpoint = e.ts
             self.step = d.get("step", self.step)
@@ -171,6 +182,8 @@ class Record:
             self.step = d.get("step", self.step)
             self.ended_at = e.ts
             self.stop_deadline = None
+            self.job_stop_at = d.get("job_stop_at")
+            self.run_to_close = bool(d.get("close_run"))
         note = d.get("note")
         if note:
             self.events.append((e.ts, note))

@@ -67,6 +67,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from raylane import entrypoints
 from raylane.control.checkpoints import CheckpointRef, parse_ref
 from raylane.errors import FatalError, RetryableError, ValidationError
+from raylane.launchers.retry import GiveUp, RetryRule, root_error
 
 __all__ = ["OneShot", "Fault", "plan", "run_oneshot", "metrics_of", "command_argv",
            "METRICS_ENV", "CONFIG_ENV", "CHECKPOINT_ENV", "INPUT_ENV", "OUTPUT_ENV", "WORKLOAD_ENV"]
@@ -517,9 +518,10 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
 
     tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
     run_id = tracker.start()
-    ctl.event(wid, mlflow_run_id=run_id, note=f"MLflow run {run_id}")
+    ctl.event(wid, mlflow_run_id=run_id, mlflow_uri=tracker.tracking_uri, note=f"MLflow run {run_id}")
     budget = int(ctl.class_info(spec["class"])["retry_budget"])
-    failures = attempts = 0
+    retries = RetryRule(budget)
+    attempts = 0
     linked = False
     while True:
         rec = _wait_admitted(ctl, wid, poll_s)
@@ -563,15 +565,15 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
             tracker.event("preempted", f"{how} after {wall:.0f}s; reruns from the start")
             _say(f"{wid} preempted ({how}); releasing the lease")
             ctl.release(wid, "yielded")
+            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         fatal = _fatal_cause(out.error)
         if fatal is not None:
             return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
-        failures += 1
-        if failures > budget:
-            return _fail_now(ctl, tracker, wid, f"failed {failures} times (retry budget {budget}): "
-                                                f"{_short(out.error)}")
-        backoff = min(2.0 ** (failures - 1), 30.0)
+        decision = retries.after_failure(out.error, _short(root_error(out.error)))
+        if isinstance(decision, GiveUp):
+            return _fail_now(ctl, tracker, wid, decision.reason)
+        failures, backoff = retries.failures, decision.backoff_s
         tracker.event("restarted", f"attempt {attempts} failed ({_short(out.error)}); retry in {backoff:g}s")
         ctl.event(wid, restart=True,
              note=f"restart {failures}/{budget} after {_short(out.error)}; backoff {backoff:g}s")

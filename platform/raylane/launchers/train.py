@@ -22,7 +22,10 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from raylane.config.models import spec_workers
 from raylane.control.actor import GiB
 from raylane.errors import ValidationError
+from raylane.launchers.datasets import TrainData
+from raylane.launchers.datasets import build as build_datasets
 from raylane.launchers.faults import FAULT_KEYS
+from raylane.launchers.retry import GiveUp, RetryRule, root_error
 from raylane.launchers.train_callbacks import RecordCheckpoints, RegisterWorkers
 from raylane.scheduling.placement import RAY_STRATEGY
 from raylane.train import LoopOptions, StopPoll, UserLoop  # noqa: F401 - StopPoll re-exported
@@ -31,8 +34,11 @@ DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".raylane", "runs")
 
 
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
-                  train_loop_config: Dict[str, Any], loop: UserLoop, control) -> TorchTrainer:
-    """A ``TorchTrainer`` running ``loop`` (the user's entrypoint under ``raylane.train``) on the nodes of the lease."""
+                  train_loop_config: Dict[str, Any], loop: UserLoop, control, resume_step: int = 0,
+                  data: Optional[TrainData] = None) -> TorchTrainer:
+    """A ``TorchTrainer`` running ``loop`` (the user's entrypoint under ``raylane.train``) on the nodes of the lease.
+    ``resume_step``: the workload's step when this attempt starts (a step-less loop's reports count from it).
+    ``data``: the spec's datasets and their ``DataConfig`` (``raylane.launchers.datasets.build``), or None."""
     gang = spec["gang"]
     res = gang.get("resources", {})
     per_worker: Dict[str, float] = {"CPU": float(res.get("cpu", 1) or 0)}
@@ -60,7 +66,8 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
         # dead node forever. The driver decides (raylane.run), with the control actor's view of the lease.
         failure_config=FailureConfig(max_failures=0, controller_failure_limit=0, max_preemption_failures=0),
         checkpoint_config=CheckpointConfig(num_to_keep=3),
-        callbacks=[RegisterWorkers(workload_id, control), RecordCheckpoints(workload_id, control)],
+        callbacks=[RegisterWorkers(workload_id, control),
+                   RecordCheckpoints(workload_id, control, first_index=resume_step)],
     )
     return TorchTrainer(
         loop,
@@ -68,6 +75,8 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
         scaling_config=scaling,
         run_config=run_config,
         torch_config=TorchConfig(backend="nccl" if real_gpus else "gloo"),
+        datasets=data.datasets if data is not None else None,
+        dataset_config=data.data_config if data is not None else None,
     )
 
 
@@ -123,6 +132,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
     from raylane.control.client import EndState, Outcome, State
     from raylane.errors import FatalError
     from raylane.run import _fail_now, _fatal_cause, _job_id, _say, _short, _wait_admitted
+    from raylane.locations import tracking_uri as resolve_tracking_uri
     from raylane.runstart import LateTracker, PendingRun
 
     storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
@@ -130,7 +140,9 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
     pending: Optional[PendingRun] = None
 
     def name_run(rid: str) -> None:
-        ctl.event(wid, f"MLflow run {rid}", mlflow_run_id=rid)
+        # The store too, so the control plane can close the run if this driver dies with it open.
+        known = uri if uri and uri.startswith(("sqlite:///", "http://", "https://")) else None
+        ctl.event(wid, f"MLflow run {rid}", mlflow_run_id=rid, mlflow_uri=known)
 
     def start_run() -> str:
         """The MLflow run's id: the child's answer when a starter prepares it (waited for here), else started here.
@@ -156,7 +168,9 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         return RunTracker(workload_id=wid, spec=spec, tracking_uri=uri if run_id else tracking_uri,
                           cost_of=ctl.run_cost)
 
-    uri = tracking_uri
+    # The store, resolved as the run's starter resolves it: the workers get it even when the gang starts before
+    # the run is named (they get the run's id from the control actor then, and its store from here).
+    uri = resolve_tracking_uri(tracking_uri)
     tracker = LateTracker(make_tracker)
     if run_starter is not None:
         # The child's answer is awaited in a thread: the gang's first attempt may start before the run exists, and
@@ -168,7 +182,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
     else:
         start_run()
     retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
-    failures = 0
+    retries = RetryRule(retry_budget)
     last_workers = None
     while True:
         rec = _wait_admitted(ctl, wid, poll_s)
@@ -189,13 +203,19 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             return _fail_now(ctl, tracker, wid, f"{exc}")
         if pending is not None and pending.done():
             start_run()  # answered already (or failed: raised here, before the gang starts)
+        started_at = rec.get("step") or 0
         loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=uri,
-                                            awaits_run=run_id is None, fault=fault,
+                                            awaits_run=run_id is None, fault=fault, resume_step=started_at,
                                             marker_dir=os.path.join(storage_path, wid, "_faults"), control=ctl))
         bound_train_waits()
+        try:  # the spec's datasets, built once per attempt (raylane.launchers.datasets)
+            data = build_datasets(spec)
+        except FatalError as exc:  # its function fails or returns no Dataset: every attempt would do the same
+            return _fail_now(ctl, tracker, wid, f"{exc}")
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
-                                train_loop_config=loop_cfg, loop=loop, control=ctl)
-        workers, started_at, started = len(rec["placement"]), rec.get("step") or 0, time.time()
+                                train_loop_config=loop_cfg, loop=loop, control=ctl, resume_step=started_at,
+                                data=data)
+        workers, started = len(rec["placement"]), time.time()
         error: Optional[BaseException] = None
         result = None
         try:
@@ -211,6 +231,10 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         state = now_rec.state
         out = (result.return_value or {}) if result is not None else {}
         step = out.get("step")
+        if out.get("restarted_from_zero") is not None:
+            _tell_restart(tracker, out["restarted_from_zero"])
+        if step is None:  # the attempt ended in an error or by force: it resumes from its last checkpoint's step
+            step = now_rec.get("step")
         if state is State.CANCELLED:
             tracker.event("cancelled", f"cancelled at step {step}")
             tracker.finish("KILLED")
@@ -229,12 +253,14 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             tracker.event("resized", f"{how} at step {step}: {workers} -> {size} workers", step=step,
                           from_workers=workers, to_workers=size)
             _say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
+            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
             how = "yielded" if error is None else "stopped by force"
             tracker.event("preempted", f"{how} at step {step}", step=step)
             _say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
             ctl.release(wid, Outcome.YIELDED, step=step)
+            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         if error is None:
             tracker.event("finished", f"finished at step {step}", step=step)
@@ -249,20 +275,28 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             # not the gang's failure, and a restart must not be pinned to the dead node again.
             tracker.event("node lost", f"a node of its lease was lost at step {step}; waiting for a new lease")
             _say(f"{wid}: a node of its lease was lost; it resumes from its last checkpoint on a new lease")
+            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         fatal = _fatal_cause(error)
         if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
             return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
-        failures += 1
-        if failures > retry_budget:
-            return _fail_now(ctl, tracker, wid,
-                             f"gang failed {failures} times (retry budget {retry_budget}): {_short(error)}")
-        backoff = min(2.0 ** (failures - 1), 30.0)
+        decision = retries.after_failure(error, _short(root_error(error)))
+        if isinstance(decision, GiveUp):
+            return _fail_now(ctl, tracker, wid, f"gang {decision.reason}")
+        failures, backoff = retries.failures, decision.backoff_s
         tracker.event("restarted", f"attempt {failures} failed ({_short(error)}); retry in {backoff:g}s")
         ctl.event(wid, f"restart {failures}/{retry_budget} after {_short(error)}; backoff {backoff:g}s",
                   restart=True)
         _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
         time.sleep(backoff)
+
+
+def _tell_restart(tracker, resumed_at: int) -> None:
+    """The attempt was resumed at ``resumed_at`` but its loop started again from zero (``raylane.train``)."""
+    tracker.event("restarted from zero", f"resumed at step {resumed_at}, but the loop did not load its checkpoint "
+                                         "(ray.train.get_checkpoint()): it trained again from the start",
+                  step=resumed_at)
+    tracker.set_tags({"raylane.restarted_from_zero": str(resumed_at)})
 
 
 def _dead_nodes(placement, timeout_s: float = 10.0) -> set:

@@ -29,15 +29,14 @@ Placement: the control actor counts each slot on the node it chose; Tune places 
 resources. On one node, or on uniform nodes, this is the same capacity; with node features a trial may run on
 another node than its slot's (see docs/sweeps.md).
 
-Words: *slot*, *grant*, *leased*: see ``raylane.sweeps.quota``. *sweep id*: ``<name>-<6 hex>``, fixed for the life
-of the experiment; the key of the MLflow parent run.
+Words: *slot*, *grant*, *leased*: see ``raylane.sweeps.quota``. *sweep id*: ``<name>-<12 hex>`` (``raylane.ids``),
+fixed for the life of the experiment; the key of the MLflow parent run.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import secrets
 import signal
 import threading
 import time
@@ -48,6 +47,7 @@ from typing import Any, Dict, List, Optional
 from raylane.config.loader import load_spec_from_dict
 from raylane.config.models import NAME_MAX
 from raylane.errors import FatalError, RetryableError, ValidationError
+from raylane.ids import new_id
 
 __all__ = ["run_sweep", "SlotManager", "STATE_FILE", "slot_specs"]
 
@@ -488,7 +488,7 @@ def _sweep_state(ctl, name: str, exp_dir: Path):
     resumed = Tuner.can_restore(str(exp_dir))
     state = SweepState.load(exp_dir / STATE_FILE) if resumed else None
     if state is None:
-        return SweepState(sweep_id=f"{name}-{secrets.token_hex(3)}"), resumed
+        return SweepState(sweep_id=new_id(name, kind="sweep")), resumed
     state.restarts += 1
     for wid in state.slots:
         try:
@@ -520,7 +520,7 @@ def _submit_slots(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker,
     state.slots = [s.wid for s in slots]
     state.save(exp_dir / STATE_FILE)
     for s in slots:
-        ctl.event(s.wid, mlflow_run_id=tracker.run_id,
+        ctl.event(s.wid, mlflow_run_id=tracker.run_id, mlflow_uri=tracker.tracking_uri,
              note=f"slot {s.index} of sweep {state.sweep_id} ({sweep.trials} trials, up to {sweep.concurrency} at once)")
     _say(f"sweep {state.sweep_id}: {sweep.trials} trials, {len(slots)} slot(s) submitted: "
          f"{', '.join(s.wid for s in slots)}" + (f" (resuming, driver {state.restarts})" if resumed else ""))

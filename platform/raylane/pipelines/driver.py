@@ -15,13 +15,13 @@
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import threading
 import time
 from typing import Any, Dict, Optional
 
 from raylane.errors import ValidationError
+from raylane.ids import new_id
 from raylane.pipelines import spec as ps
 
 
@@ -59,7 +59,7 @@ def run_pipeline(data: Dict[str, Any], *, storage_path: Optional[str] = None, tr
     ctl, who = connect_driver()
     if who.get("auth"):  # MLflow records the caller as the owner, not what the spec claims
         data = {**data, "run": {**(data.get("run") or {}), "owner": who["user"]}}
-    pid = f"{spec.name}-{secrets.token_hex(3)}"
+    pid = new_id(spec.name, kind="pipeline")  # the control plane refuses one in use (ConflictError)
     tracker = RunTracker(workload_id=pid, spec=data, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
     run_id = tracker.start()
     job_id = _job_id()

@@ -1,0 +1,170 @@
+"""The README's own commands on a fresh HOME, from a shell whose PATH does not have the venv (issue 26, items 1 and
+7): `.venv/bin/raylane up`, then the README's plain `ray job submit` line, word for word but for the spec, for a
+small training run; and the ends a user sees: a workload cancelled with `raylane cancel` makes its `ray job submit`
+exit non-zero with its MLflow run KILLED, and a run left open when the cluster went down is closed, KILLED with the
+reason, once `raylane up` starts the next cluster on the same journal.
+
+One cluster for the module (the last test stops it and starts the next one), on the README's fixed ports; skipped
+when another Ray session holds them."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SESSION_KEY
+from tests.raytest import LM_ENTRYPOINT, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's bin folder: .venv/bin
+TRAIN = {"max_steps": 6, "checkpoint_every": 3, "batch_size": 4, "warmup_steps": 1, "eval_every": 0,
+         "corpus": {"max_bytes": 100_000}, "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16}}
+
+
+def readme_submit_lines() -> str:
+    """The README's plain submit lines ("Using it"), from the `export` of the cluster's token to the submit."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("export RAY_AUTH_MODE=token")
+    end = text.index("\n", text.index("python -m raylane.run examples/specs/pretrain-team-a.yaml", start))
+    return text[start:end]
+
+
+def tiny_spec(path: Path, name: str, **config) -> Path:
+    path.write_text(yaml.safe_dump({
+        "name": name, "team": "team-a", "class": "pretrain", "kind": "train", "entrypoint": LM_ENTRYPOINT,
+        "gang": {"workers": 1, "resources": {"gpu": 1, "cpu": 1}}, "config": {**TRAIN, **config},
+        "run": {"intent": f"README check {name}", "owner": "pytest"}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """A new user's shell: an empty HOME, PATH without the venv; the cluster started from it with `raylane up`."""
+    for port in (6390, 8265, 10001):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.skip(f"port {port} is taken (another Ray session): `raylane up` needs it")
+    home = tmp_path_factory.mktemp("home")
+    tmp = tempfile.mkdtemp(prefix="rl-")  # short: Ray's sockets live under it
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TMPDIR": tmp, "LANG": "C.UTF-8",
+           SESSION_KEY: os.environ[SESSION_KEY]}
+    u = {"home": home, "env": env, "specs": tmp_path_factory.mktemp("specs"),
+         "uri": f"sqlite:///{home / '.raylane' / 'mlflow.db'}"}
+    try:
+        raylane(u, "up", "--no-console", timeout=240)
+        yield u
+    finally:
+        raylane(u, "down", timeout=120, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def raylane(u, *args, timeout=60, check=True) -> subprocess.CompletedProcess:
+    out = subprocess.run([str(BIN / "raylane"), *args], env=u["env"], cwd=REPO, capture_output=True, text=True,
+                         timeout=timeout)
+    assert not check or out.returncode == 0, f"raylane {' '.join(args)}: {out.stdout}\n{out.stderr}"
+    return out
+
+
+def submit(u, spec: Path) -> subprocess.Popen:
+    """The README's lines in the user's shell, with ``spec`` for the README's example spec; waits, as written."""
+    script = readme_submit_lines().replace("examples/specs/pretrain-team-a.yaml", str(spec))
+    # A session of its own: a test that gives up kills the shell and its `ray job submit` together (``stop``).
+    return subprocess.Popen(["bash", "-c", script], env=u["env"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def workload_of(proc: subprocess.Popen, lines: list) -> str:
+    """The workload id the driver prints, reading the job's log as `ray job submit` tails it."""
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"\[raylane\] workload (\S+) submitted", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("no workload id in the job's output:\n" + "".join(lines))
+
+
+def mlflow_run(u, wid: str):
+    from raylane.tracking import client_for
+
+    client = client_for(u["uri"])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`raylane.workload_id` = '{wid}'")
+    assert len(runs) <= 1
+    return runs[0] if runs else None
+
+
+def holding(u, wid: str) -> bool:
+    """Whether the gang holds at its checkpointed step 3 (``hold_at_step``), as the control plane records it."""
+    import json
+
+    rec = json.loads(raylane(u, "explain", wid, "--json").stdout)
+    return rec["state"] == "RUNNING" and (rec.get("step") or 0) >= 3
+
+
+def test_readme_plain_submit_runs_in_the_venv_from_a_shell_without_it(user):
+    assert str(BIN) not in user["env"]["PATH"]
+    proc = submit(user, tiny_spec(user["specs"] / "ok.yaml", "readme-ok"))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    wid = re.search(r"\[raylane\] workload (\S+) submitted", out).group(1)
+    assert re.search(rf"{re.escape(wid)}: SUCCEEDED", out), out[-4000:]
+    assert mlflow_run(user, wid).info.status == "FINISHED"
+
+
+def test_cancelled_workload_fails_its_job_and_its_run_is_killed(user):
+    proc = submit(user, tiny_spec(user["specs"] / "cancel.yaml", "readme-cancel", max_steps=400,
+                                  fault={"hold_at_step": 3}))
+    lines: list = []
+    try:
+        wid = workload_of(proc, lines)
+        wait_for(lambda: holding(user, wid), timeout=180, every=3.0, what="the gang at step 3")
+        raylane(user, "cancel", wid)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    out = "".join(lines) + out
+    assert proc.returncode != 0, out[-4000:]  # `ray job submit` says the workload did not succeed
+    assert "CANCELLED" in out, out[-4000:]
+    run = mlflow_run(user, wid)
+    assert run.info.status == "KILLED"
+    journal = raylane(user, "explain", wid).stdout
+    assert "stopping its Ray job" not in journal  # the driver exited on its own: no forced stop
+
+
+def test_run_left_open_by_a_stopped_cluster_is_closed_at_the_next_start(user):
+    proc = submit(user, tiny_spec(user["specs"] / "down.yaml", "readme-down", max_steps=400,
+                                  fault={"hold_at_step": 3}))
+    lines: list = []
+    try:
+        wid = workload_of(proc, lines)
+        wait_for(lambda: holding(user, wid), timeout=180, every=3.0, what="the gang at step 3")
+        raylane(user, "down", timeout=120)
+        proc.wait(timeout=60)
+    finally:
+        stop(proc)
+    t0 = time.time()
+    raylane(user, "up", "--no-console", timeout=240)  # the same journal (~/.raylane/journal.db)
+    run = wait_for(lambda: (r := mlflow_run(user, wid)).info.status != "RUNNING" and r, timeout=120, every=1.0,
+                   what="the run closed after the restart")
+    assert run.info.status == "KILLED"
+    reason = run.data.tags.get("raylane.end_reason", "")  # only the control plane's close writes it
+    assert reason, run.data.tags
+    print(f"run closed {time.time() - t0:.1f}s after `raylane up` began: {reason}")
