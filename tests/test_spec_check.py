@@ -349,11 +349,13 @@ def test_a_missing_working_dir_is_an_error(tmp_path):
     assert result.exit_code == 1 and "working directory" in result.stderr and "not found" in result.stderr
 
 
-def test_submit_runs_the_same_checks_before_connecting(tmp_path, project, monkeypatch):
+def test_submit_runs_the_same_checks_before_submitting(tmp_path, project, monkeypatch):
+    # The code is checked in a child process while submit connects (raylane.codecheck); whatever connecting does,
+    # a spec that fails its checks is reported as such and nothing is submitted.
     folder, name = project
 
     def no_cluster():
-        raise AssertionError("submit connected to a cluster with a spec that fails its checks")
+        raise AssertionError("submit connected to a cluster, and its spec's errors must still be shown")
 
     monkeypatch.setattr(cli_cluster, "connect", no_cluster)
     monkeypatch.chdir(folder)

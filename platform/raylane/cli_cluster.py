@@ -153,7 +153,8 @@ def submit(
     from raylane.cli_config import print_error
     from raylane.config.loader import load_spec_from_dict, read_yaml
 
-    try:  # the cluster's policy is checked by the control plane; everything else here, before connecting
+    code_check = None
+    try:  # the cluster's policy is checked by the control plane; everything else here, before submitting
         data, dups = read_yaml(spec, "spec file")
         pipeline = isinstance(data, dict) and data.get("kind") == "pipeline"
         if pipeline:  # raylane.pipelines: every stage checked; one driver job runs them all
@@ -165,13 +166,35 @@ def submit(
                                                                            "in one driver job)")])
             check(data, storage_path=DEFAULT_STORAGE, working_dir=".", load_code=not no_code)
         else:
-            load_spec_from_dict(data, str(spec), code=True, working_dir=".", load_code=not (no_code or reserve_only),
-                                _extra=dups)
+            # The form now; the user's code in a child process while this one connects (raylane.codecheck).
+            load_spec_from_dict(data, str(spec), code=True, working_dir=".", load_code=False, _extra=dups)
+            if not (no_code or reserve_only):
+                from raylane.codecheck import CodeCheck
+
+                code_check = CodeCheck(data, str(spec), working_dir=".", extra=dups)
     except FatalError as exc:
         print_error(exc)
         raise typer.Exit(1)
+
+    def code_checked() -> None:
+        """Nothing is submitted before the code passed; its errors are shown as ``spec check`` shows them."""
+        nonlocal code_check
+        if code_check is None:
+            return
+        check, code_check = code_check, None
+        try:
+            check.result()
+        except FatalError as exc:
+            print_error(exc)
+            raise typer.Exit(1)
+
     with _errors():
-        h = connect()
+        try:
+            h = connect()
+        except BaseException:
+            code_checked()  # a spec that fails its checks says so, even when the cluster cannot be reached
+            raise
+        code_checked()
         if reserve_only:
             rec = h.submit(data)
         else:
