@@ -144,3 +144,17 @@ def test_gpt2_corpus_is_made_here_and_the_same_each_time(isolated_imports):
     assert len(blocks) == 20_000 // 63 and item["input_ids"].shape == (64,)
     assert int(item["input_ids"][0]) == gpt2_bytes.BOS and int(item["input_ids"].max()) < gpt2_bytes.VOCAB
     assert bytes(item["input_ids"][1:].tolist()) == data[3 * 63:4 * 63]
+
+
+RAY_DOCS = USER_CODE / "ray-docs"
+
+
+@pytest.mark.parametrize("spec_file", sorted(p.name for p in RAY_DOCS.glob("*.yaml")))
+def test_raylane_spec_check_accepts_rays_docs_examples(spec_file, isolated_imports):
+    from typer.testing import CliRunner
+
+    from raylane.cli import app
+
+    out = CliRunner().invoke(app, ["spec", "check", str(RAY_DOCS / spec_file), "--working-dir", str(RAY_DOCS),
+                                   "--policy", str(REPO / "policies" / "local.yaml")])
+    assert out.exit_code == 0 and out.output.startswith("OK "), out.output

@@ -249,8 +249,22 @@ def _forget_address(address: Optional[str]) -> None:
         named = path.read_text().strip()
     except OSError:
         return
-    if named.rsplit(":", 1)[-1] == address.rsplit(":", 1)[-1]:
+    # The port alone names it (the file may say 192.0.2.2 where we said 127.0.0.1), but another cluster may hold
+    # that port by now (another user's or session's `raylane up`): its record stays while something answers there.
+    if named.rsplit(":", 1)[-1] == address.rsplit(":", 1)[-1] and not _answers(named):
         path.unlink(missing_ok=True)
+
+
+def _answers(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def marked_processes(key: str, value: str) -> List[Tuple[int, str]]:

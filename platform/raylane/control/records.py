@@ -179,7 +179,7 @@ class Record:
         elif e.kind in ("finished", "cancelled"):
             self.state = State.CANCELLED if e.kind == "cancelled" else State(d.get("state", "SUCCEEDED"))
             self.outcome = d.get("outcome", "")
-            self.step = d.get("step", self.step)
+            self.step = self.step if d.get("step") is None else d["step"]  # a failure's release may not know it
             self.ended_at = e.ts
             self.stop_deadline = None
             self.job_stop_at = d.get("job_stop_at")

@@ -263,12 +263,14 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         if error is None:
-            tracker.event("finished", f"finished at step {step}", step=step)
+            at = f"at step {step}" if step is not None else "(its loop reported no step)"
+            tracker.event("finished", f"finished {at}", step=step)
             _log_model(tracker, storage_path, wid)
             tracker.finish("FINISHED")
             rec = ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, step=step,
-                              detail=f"{step} steps in {time.time() - attempt_t0:.0f}s (last attempt)")
-            _say(f"{wid} finished at step {step}")
+                              detail=f"finished {at}; its last attempt ran {time.time() - attempt_t0:.0f}s "
+                                     f"from step {started_at}")
+            _say(f"{wid} finished {at}")
             return rec
         if _lease_lost(ctl, wid, rec["placement"]):
             # A node of the lease died: the control actor takes the lease back and requeues the workload; that is
