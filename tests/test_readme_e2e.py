@@ -80,8 +80,9 @@ def submit(u, spec: Path) -> subprocess.Popen:
     """The README's lines in the user's shell, with ``spec`` for the README's example spec; waits, as written."""
     script = readme_submit_lines().replace("examples/specs/pretrain-team-a.yaml", str(spec))
     # A session of its own: a test that gives up kills the shell and its `ray job submit` together (``stop``).
-    return subprocess.Popen(["bash", "-c", script], env=u["env"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # Unbuffered, as on the user's terminal: `ray job submit` into a pipe holds the job's log lines back otherwise.
+    return subprocess.Popen(["bash", "-c", script], env={**u["env"], "PYTHONUNBUFFERED": "1"}, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -90,13 +91,23 @@ def stop(proc: subprocess.Popen) -> None:
     proc.communicate()
 
 
-def workload_of(proc: subprocess.Popen, lines: list) -> str:
+def workload_of(proc: subprocess.Popen, lines: list, timeout: float = 180.0) -> str:
     """The workload id the driver prints, reading the job's log as `ray job submit` tails it."""
-    for line in proc.stdout:
-        lines.append(line)
-        m = re.search(r"\[raylane\] workload (\S+) submitted", line)
-        if m:
-            return m.group(1)
+    import selectors
+
+    deadline = time.time() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.time() < deadline:
+            if not sel.select(timeout=1.0):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"\[raylane\] workload (\S+) submitted", line)
+            if m:
+                return m.group(1)
     raise AssertionError("no workload id in the job's output:\n" + "".join(lines))
 
 
