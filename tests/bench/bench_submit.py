@@ -54,12 +54,13 @@ def _plain(env, ctl, i: int, dashboard: str) -> tuple:
     t0 = time.perf_counter()
     token = _run([BIN / "raylane", "token", "for-job"], env).strip()
     job_id = f"bench-plain-{os.getpid()}-{i}"
+    t1 = time.perf_counter()
     _run([BIN / "ray", "job", "submit", "--no-wait", "--address", dashboard, "--submission-id", job_id,
           "--working-dir", ".", "--runtime-env-json", f'{{"py_modules": ["{token}"]}}', "--",
           "python", "-m", "raylane.run", SPEC], env)
-    command = time.perf_counter() - t0
+    command, bare = time.perf_counter() - t0, time.perf_counter() - t1
     queued, wid = _to_queue(ctl, job_id, t0)
-    return command, queued, wid
+    return command, queued, wid, bare
 
 
 def _raylane(env, ctl) -> tuple:
@@ -87,13 +88,16 @@ def _measure(rounds: int) -> None:
         r = _raylane(env, ctl)
         ctl.cancel(r[2])
         rows.append((p, r))
-        print(f"round {i}: plain command {p[0]:.2f} s, to the queue {p[1]:.2f} s | raylane submit command "
-              f"{r[0]:.2f} s, to the queue {r[1]:.2f} s | raylane / plain: command {r[0] / p[0]:.2f}, "
-              f"to the queue {r[1] / p[1]:.2f}", flush=True)
+        print(f"round {i}: plain command {p[0]:.2f} s (its `ray job submit` alone {p[3]:.2f} s), to the queue "
+              f"{p[1]:.2f} s | raylane submit command "
+              f"{r[0]:.2f} s, to the queue {r[1]:.2f} s | raylane / plain: command {r[0] / p[0]:.2f} "
+              f"(/ `ray job submit` alone {r[0] / p[3]:.2f}), to the queue {r[1] / p[1]:.2f}", flush=True)
     med = [statistics.median(x[k][j] for x in rows) for k in (0, 1) for j in (0, 1)]
+    bare = statistics.median(x[0][3] for x in rows)
     print(f"median of {rounds}: plain command {med[0]:.2f} s, to the queue {med[1]:.2f} s; raylane submit command "
           f"{med[2]:.2f} s, to the queue {med[3]:.2f} s; raylane / plain: command {med[2] / med[0]:.2f}, "
-          f"to the queue {med[3] / med[1]:.2f} (target: command at most 1.5)", flush=True)
+          f"to the queue {med[3] / med[1]:.2f} (target: command at most 1.5); `ray job submit` alone {bare:.2f} s, "
+          f"raylane submit / it: {med[2] / bare:.2f}", flush=True)
 
 
 def main(argv=None) -> None:
