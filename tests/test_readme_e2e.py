@@ -56,7 +56,9 @@ def user(tmp_path_factory):
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 pytest.skip(f"port {port} is taken (another Ray session): `raylane up` needs it")
     home = tmp_path_factory.mktemp("home")
-    tmp = tempfile.mkdtemp(prefix="rl-")  # short: Ray's sockets live under it
+    # Short, whatever TMPDIR the suite runs under: Ray's sockets live under it (the dashboard's modules listen on
+    # <tmp>/ray/session_<...>/sockets/dash_<Module>, refused past 107 characters: under CI's TMPDIR they were).
+    tmp = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TMPDIR": tmp, "LANG": "C.UTF-8",
            SESSION_KEY: os.environ[SESSION_KEY]}
     u = {"home": home, "env": env, "specs": tmp_path_factory.mktemp("specs"),
