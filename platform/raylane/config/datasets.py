@@ -28,7 +28,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, Wra
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core import ValidationError as CoreValidationError
 
-from raylane.config.models import Allowed, Memory, NonNegative, StrictModel, _err, _one_of
+from raylane.config.models import Allowed, Memory, NonNegative, StrictModel, _err, _matching, _one_of
 
 __all__ = [
     "FORMATS",
@@ -61,29 +61,11 @@ IMAGE_MODES: Tuple[str, ...] = ("1", "L", "LA", "P", "RGB", "RGBA", "CMYK", "YCb
 
 DATASET_NAME_ALLOWED = ("a dataset name of at most 63 letters, digits, '_', '-' and '.', starting with a letter, "
                         "digit or '_' (the name the loop passes to ray.train.get_dataset_shard)")
-_DATASET_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
-
-
-def _check_dataset_name(value: str) -> str:
-    if not _DATASET_NAME_RE.fullmatch(value):
-        raise _err("dataset_name", DATASET_NAME_ALLOWED)
-    return value
-
-
-DatasetName = Annotated[str, AfterValidator(_check_dataset_name), Allowed(DATASET_NAME_ALLOWED)]
+DatasetName = _matching("dataset_name", r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}", DATASET_NAME_ALLOWED)
 
 FUNCTION_ALLOWED = ("'package.module:function' returning a ray.data.Dataset (a module importable from the job's "
                     "working directory or an installed package)")
-_FUNCTION_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-def _check_function(value: str) -> str:
-    if not _FUNCTION_RE.fullmatch(value):
-        raise _err("function", FUNCTION_ALLOWED)
-    return value
-
-
-FunctionRef = Annotated[str, AfterValidator(_check_function), Allowed(FUNCTION_ALLOWED)]
+FunctionRef = _matching("function", r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", FUNCTION_ALLOWED)
 
 PATH_ALLOWED = ("a file or folder (relative to the job's working directory, or a URI such as s3://bucket/key), "
                 "or a non-empty list of them")

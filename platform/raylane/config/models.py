@@ -121,6 +121,18 @@ def _one_of(names: Tuple[str, ...]) -> Any:
     return Annotated[str, AfterValidator(check), Allowed(allowed)]
 
 
+def _matching(kind: str, pattern: str, allowed: str) -> Any:
+    """A string type that must match ``pattern`` whole; its error is ``allowed``, reported as ``raylane_<kind>``."""
+    regex = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not regex.fullmatch(value):
+            raise _err(kind, allowed)
+        return value
+
+    return Annotated[str, AfterValidator(check), Allowed(allowed)]
+
+
 # ------------------------------------------------------------------------------------------- scalar types
 
 NAME_MAX = 63
