@@ -49,3 +49,190 @@ def test_a_child_that_cannot_answer_is_a_fatal_error_with_its_output(monkeypatch
     check._payload = "not base64 pickle\n"  # what a broken interpreter or environment would make of it
     with pytest.raises(FatalError, match="checking the spec's code failed"):
         check.result()
+
+
+# -- the warm checker ------------------------------------------------------------------------------------------
+
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+from raylane import codecheck  # noqa: E402
+
+USER_MODULE = '''
+import os
+import heldlib
+
+if os.environ.get("USERMOD_REQUIRED") != "yes":
+    raise RuntimeError("USERMOD_REQUIRED is not set in this environment")
+
+
+def {name}(config):
+    return heldlib.VALUE
+'''
+
+
+def _checker_pids():
+    out = subprocess.run(["pgrep", "-f", "raylane.codecheck --serve"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _wait_for_checker(timeout=120.0):
+    path = codecheck._socket_path()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        sock = codecheck._connect(path)
+        if sock is not None:
+            sock.close()
+            return
+        time.sleep(0.2)
+    log = codecheck._run_dir() / "codecheck.log"
+    raise AssertionError(f"no warm checker after {timeout:g}s:\n{log.read_text() if log.exists() else ''}")
+
+
+def _short_home():
+    """A HOME under /tmp: the checker's socket path must fit a Unix socket's 107 bytes whatever TMPDIR the suite
+    runs under (clean-clone CI nests it deep)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="rl-cc-", dir="/tmp"))
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A HOME of its own with the checker on, a library folder on PYTHONPATH (``heldlib``: what the checker holds)
+    and a user's project folder (``usermod``: imported afresh by each check)."""
+    import shutil
+
+    home, lib, proj = _short_home(), tmp_path / "lib", tmp_path / "project"
+    for d in (lib, proj):
+        d.mkdir()
+    (lib / "heldlib.py").write_text("VALUE = 1\n")
+    (proj / "usermod.py").write_text(USER_MODULE.format(name="train"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RAYLANE_CODECHECK_SERVER", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(lib), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("USERMOD_REQUIRED", "yes")
+    monkeypatch.chdir(proj)
+    before = _checker_pids()
+    yield {"home": home, "lib": lib, "proj": proj}
+    codecheck.stop_checker()
+    deadline = time.time() + 30
+    while _checker_pids() - before and time.time() < deadline:
+        time.sleep(0.2)
+    shutil.rmtree(home, ignore_errors=True)
+    assert not _checker_pids() - before, "a warm checker outlived stop_checker()"
+
+
+def check(proj, **changes):
+    """(warm, errors or None) of one check of the spec with the user's entrypoint."""
+    c = CodeCheck(spec(entrypoint="usermod:train", config={}, **changes), "spec", working_dir=str(proj))
+    warm = c.warm
+    try:
+        c.result()
+    except ValidationError as exc:
+        return warm, exc.errors
+    return warm, None
+
+
+def test_the_first_check_is_cold_and_starts_a_checker_that_takes_the_next(project):
+    assert check(project["proj"]) == (False, None)
+    _wait_for_checker()
+    assert check(project["proj"]) == (True, None)
+    held = codecheck._preloaded()
+    assert "heldlib" in held and "usermod" not in held  # the library is learned, the user's module never
+    assert oct(codecheck._socket_path().stat().st_mode & 0o777) == "0o600"
+    assert oct(codecheck._run_dir().stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.fixture(scope="module")
+def warm_root():
+    """One warm checker for the repository's own spec, learned from a cold check of it (torch and Ray Train)."""
+    import shutil
+
+    home = _short_home()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))
+        mp.setenv("RAYLANE_CODECHECK_SERVER", "1")
+        mp.chdir(ROOT)
+        first = CodeCheck(spec(), "spec", working_dir=str(ROOT))
+        assert not first.warm
+        first.result()
+        _wait_for_checker()
+        yield
+        codecheck.stop_checker()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("data", [
+    spec(),
+    spec(entrypoint="no_such_module_here:train"),
+    spec(entrypoint="workloads.ray_train:no_such_function"),
+    spec(config={"lr": 1e18}),
+], ids=["good", "missing module", "missing function", "config its schema refuses"])
+def test_a_warm_check_answers_what_the_check_in_process_answers(data, warm_root):
+    expected = in_process(data)
+    c = CodeCheck(data, "spec", working_dir=str(ROOT))
+    assert c.warm
+    if expected is None:
+        c.result()
+        return
+    with pytest.raises(ValidationError) as err:
+        c.result()
+    assert err.value.errors == expected and err.value.source == "spec"
+
+
+def test_edits_to_the_users_code_are_seen_by_the_next_warm_check(project):
+    check(project["proj"])
+    _wait_for_checker()
+    (project["proj"] / "usermod.py").write_text(USER_MODULE.format(name="renamed"))
+    warm, errors = check(project["proj"])
+    assert warm and errors and errors[0][0] == "entrypoint" and "train" in errors[0][2]
+
+
+def test_the_checks_run_in_the_callers_environment(project, monkeypatch):
+    check(project["proj"])
+    _wait_for_checker()
+    monkeypatch.delenv("USERMOD_REQUIRED")
+    warm, errors = check(project["proj"])
+    assert warm and errors and "USERMOD_REQUIRED is not set" in errors[0][2]
+
+
+def test_a_users_module_shadows_a_held_library_of_its_name(project):
+    check(project["proj"])
+    _wait_for_checker()
+    (project["proj"] / "heldlib.py").write_text("raise ImportError('the project heldlib, not the library')\n")
+    warm, errors = check(project["proj"])
+    assert warm and errors and "the project heldlib, not the library" in errors[0][2]
+
+
+def test_a_held_library_that_changed_makes_the_checker_stale_and_the_check_cold(project):
+    check(project["proj"])
+    _wait_for_checker()
+    first = codecheck._connect(codecheck._socket_path())
+    first.close()
+    time.sleep(0.01)  # a new mtime even on coarse clocks
+    (project["lib"] / "heldlib.py").write_text("raise ImportError('heldlib 2.0 is broken')\n")
+    c = CodeCheck(spec(entrypoint="usermod:train", config={}), "spec", working_dir=str(project["proj"]))
+    assert c.warm  # the old checker took it, and answered stale: the answer is the fresh child's
+    with pytest.raises(ValidationError, match="heldlib 2.0 is broken"):
+        c.result()
+    _wait_for_checker()  # a new checker was started, and the next check is warm again with the new library
+    (project["lib"] / "heldlib.py").write_text("VALUE = 2\n")
+    assert check(project["proj"])[1] is None
+
+
+def test_no_checker_is_used_or_started_when_it_is_off(project, monkeypatch):
+    monkeypatch.setenv("RAYLANE_CODECHECK_SERVER", "0")
+    assert check(project["proj"]) == (False, None)
+    assert check(project["proj"]) == (False, None)
+    assert not codecheck._socket_path().exists()
+
+
+def test_a_home_too_deep_for_a_unix_socket_checks_cold(project, monkeypatch, tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(deep))
+    assert not codecheck.checker_enabled()
+    assert check(project["proj"]) == (False, None)

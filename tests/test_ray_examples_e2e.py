@@ -175,3 +175,27 @@ def test_a_gang_that_starts_before_its_run_is_named_logs_every_point_to_a_store_
     assert len(runs) == 1
     hist = client.get_metric_history(runs[0].info.run_id, "loss")
     assert sorted(m.step for m in hist) == list(range(1, 61))
+
+
+def test_raylane_submit_from_a_users_project_folder_uploads_it_as_the_jobs_working_dir(env):
+    """`raylane submit SPEC` run in the user's project folder, as `ray job submit --working-dir .` would be: the
+    code is checked there and the folder is the job's working directory on the cluster (before, the driver could
+    not import the user's module: nothing was uploaded)."""
+    import os
+
+    path = write_spec(env, spec("cli-project", "team-b", "finetune", workers=1, gpu=1, cpu=1,
+                                entrypoint="my_train:train_loop_per_worker",
+                                config={"steps": 5, "checkpoint_every": 5}), "cli-project")
+    token = operator_token(env)
+    cli_env = {k: v for k, v in os.environ.items() if k not in ("RAYLANE_TOKEN", "RAYLANE_CREDENTIALS")}
+    cli_env.update(RAY_ADDRESS=env["cluster"].address, RAY_API_SERVER_ADDRESS=env["dash"],
+                   RAYLANE_MLFLOW_URI=env["uri"], **({"RAYLANE_TOKEN": token} if token else {}))
+    proc = subprocess.run([str(Path(sys.executable).parent / "raylane"), "submit", str(path)], cwd=PROJECT,
+                          env=cli_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = next(line.split()[2] for line in proc.stdout.splitlines() if line.startswith("ray job "))
+    env["jobs"].append(job_id)
+    wid = workload_of_job(env, job_id).id
+    assert str(finished(env, job_id)).endswith("SUCCEEDED"), env["client"].get_job_logs(job_id)[-3000:]
+    assert env["ctl"].explain(wid).state is State.SUCCEEDED
+    assert mlflow_run(env, wid).info.status == "FINISHED"

@@ -131,8 +131,10 @@ def _start_console(st, port: int, mlflow_url: Optional[str]) -> None:
 def down():
     """Stop the local Ray cluster (and with it the control actor and the web console)."""
     from raylane import localcluster
+    from raylane.codecheck import stop_checker
 
     localcluster.down()
+    stop_checker()  # the warm code checker `raylane submit` started (raylane.codecheck)
     console.print("local Ray cluster stopped")
 
 
@@ -144,16 +146,23 @@ def submit(
     python: str = typer.Option(sys.executable, help="Python on the cluster that has raylane installed."),
     no_code: bool = typer.Option(False, "--no-code", help="Do not import the spec's user code before submitting "
                                  "(check only the form of entrypoint and command; the driver still checks it)."),
+    working_dir: Path = typer.Option(
+        Path("."), "--working-dir", exists=True, file_okay=False,
+        help="The project's folder: the spec's code is checked from it and it is uploaded as the job's working "
+             "directory, as `ray job submit --working-dir` does (files its .gitignore names are left out)."),
 ):
     """Submit a workload: a Ray job running `python -m raylane.run` (as `ray job submit` would), or a bare
     reservation with --reserve-only. Prints the workload id, its state and queue position.
 
     Before anything is submitted the spec gets every check `raylane spec check` runs (its user code imported from
-    the current directory, unless --no-code or --reserve-only); a spec that fails them is not submitted."""
+    --working-dir, unless --no-code or --reserve-only); a spec that fails them is not submitted. The code is
+    checked by a warm checker process that keeps the libraries it imports (torch, Ray Train) loaded between
+    submissions (raylane.codecheck; RAYLANE_CODECHECK_SERVER=0 turns it off)."""
     from raylane.cli_config import print_error
     from raylane.config.loader import load_spec_from_dict, read_yaml
 
     code_check = None
+    wd = str(working_dir)
     try:  # the cluster's policy is checked by the control plane; everything else here, before submitting
         data, dups = read_yaml(spec, "spec file")
         pipeline = isinstance(data, dict) and data.get("kind") == "pipeline"
@@ -164,14 +173,14 @@ def submit(
             if reserve_only:
                 raise ValidationError(str(spec), [("--reserve-only", True, "not for kind: pipeline (its stages run "
                                                                            "in one driver job)")])
-            check(data, storage_path=DEFAULT_STORAGE, working_dir=".", load_code=not no_code)
+            check(data, storage_path=DEFAULT_STORAGE, working_dir=wd, load_code=not no_code)
         else:
             # The form now; the user's code in a child process while this one connects (raylane.codecheck).
-            load_spec_from_dict(data, str(spec), code=True, working_dir=".", load_code=False, _extra=dups)
+            load_spec_from_dict(data, str(spec), code=True, working_dir=wd, load_code=False, _extra=dups)
             if not (no_code or reserve_only):
                 from raylane.codecheck import CodeCheck
 
-                code_check = CodeCheck(data, str(spec), working_dir=".", extra=dups)
+                code_check = CodeCheck(data, str(spec), working_dir=wd, extra=dups)
     except FatalError as exc:
         print_error(exc)
         raise typer.Exit(1)
@@ -223,9 +232,10 @@ def submit(
                     submission_id=submission_id,
                     # `ray job stop` sends SIGTERM; the driver then cancels its workload, drains and releases its
                     # leases, which takes longer than Ray's default 3 s before SIGKILL.
-                    runtime_env=with_credential({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", **{
-                        k: v for k, v in os.environ.items()
-                        if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}}, job_token),
+                    runtime_env=with_credential({"working_dir": wd, "env_vars": {
+                        "RAY_JOB_STOP_WAIT_TIME_S": "60",
+                        **{k: v for k, v in os.environ.items() if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}},
+                        job_token),
                     metadata={"raylane.spec": data.get("name", "")},
                 )
             except BaseException:
