@@ -223,6 +223,20 @@ def test_a_held_library_that_changed_makes_the_checker_stale_and_the_check_cold(
     assert check(project["proj"])[1] is None
 
 
+def test_a_library_first_seen_by_a_warm_check_is_held_from_the_next_check_on(project):
+    check(project["proj"])
+    _wait_for_checker()
+    (project["lib"] / "newlib.py").write_text("X = 1\n")
+    (project["proj"] / "usermod.py").write_text("import newlib\n" + USER_MODULE.format(name="train"))
+    taught = CodeCheck(spec(entrypoint="usermod:train", config={}), "spec", working_dir=str(project["proj"]))
+    taught.result()
+    assert taught.warm and "newlib" in taught.imported and "heldlib" not in taught.imported
+    assert "newlib" in codecheck._preloaded()
+    after = CodeCheck(spec(entrypoint="usermod:train", config={}), "spec", working_dir=str(project["proj"]))
+    after.result()
+    assert after.warm and after.imported == []
+
+
 def test_no_checker_is_used_or_started_when_it_is_off(project, monkeypatch):
     monkeypatch.setenv("RAYLANE_CODECHECK_SERVER", "0")
     assert check(project["proj"]) == (False, None)
@@ -236,3 +250,19 @@ def test_a_home_too_deep_for_a_unix_socket_checks_cold(project, monkeypatch, tmp
     monkeypatch.setenv("HOME", str(deep))
     assert not codecheck.checker_enabled()
     assert check(project["proj"]) == (False, None)
+
+
+def test_stop_checker_stops_one_still_starting(project):
+    codecheck.start_checker()
+    deadline = time.time() + 30
+    lock = Path(str(codecheck._socket_path()) + ".lock")
+    while not (lock.exists() and lock.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.02)
+    pid = int(lock.read_text())
+    assert codecheck.stop_checker()
+    try:  # gone, or a zombie of this process (its parent) not reaped yet
+        with open(f"/proc/{pid}/stat") as f:
+            assert f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        pass
+    assert not codecheck._socket_path().exists()

@@ -111,6 +111,10 @@ def up(
                           f"users' tokens with `raylane token create --user NAME --team TEAM`")
         if not no_console:
             _start_console(st, console_port, mlflow_url)
+        from raylane.codecheck import checker_enabled, start_checker
+
+        if checker_enabled():  # the first `raylane submit` is then warm too (raylane.codecheck)
+            start_checker()
 
 
 def _start_console(st, port: int, mlflow_url: Optional[str]) -> None:

@@ -16,9 +16,11 @@ daemon or Spring's preloader keep a JVM or an application warm:
 - *stale*: before each fork the checker compares the files of every module it holds with what they were when it
   imported them (a ``pip install`` that replaced one, an edited package installed in editable mode). If one changed
   it answers ``stale`` and exits; the caller checks cold and a new checker starts.
+- *seeded*: ``raylane up`` starts a checker too, holding ``SEED`` (torch, Ray Train) until checks teach it more, so
+  the first submission to a new local cluster is warm as well.
 - *learned*: the libraries a check imported that the checker did not hold are added to
-  ``~/.raylane/run/codecheck-<env>.preload.json``, and the checker is restarted with them, so a new project is warm
-  from its second submission on.
+  ``~/.raylane/run/codecheck-<env>.preload.json``; the checker imports what is new there before its next check, so
+  a new project is warm from its second submission on.
 
 A checker exits after ``IDLE_S`` without a request, on ``raylane down``, or on ``stop_checker()``.
 ``RAYLANE_CODECHECK_SERVER=0`` turns it off (every check is then cold). The parent never imports the user's code
@@ -45,13 +47,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from raylane.errors import FatalError
 
-__all__ = ["CodeCheck", "checker_enabled", "stop_checker", "IDLE_S"]
+__all__ = ["CodeCheck", "checker_enabled", "start_checker", "stop_checker", "IDLE_S"]
 
 _MARK = "raylane-codecheck:"
 _TIMEOUT_S = 300.0  # a user module that hangs on import
 IDLE_S = 900.0  # a warm checker exits after this long without a request
 _ENV_SWITCH = "RAYLANE_CODECHECK_SERVER"
 _SOCKET_LIMIT = 107  # bytes in a Unix socket's path on Linux (sun_path less its terminating NUL)
+# What a checker holds before any check taught it: the libraries every Ray Train entrypoint run by Raylane imports.
+SEED = ("torch", "ray.train", "ray.train.torch", "raylane.train", "raylane.launchers.train")
 
 
 def _run_dir() -> Path:
@@ -91,7 +95,8 @@ def _answer(text: str) -> Optional[dict]:
 class CodeCheck:
     """The code checks of ``data`` running out of this process; ``result()`` raises what they found.
 
-    ``warm`` says whether a warm checker took it (False: a fresh child)."""
+    ``warm`` says whether a warm checker took it (False: a fresh child); after ``result()``, ``imported`` names the
+    library modules the check had to import (none, for a checker that held them all)."""
 
     def __init__(self, data: Mapping[str, Any], source: str, *, working_dir: str = ".",
                  extra: Optional[Sequence[Any]] = None):
@@ -100,6 +105,7 @@ class CodeCheck:
         self._proc: Optional[subprocess.Popen] = None
         self._sock: Optional[socket.socket] = None
         self.warm = False
+        self.imported: List[str] = []
         if checker_enabled():
             self._sock = _connect(_socket_path())
             if self._sock is not None:
@@ -128,6 +134,7 @@ class CodeCheck:
             self._after(answer, restart=True)
         else:
             self._after(answer, restart=False)
+        self.imported = list(answer.get("imported") or [])
         if "error" in answer:
             raise pickle.loads(base64.b64decode(answer["error"]))
 
@@ -167,15 +174,14 @@ class CodeCheck:
         return answer
 
     def _after(self, answer: dict, *, restart: bool) -> None:
-        """Learn the libraries the check imported; start a checker that holds them when one is needed."""
+        """Learn the libraries the check imported (a running checker imports them before its next check); start a
+        checker when none took this one."""
         if not checker_enabled():
             return
         try:
-            learned = _learn(answer.get("imported") or [])
-            if learned and not restart:
-                stop_checker()  # it lacks some: the next one imports them
-            if learned or restart:
-                _start_checker()
+            _learn(answer.get("imported") or [])
+            if restart:
+                start_checker()
         except OSError:
             pass  # a checker is a speed-up: a home that cannot hold one costs only time
 
@@ -224,7 +230,7 @@ def _learn(names: Sequence[str]) -> List[str]:
     return new
 
 
-def _start_checker() -> None:
+def start_checker() -> None:
     """A warm checker in the background, in a session of its own (``raylane submit`` returns without waiting)."""
     run = _run_dir()
     run.mkdir(parents=True, exist_ok=True)
@@ -235,18 +241,52 @@ def _start_checker() -> None:
 
 
 def stop_checker(timeout: float = 5.0) -> bool:
-    """Ask this environment's warm checker to exit; True if one was there."""
+    """Stop this environment's warm checker, also one still starting (importing its libraries, not yet listening);
+    True if one was there."""
+    import signal
+
     sock = _connect(_socket_path())
-    if sock is None:
-        return False
+    if sock is not None:
+        try:
+            sock.sendall((_encode({"stop": True}) + "\n").encode())
+            sock.settimeout(timeout)
+            sock.recv(1)  # it closes the connection once it no longer accepts
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    lock = Path(str(_socket_path()) + ".lock")
     try:
-        sock.sendall((_encode({"stop": True}) + "\n").encode())
-        sock.settimeout(timeout)
-        sock.recv(1)  # it closes the connection once it no longer accepts
+        f = open(lock, "r+")
     except OSError:
-        pass
-    finally:
-        sock.close()
+        return sock is not None
+    with f:
+        if _locked(f):
+            return sock is not None  # no checker holds it (any more)
+        try:
+            pid = int(f.read().strip() or 0)  # the checker's pid, written once it held the lock
+        except ValueError:
+            pid = 0
+        if pid > 0:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + timeout
+        while time.time() < deadline and not _locked(f):  # its lock goes when it has exited
+            time.sleep(0.05)
+    return True
+
+
+def _locked(f) -> bool:
+    """Take the checker's lock on ``f`` if free (True): no checker is starting or serving."""
+    import fcntl
+
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(f, fcntl.LOCK_UN)
     return True
 
 
@@ -362,20 +402,49 @@ def _serve(idle_s: float = IDLE_S) -> int:
     run = _run_dir()
     run.mkdir(parents=True, exist_ok=True)
     path = _socket_path()
-    lock = open(str(path) + ".lock", "w")
+    lock = open(str(path) + ".lock", "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another checker of this environment is starting or serving
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    bound: Dict[str, int] = {}
+
+    def terminated(*_) -> None:  # stop_checker() of one still starting, or a plain kill: its socket goes with it
+        try:
+            if bound and os.stat(path).st_ino == bound["ino"]:
+                path.unlink()
+        except OSError:
+            pass
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, terminated)
     import raylane.config.loader  # noqa: F401 - what every check runs
     import raylane.entrypoints  # noqa: F401
     import raylane.launchers  # noqa: F401
 
-    for name in _preloaded():
+    failed: set = set()
+
+    def hold(names) -> None:
+        for name in names:
+            if name in sys.modules or name in failed:
+                continue
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - one that fails here is imported (and reported) by each check
+                failed.add(name)
+                sys.modules.pop(name, None)
+
+    def learned_at() -> int:
         try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - a library that fails to import is imported (and reported) per check
-            sys.modules.pop(name, None)
+            return _preload_path().stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    seen = learned_at()
+    hold(_preloaded() or SEED)
     prints = _fingerprint()
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -389,7 +458,7 @@ def _serve(idle_s: float = IDLE_S) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} codecheck checker {os.getpid()} serving {path} "
           f"({len(prints)} module files held)", flush=True)
-    ino = os.stat(path).st_ino
+    ino = bound["ino"] = os.stat(path).st_ino
     try:
         while True:
             try:
@@ -412,9 +481,14 @@ def _serve(idle_s: float = IDLE_S) -> int:
                     conn.sendall(f"\n{_MARK}{json.dumps({'stale': True})}\n".encode())
                     print(f"{changed} changed since it was imported: exiting", flush=True)
                     return 0
+                if learned_at() != seen:  # a check taught the list more libraries: hold them from now on
+                    seen = learned_at()
+                    hold(_preloaded())
+                    prints = {**_fingerprint(), **prints}
                 if os.fork() == 0:
                     server.close()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     code = 0
                     try:
                         conn.settimeout(None)
