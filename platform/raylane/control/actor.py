@@ -149,6 +149,7 @@ class ControlActor(PipelineCalls):
         self._starting: Dict[str, float] = {}
         self._preemptor_cls: Dict[str, str] = {}
         self._jobs_checked = 0.0
+        self._jobs_client = None  # ray.job_submission.JobSubmissionClient, made at first use (_jobs)
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
         self._waiting: set = set()
         self._started = time.time()
@@ -456,13 +457,19 @@ class ControlActor(PipelineCalls):
         self._poke()
 
     def _export_gauges(self) -> None:
+        # Counted from the scheduler's queues and leases (and the workloads waiting for their inputs), not from
+        # every record the journal ever held: a tick's work grows with what is live, not with history.
         waiting: Dict[tuple, int] = {}
         held: Dict[tuple, int] = {}
-        for rec in self.records.values():
-            if rec.state is State.PENDING:
+        for w in self.state.pending():
+            waiting[(w.team, w.cls.name)] = waiting.get((w.team, w.cls.name), 0) + 1
+        for wid in self._waiting:
+            rec = self.records[wid]
+            if rec.state is State.PENDING and not self.state.is_pending(wid):
                 waiting[(rec.team, rec.cls)] = waiting.get((rec.team, rec.cls), 0) + 1
-            elif rec.state.holds_lease:
-                held[(rec.team, rec.cls)] = held.get((rec.team, rec.cls), 0) + 1
+        for lease in self.state.leases.values():
+            key = (lease.workload.team, lease.workload.cls.name)
+            held[key] = held.get(key, 0) + 1
         for (team, cls), n in self._gauge_keys(waiting, "_last_waiting").items():
             metrics.QUEUE_LENGTH.set(n, team=team, workload_class=cls)
         for (team, cls), n in self._gauge_keys(held, "_last_held").items():
@@ -607,8 +614,11 @@ class ControlActor(PipelineCalls):
         self._poke()
 
     async def _enforce_deadlines(self, now: float) -> None:
-        for rec in list(self.records.values()):
-            if rec.state.stopping and rec.stop_deadline is not None and now >= rec.stop_deadline:
+        """Gangs asked to stop whose grace period is over are stopped by force. Only a lease can be stopping, so
+        this looks at the leases, not at every record the journal ever held."""
+        for wid in list(self.state.leases):
+            rec = self.records.get(wid)
+            if rec is not None and rec.state.stopping and rec.stop_deadline is not None and now >= rec.stop_deadline:
                 await self._force_stop(rec)
                 if rec.state is State.RESIZING:
                     self._finish_resize(rec, now, how="stopped by force after the grace period")
@@ -697,8 +707,11 @@ class ControlActor(PipelineCalls):
         wid = new_id(parsed.name, self._id_taken)
         now = time.time()
         w = parsed.to_core(wid, self.policy, now)
-        self._refresh_nodes()
+        # The nodes as the last tick read them (Ray's node table is read once a tick, not per submission); a
+        # request they could never hold is checked again against Ray's table now before it is refused.
         why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+        if why is not None and self._refresh_nodes():
+            why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
         data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
         key = ref_key(data)
         ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")
@@ -927,9 +940,12 @@ class ControlActor(PipelineCalls):
         return {k: getattr(c, k) for k in c.__dataclass_fields__}
 
     def _jobs(self):
-        from ray.job_submission import JobSubmissionClient
+        """Ray's jobs API, one client kept (making one asks the dashboard for its version first)."""
+        if self._jobs_client is None:
+            from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
+            self._jobs_client = JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
+        return self._jobs_client
 
     def _stop_job(self, job_id: str) -> None:
         try:
@@ -953,8 +969,14 @@ class ControlActor(PipelineCalls):
             client = self._jobs()
         except Exception:  # noqa: BLE001 - no dashboard: nothing to watch
             return
+        # One listing of Ray's jobs per watch, not a request per workload: a queue of thousands of `raylane submit`
+        # workloads each has a job.
+        table = _job_table(client)
+        if table is None:
+            self._jobs_client = None  # asked again, from a new client, at the next watch
+            return
         for rec in live:
-            job, status = _job_state(client, rec.job_id)
+            job, status = _listed_state(table, rec.job_id)
             if job is ends.JobState.LIVE or job is None:
                 continue
             if job is ends.JobState.GONE and now - rec.submit_time < JOB_SUBMIT_GRACE_S:
@@ -973,10 +995,10 @@ class ControlActor(PipelineCalls):
             self._append(kind, rec, state="FAILED", outcome=f"ray job {status.lower()}", close_run=True,
                          note=f"its Ray job {rec.job_id} ended ({status}) without releasing")
         for rec in ended:
-            job = _job_state(client, rec.job_id)[0] if rec.job_id else None
+            job = _listed_state(table, rec.job_id)[0] if rec.job_id else None
             self._after_end(ends.after_end(rec, job, now))
         for run in pipes:  # a pipeline whose driver's job ended: no one runs its stages any more
-            job, status = _job_state(client, run.job_id)
+            job, status = _listed_state(table, run.job_id)
             if job is not ends.JobState.LIVE and job is not None:
                 self._cancel_pipeline_stages(run, f"its driver's Ray job {run.job_id} ended ({status})")
 
@@ -1307,14 +1329,21 @@ class ControlActor(PipelineCalls):
         return rec
 
 
-def _job_state(client, job_id: str):
-    """(``ends.JobState`` or None when Ray did not answer, Ray's status name or ``gone``) of a Ray job."""
+def _job_table(client) -> Optional[Dict[str, str]]:
+    """Ray's status of every job it lists, by submission id; None when Ray did not answer."""
     try:
-        status = client.get_job_status(job_id)
-    except Exception as exc:  # noqa: BLE001 - a job this cluster never had answers 404; anything else: no answer
-        job = ends.job_state(error=exc)
-        return job, "gone" if job is not None else ""
-    return ends.job_state(str(status)), str(status).rsplit(".", 1)[-1]
+        return {j.submission_id: str(j.status) for j in client.list_jobs() if j.submission_id}
+    except Exception:  # noqa: BLE001 - no answer: nothing is decided from it
+        return None
+
+
+def _listed_state(table: Dict[str, str], job_id: str):
+    """(``ends.JobState``, Ray's status name or ``gone``) of a job, from ``_job_table``'s listing: a job Ray does not
+    list is one it never had (gone)."""
+    status = table.get(job_id)
+    if status is None:
+        return ends.JobState.GONE, "gone"
+    return ends.job_state(status), status.rsplit(".", 1)[-1]
 
 
 @ray.remote(num_cpus=0, max_retries=0)

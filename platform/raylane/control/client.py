@@ -329,6 +329,10 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
         name=CONTROL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=1000,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
+        # Ray starts worker processes at nice 15 (its worker_niceness), below the jobs' drivers and every other
+        # process on the head: the control plane that governs them runs at the default priority, as Ray's own
+        # job supervisors do (ray.dashboard.modules.job.job_manager).
+        runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
     )
     handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s, boot)
     client = ControlClient(handle, token if auth_enabled else None)
