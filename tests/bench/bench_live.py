@@ -21,33 +21,40 @@ Phases, in order (each client is a thread of this driver with a ``ControlClient`
 4. a burst of ``--burst`` submissions from ``--clients`` clients: the rate over the burst and over its first and last
    10% (how it falls as the queue grows), and the count: every id answered is in ``queue()``, ``queue()`` holds
    exactly the live workloads, ``info()`` counts as many, and no call failed;
-5. `raylane queue` at as many entries as are live then: ``ControlClient.queue()`` and the CLI's table
-   (``raylane.cli_cluster.queue_table`` printed by a rich Console 160 columns wide, the CLI's width off a terminal,
-   into a string), timed apart; then the placement groups against the leases once more.
+5. `raylane queue` at as many entries as are live then, timed three ways: ``ControlClient.queue()`` alone; the CLI's
+   command (``raylane.cli_cluster.queue``) in this process, its calls and its printing (as it prints off a terminal)
+   into a string; and ``raylane queue`` in a new process, as a user runs it (the interpreter's start, the imports
+   and joining Ray included). Then the placement groups against the leases once more.
 
-During phases 3 and 4 a monitor calls ``info`` every 50 ms and records each answer's latency: the longest is the
-actor's longest stall (it includes this driver's own delay, which on a busy machine is not nothing). Its pending
-counts also tell when a churn's backlog ran dry: admissions/s is taken up to then. Printed beside
-the figures: the issue's goals and the baseline measured before the work on it, on the same shape of cluster (a
-reference table, not measured here), with ratios. Timings are printed, not asserted (CONVENTIONS 10). The defaults
-are small enough for `make bench` on a 2-core machine (a few minutes); the issue's sizes:
+Phases 3 and 4 also print the CPU time the actor's process used (``time.process_time`` in the actor), so that its
+own work shows apart from waiting for a CPU on a busy machine. Through them a monitor calls ``info`` every 50 ms and
+records each answer's latency: the longest is the actor's longest stall (it includes this driver's own delay, which
+on a busy machine is not nothing); its pending counts also tell when a churn's backlog ran dry, and admissions/s is
+taken up to then. Printed beside the figures: the issue's goals and the baseline measured before the work on it, on
+the same shape of cluster (a reference table, not measured here), with ratios. Timings are printed, not asserted
+(CONVENTIONS 10). The defaults are small enough for `make bench` on a 2-core machine (under 2 minutes there); the
+issue's sizes:
 
     python -m tests.bench.bench_live [--nodes 9 --gpus 8] [--single N] [--multi N] [--clients 8]
         [--backlog 3000] [--churn-s S] [--burst 10000] [--profile]
 
 ``--profile``: cProfile runs inside the control actor (on its event loop's thread) through phases 3 and 4, and its
-top functions by own time are printed. The cluster, the actor and the journal's folder are removed at the end, also
-after a failure.
+top functions by own time are printed (the profiler slows the actor: that run's figures are low). The cluster, the
+actor and the journal's folder are removed at the end, also after a failure.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -88,13 +95,18 @@ class Submitted:
     def rate(self) -> float:
         return len(self.done) / self.seconds if self.done else 0.0
 
+    def tenths(self) -> List[float]:
+        """Submissions/s over each tenth of the answers, in order (empty below 10 answers)."""
+        d = sorted(self.done)
+        if len(d) < 10:
+            return []
+        cuts = [self.t0] + [d[len(d) * i // 10 - 1] for i in range(1, 11)]
+        return [(len(d) * (i + 1) // 10 - len(d) * i // 10) / max(cuts[i + 1] - cuts[i], 1e-9) for i in range(10)]
+
     def tenth_rates(self) -> Tuple[float, float]:
         """Submissions/s over the first and the last 10% of the answers."""
-        d = sorted(self.done)
-        k = max(1, len(d) // 10)
-        if len(d) < 2 * k + 1:
-            return float("nan"), float("nan")
-        return k / max(d[k - 1] - self.t0, 1e-9), k / max(d[-1] - d[-k - 1], 1e-9)
+        t = self.tenths()
+        return (t[0], t[-1]) if t else (float("nan"), float("nan"))
 
 
 def submit_many(clients, n: int, prefix: str, deadline_s: float) -> Submitted:
@@ -184,8 +196,9 @@ class Monitor:
         if not lats:
             return "no sample"
         p = lambda q: lats[min(len(lats) - 1, int(q * len(lats)))]  # noqa: E731
-        return (f"longest {lats[-1] * 1e3:,.0f} ms, p99 {p(.99) * 1e3:,.0f} ms, p50 {p(.5) * 1e3:,.0f} ms "
-                f"({len(lats)} calls)")
+        at = max((x for x in list(self.samples) if t0 <= x[0] <= t1), key=lambda x: x[1])[0] - t0
+        return (f"longest {lats[-1] * 1e3:,.0f} ms (asked {at:.1f} s in), p99 {p(.99) * 1e3:,.0f} ms, p50 "
+                f"{p(.5) * 1e3:,.0f} ms ({len(lats)} calls)")
 
 
 # ----------------------------------------------------------------------------------------------- churn
@@ -279,22 +292,94 @@ def placement_groups_vs_leases(ctl, timeout_s: float = 60.0) -> Tuple[int, int, 
 
 
 # ---------------------------------------------------------------------------------------------- the queue
-def queue_timed(ctl) -> Tuple[list, float, float, int]:
-    """(rows, seconds of ``queue()``, seconds of the CLI's table rendered, characters rendered)."""
-    from rich.console import Console
+@dataclass
+class QueueTimes:
+    """`raylane queue` at ``entries`` entries: ``call_s`` the ``queue()`` call alone; ``cli_s`` the CLI's command
+    (``raylane.cli_cluster.queue``) run in this process, its ``queue()`` and ``info()`` calls and its printing into
+    a string (``lines`` printed); ``process_s`` the command in a new process as a user runs it (the interpreter's
+    start, imports and joining Ray included). A run that failed has None, and ``failures`` says why."""
 
-    from raylane.cli_cluster import queue_table
+    entries: int
+    call_s: float
+    cli_s: Optional[float]
+    lines: int
+    process_s: Optional[float]
+    failures: List[str]
 
+
+@contextlib.contextmanager
+def _env(**values: Optional[str]):
+    """This process's environment with ``values`` set (None: unset), put back afterwards."""
+    before = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def queue_timed(ctl, address: str, timeout_s: float) -> Tuple[list, QueueTimes]:
+    """The rows of ``queue()`` and the three timings of ``QueueTimes``. The CLI finds the cluster by ``RAY_ADDRESS``
+    and the caller by ``RAYLANE_TOKEN`` (the operator's token; unset without authentication), so a `raylane up`
+    cluster of this machine's user is never the one it reaches."""
+    from raylane import cli_cluster
+
+    token = ctl.credential.token if ctl.credential is not None else None
+    env = {"RAY_ADDRESS": address, "RAYLANE_TOKEN": token, "RAYLANE_CREDENTIALS": None, "RAY_AUTH_MODE": None}
     t0 = time.perf_counter()
     rows = ctl.queue()
     t1 = time.perf_counter()
-    buf = io.StringIO()
-    Console(file=buf, width=160).print(queue_table(rows))
-    t2 = time.perf_counter()
-    return rows, t1 - t0, t2 - t1, len(buf.getvalue())
+    buf, failures, cli_s = io.StringIO(), [], None
+    try:
+        with _env(**env), contextlib.redirect_stdout(buf):
+            cli_cluster.queue(all_=False, as_json=False)
+        cli_s = time.perf_counter() - t1
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - typer.Exit and what the command let through
+        failures.append(f"in this process: {type(exc).__name__}: {exc}"[:300])
+    process_s = None
+    child = {k: v for k, v in os.environ.items() if k not in env}
+    child.update({k: v for k, v in env.items() if v is not None})
+    t3 = time.perf_counter()
+    try:
+        out = subprocess.run([str(Path(sys.executable).parent / "raylane"), "queue"], env=child, capture_output=True,
+                             text=True, timeout=timeout_s)
+        if out.returncode == 0:
+            process_s = time.perf_counter() - t3
+        else:
+            failures.append(f"a new process: exit status {out.returncode}: "
+                            f"{(out.stderr or out.stdout).strip()[-300:]}")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failures.append(f"a new process: {type(exc).__name__}: {exc}"[:300])
+    return rows, QueueTimes(len(rows), t1 - t0, cli_s, buf.getvalue().count("\n"), process_s, failures)
 
 
 # -------------------------------------------------------------------------------------------- profiling
+def actor_cpu_s(handle) -> Optional[float]:
+    """CPU seconds the control actor's process has used (all its threads), None if it cannot tell: beside a
+    phase's wall time it tells the actor's own work from waiting for a CPU on a busy machine."""
+    import ray
+
+    try:
+        return ray.get(handle.__ray_call__.remote(lambda actor: time.process_time()), timeout=60)
+    except Exception:  # noqa: BLE001 - a figure less, not a failed benchmark
+        return None
+
+
+def _cpu_line(cpu0: Optional[float], cpu1: Optional[float], wall_s: float) -> str:
+    if cpu0 is None or cpu1 is None:
+        return "the actor's CPU time: unknown"
+    return (f"the actor's process used {cpu1 - cpu0:.1f} s of CPU in {wall_s:.1f} s "
+            f"({(cpu1 - cpu0) / max(wall_s, 1e-9):.0%} of one CPU)")
+
+
 def profile_start(handle) -> None:
     """cProfile on the control actor's event loop thread, where every call and tick runs. ``__ray_call__`` runs its
     function on another thread of the actor, so the profiler is switched on from the loop (the loop of the actor's
@@ -339,22 +424,175 @@ def profile_stop(handle, top: int = 30) -> str:
     return ray.get(handle.__ray_call__.remote(stop, top), timeout=120)
 
 
+# ------------------------------------------------------------------------------------------------ phases
+@dataclass
+class Measured:
+    """What the phases measured (``pg_*``: ``placement_groups_vs_leases`` after the churn and at the end)."""
+
+    clients: int
+    one: Submitted
+    multi: Submitted
+    churned: Churned
+    burst: Submitted
+    pg_churn: Tuple[int, int, int, bool]
+    pg_end: Tuple[int, int, int, bool]
+    counted: bool
+    queue: QueueTimes
+    stall_s: float
+    monitor: Monitor
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _submitted(what: str, s: Submitted, live: Dict[str, float]) -> None:
+    live.update(s.ids)
+    _say(f"{what}: {len(s.done)} of {s.asked} answered in {s.seconds:.2f} s, {s.rate:,.1f} /s; errors "
+         f"{len(s.errors)}" + (f" (first: {s.errors[0]})" if s.errors else ""))
+
+
+def _pg_line(what: str, pg: Tuple[int, int, int, bool]) -> None:
+    _say(f"   {what}: placement groups CREATED {pg[0]}, leases {pg[1]}, groups still pending {pg[2]}: "
+         f"{'equal' if pg[3] else 'NOT equal'}")
+
+
+def phase_churn(args, clients, ctl, mon: Monitor, live: Dict[str, float]) -> Churned:
+    """3: the backlog topped up to ``--backlog``, then released in admission order for ``--churn-s`` seconds."""
+    top_up = max(0, args.backlog - ctl.info()["pending"])
+    if top_up:
+        _submitted(f"3. backlog topped up with {top_up}", submit_many(clients, top_up, "backlog-", args.phase_timeout),
+                   live)
+    cpu0 = actor_cpu_s(ctl.handle)
+    ch = churn(clients, sorted(live, key=lambda w: (live[w], w)), args.churn_s, ctl.info)
+    cpu1 = actor_cpu_s(ctl.handle)
+    ch.admitting_s = mon.drained_at(ch.t0, ch.t1, ch.pending_after) - ch.t0
+    for wid in ch.released:
+        live.pop(wid, None)
+    _say(f"3. churn: backlog of {ch.pending_before} pending, {ch.seconds:.1f} s: {ch.admissions} admitted, "
+         f"{ch.admissions_rate:,.1f} admissions/s (over {ch.admitting_s:.1f} s, until the pending count reached "
+         f"{ch.pending_after}); {len(ch.released)} reservations placed and released, {ch.release_rate:,.1f} /s; "
+         f"errors {len(ch.errors)}" + (f" (first: {ch.errors[0]})" if ch.errors else ""))
+    _say(f"   {_cpu_line(cpu0, cpu1, ch.seconds)}")
+    _say(f"   stalls during the churn: {mon.line(ch.t0, ch.t1)}")
+    return ch
+
+
+def phase_burst(args, clients, ctl, mon: Monitor, live: Dict[str, float]) -> Submitted:
+    """4: ``--burst`` submissions from every client at once."""
+    b0, cpu0 = time.perf_counter(), actor_cpu_s(ctl.handle)
+    burst = submit_many(clients, args.burst, "burst-", args.phase_timeout)
+    b1, cpu1 = time.perf_counter(), actor_cpu_s(ctl.handle)
+    _submitted(f"4. burst of {args.burst}, {len(clients)} clients", burst, live)
+    first, last = burst.tenth_rates()
+    _say(f"   per tenth of the burst: {', '.join(f'{r:,.0f}' for r in burst.tenths())} /s; last / first "
+         f"{last / first:.2f}")
+    _say(f"   {_cpu_line(cpu0, cpu1, b1 - b0)}")
+    _say(f"   stalls during the burst: {mon.line(b0, b1)}")
+    return burst
+
+
+def phase_queue(args, ctl, address: str, burst: Submitted, live: Dict[str, float]) -> Tuple[bool, QueueTimes]:
+    """5 (and 4's count): `raylane queue` timed, its rows checked against what was answered: (all accounted for,
+    the timings)."""
+    from raylane.control.client import ControlClient
+
+    slow = ControlClient(ctl.handle, ctl.credential, timeout=max(600.0, args.phase_timeout))
+    rows, q = queue_timed(slow, address, max(600.0, args.phase_timeout))
+    shown = {r.id for r in rows}
+    st = ctl.info()
+    missing = [w for w in burst.ids if w not in shown]
+    counted = (not burst.errors and len(burst.ids) == args.burst and not missing and shown == set(live)
+               and st["pending"] + st["leases"] == len(live))
+    _say(f"4. count: {len(burst.ids)} ids answered of {args.burst}, {len(missing)} of them missing from queue(); "
+         f"queue() {len(rows)} entries, {len(live)} live expected ({len(shown - set(live))} unexpected, "
+         f"{len(set(live) - shown)} missing); info(): {st['pending']} pending + {st['leases']} leases; errors "
+         f"{len(burst.errors)}: {'all accounted for' if counted else 'NOT accounted for'}")
+    _say(f"5. raylane queue at {q.entries:,} entries: queue() alone {q.call_s:.2f} s; the CLI's command in this "
+         f"process (queue(), info(), printing {q.lines:,} lines) {_secs(q.cli_s)}; `raylane queue` in a new "
+         f"process {_secs(q.process_s)}" + "".join(f"\n   failed, {f}" for f in q.failures))
+    return counted, q
+
+
+def run_phases(args, ctl, address: str) -> Measured:
+    """The five phases against the running control plane ``ctl`` (an operator's client) of the Ray cluster at
+    ``address``."""
+    from raylane.control.client import ControlClient
+
+    clients = [ControlClient(ctl.handle, ctl.credential, timeout=120.0) for _ in range(args.clients)]
+    live: Dict[str, float] = {}  # workload id -> its submit time, for every workload not ended
+    one = submit_many(clients[:1], args.single, "one-", args.phase_timeout)
+    _submitted("1. submissions, 1 client", one, live)
+    multi = submit_many(clients, args.multi, "multi-", args.phase_timeout)
+    _submitted(f"2. submissions, {args.clients} clients", multi, live)
+    if args.profile:
+        profile_start(ctl.handle)
+    with Monitor(ControlClient(ctl.handle, ctl.credential, timeout=120.0)) as mon:
+        ch = phase_churn(args, clients, ctl, mon, live)
+        pg_churn = placement_groups_vs_leases(ctl)
+        _pg_line("after the churn", pg_churn)
+        burst = phase_burst(args, clients, ctl, mon, live)
+    if mon.errors:
+        _say(f"   the monitor's calls that failed: {len(mon.errors)} (first: {mon.errors[0]})")
+    if args.profile:
+        _say("control actor, cProfile over the churn and the burst (by own time; the profiler slows the actor, so "
+             "this run's figures are low):\n" + profile_stop(ctl.handle))
+    counted, queue = phase_queue(args, ctl, address, burst, live)
+    pg_end = placement_groups_vs_leases(ctl)
+    _pg_line("at the end", pg_end)
+    stall = max([lat for _, lat, _ in mon.samples] or [float("nan")])
+    return Measured(args.clients, one, multi, ch, burst, pg_churn, pg_end, counted, queue, stall, mon)
+
+
 # ------------------------------------------------------------------------------------------------ report
 def _ratio(x: float, base: Optional[float]) -> str:
     return f"{x / base:,.1f}x" if base and x == x else "-"
+
+
+def _secs(x: Optional[float]) -> str:
+    return "failed" if x is None else f"{x:.2f} s"
 
 
 def _met(ok: Optional[bool]) -> str:
     return "-" if ok is None else ("met" if ok else "NOT met")
 
 
-def print_summary(rows) -> None:
-    """rows: (measure, figure text, at what size, goal text, met, baseline text, ratio to baseline text)."""
+def print_summary(m: Measured) -> None:
+    """One line per figure: the figure, at what size, the goal and whether it is met, the baseline and the ratio."""
+    first, last = m.burst.tenth_rates()
+    ch, q = m.churned, m.queue
+    big = q.entries >= 10_000
+    rows = [
+        ("submissions/s, 1 client", f"{m.one.rate:,.1f} /s", f"{len(m.one.done):,}", "", None,
+         f"{BASELINE['single']:g} /s", _ratio(m.one.rate, BASELINE["single"])),
+        (f"submissions/s, {m.clients} clients", f"{m.multi.rate:,.1f} /s", f"{len(m.multi.done):,}",
+         f">= {GOALS['multi']:.0f} /s", m.multi.rate >= GOALS["multi"], f"{BASELINE['multi']:g} /s",
+         _ratio(m.multi.rate, BASELINE["multi"])),
+        ("burst, submissions/s", f"{m.burst.rate:,.1f} /s",
+         f"{len(m.burst.done):,} (first 10% {first:,.0f}/s, last {last:,.0f}/s)", "", None,
+         f"{BASELINE['burst']:g} /s (10,000)", _ratio(m.burst.rate, BASELINE["burst"])),
+        ("admissions/s with placement groups", f"{ch.admissions_rate:,.1f} /s", f"backlog {ch.pending_before:,}",
+         f">= {GOALS['admissions']:.0f} /s", ch.admissions_rate >= GOALS["admissions"],
+         f"{BASELINE['admissions']:g} /s (2,900)", _ratio(ch.admissions_rate, BASELINE["admissions"])),
+        ("longest stall (backlog, churn, burst)", f"{m.stall_s:.2f} s", f"{len(m.monitor.samples):,} calls",
+         f"<= {GOALS['stall_s']:g} s", m.stall_s <= GOALS["stall_s"], "", "-"),
+        *[(f"raylane queue, {where}", _secs(secs), f"{q.entries:,} entries", f"< {GOALS['queue_s']:g} s (10,000)",
+           secs < GOALS["queue_s"] if big and secs is not None else None, f"{BASELINE['queue_s']:g} s (13,000)",
+           "-" if secs is None else f"{BASELINE['queue_s'] / max(secs, 1e-9):,.1f}x faster")
+          for where, secs in (("in this process", q.cli_s), ("a new process", q.process_s))],
+    ]
+    load = os.getloadavg()
+    _say(f"summary ({os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at "
+         f"the end: above the CPU count, every figure includes waiting for a CPU; a goal at 10,000 entries is judged "
+         f"only at that size):")
     head = ("measure", "this run", "size", "goal", "", BASELINE_LABEL, "vs baseline")
     rows = [(*r[:4], _met(r[4]), *r[5:]) for r in rows]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    errors = len(m.one.errors) + len(m.multi.errors) + len(ch.errors) + len(m.burst.errors)
+    _say(f"  checks: burst accounted for: {m.counted}; placement groups CREATED = leases after the churn: "
+         f"{m.pg_churn[3]}, at the end: {m.pg_end[3]}; failed calls: {errors} (monitor: {len(m.monitor.errors)})")
 
 
 def main(argv=None) -> None:
@@ -362,13 +600,13 @@ def main(argv=None) -> None:
     ap.add_argument("--nodes", type=int, default=9, help="GPU nodes (besides a head without GPUs); default 9")
     ap.add_argument("--gpus", type=int, default=8, help="logical GPUs per node; default 8")
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients of phases 2-4; default 8")
-    ap.add_argument("--single", type=int, default=150, help="submissions from one client; default 150")
-    ap.add_argument("--multi", type=int, default=400, help="submissions from --clients clients; default 400")
-    ap.add_argument("--backlog", type=int, default=800,
+    ap.add_argument("--single", type=int, default=300, help="submissions from one client; default 300")
+    ap.add_argument("--multi", type=int, default=1000, help="submissions from --clients clients; default 1000")
+    ap.add_argument("--backlog", type=int, default=2000,
                     help="pending workloads when the churn starts (issue: thousands; the baseline's 2,900); "
-                         "default 800")
-    ap.add_argument("--churn-s", type=float, default=20.0, help="the churn's window in seconds; default 20")
-    ap.add_argument("--burst", type=int, default=1500, help="burst of submissions (issue: 10,000); default 1500")
+                         "default 2000")
+    ap.add_argument("--churn-s", type=float, default=30.0, help="the churn's window in seconds; default 30")
+    ap.add_argument("--burst", type=int, default=3000, help="burst of submissions (issue: 10,000); default 3000")
     ap.add_argument("--tick-s", type=float, default=1.0, help="the actor's slow tick (`raylane up`: 1 s)")
     ap.add_argument("--no-auth", action="store_true", help="run the control plane without authentication")
     ap.add_argument("--phase-timeout", type=float, default=900.0,
@@ -379,148 +617,45 @@ def main(argv=None) -> None:
     for name in ("nodes", "gpus", "clients", "single", "multi", "burst"):
         if getattr(args, name) < 1:
             ap.error(f"--{name}: got {getattr(args, name)}; allowed: at least 1")
-    if args.backlog < 0 or args.churn_s <= 0:
-        ap.error(f"--backlog {args.backlog} / --churn-s {args.churn_s:g}: allowed: a backlog >= 0, a window > 0")
+    if args.backlog < 0 or args.churn_s <= 0 or args.tick_s <= 0 or args.phase_timeout <= 0:
+        ap.error(f"--backlog {args.backlog}, --churn-s {args.churn_s:g}, --tick-s {args.tick_s:g}, --phase-timeout "
+                 f"{args.phase_timeout:g}: allowed: a backlog of 0 or more, and times above 0")
 
     import ray
 
-    from raylane.control.client import ControlClient, start_control, stop_control
+    from raylane.control.client import start_control, stop_control
     from tests.raytest import local_policy, start_cluster, stop_cluster
 
     total_gpus = args.nodes * args.gpus
-    print(f"bench_live: {args.nodes} nodes x {args.gpus} logical GPUs ({total_gpus} GPUs) and a head without GPUs; "
-          f"1-GPU {CLASS} gangs of team {TEAM} (nominal quota {total_gpus} GPUs); sizes: --single {args.single}, "
-          f"--multi {args.multi} from --clients {args.clients}, --backlog {args.backlog} with --churn-s "
-          f"{args.churn_s:g}, --burst {args.burst} (issue: 10,000 burst, backlog in the thousands); "
-          f"auth {'off' if args.no_auth else 'on'}, tick {args.tick_s:g} s", flush=True)
-    print(f"{BASELINE_LABEL}, same shape of cluster (reference, not measured here):")
-    for what, fig in BASELINE_ROWS:
-        print(f"  {what:<42} {fig}")
-    print(f"goals: >= {GOALS['multi']:.0f} submissions/s from 8 clients, >= {GOALS['admissions']:.0f} admissions/s "
-          f"with placement groups, no stall over {GOALS['stall_s']:g} s, `raylane queue` under {GOALS['queue_s']:g} s "
-          f"at 10,000 entries", flush=True)
-
+    _say(f"bench_live: {args.nodes} nodes x {args.gpus} logical GPUs ({total_gpus} GPUs) and a head without GPUs; "
+         f"1-GPU {CLASS} gangs of team {TEAM} (nominal quota {total_gpus} GPUs); sizes: --single {args.single}, "
+         f"--multi {args.multi} from --clients {args.clients}, --backlog {args.backlog} with --churn-s "
+         f"{args.churn_s:g}, --burst {args.burst} (issue: a burst of 10,000, a backlog in the thousands); auth "
+         f"{'off' if args.no_auth else 'on'}, tick {args.tick_s:g} s")
+    _say(f"{BASELINE_LABEL}, same shape of cluster (a reference, not measured here):\n"
+         + "\n".join(f"  {what:<42} {fig}" for what, fig in BASELINE_ROWS))
+    _say(f"goals: >= {GOALS['multi']:.0f} submissions/s from 8 clients, >= {GOALS['admissions']:.0f} admissions/s "
+         f"with placement groups, no stall over {GOALS['stall_s']:g} s, `raylane queue` under {GOALS['queue_s']:g} s "
+         f"at 10,000 entries")
     workdir = tempfile.mkdtemp(prefix="raylane-bench-live-")
     cluster = None
     t_start = time.perf_counter()
     try:
-        t0 = time.perf_counter()
         cluster = start_cluster(gpu_nodes=tuple((f"gpu-{i}", ["gpu-sim"]) for i in range(args.nodes)),
-                                gpus=args.gpus, cpus=max(1, args.gpus), head_cpus=2)
+                                gpus=args.gpus, cpus=args.gpus, head_cpus=2)
         ray.init(address=cluster.address, namespace="raylane", log_to_driver=False)
         policy = local_policy()
         policy["teams"] = {TEAM: {"quotas": {"gpu": {"nominal": total_gpus}}}}
         ctl = start_control(policy, os.path.join(workdir, "journal.db"), tick_s=args.tick_s,
                             auth_enabled=not args.no_auth)
-        handle, cred = ctl.handle, ctl.credential
-        clients = [ControlClient(handle, cred, timeout=120.0) for _ in range(args.clients)]
-        info = ctl.info
-        if info()["nodes"] < args.nodes:
-            raise RuntimeError(f"the control plane sees {info()['nodes']} nodes, not {args.nodes}")
-        print(f"cluster and control actor up in {time.perf_counter() - t0:.1f} s; scheduler "
-              f"{policy['scheduler']['ordering']}/{policy['scheduler']['admission']}, at most "
-              f"{policy['scheduler']['max_admissions_per_cycle']} admissions per cycle", flush=True)
-        live: Dict[str, float] = {}  # workload id -> its submit time, for every workload not ended
-
-        def report_submits(what: str, s: Submitted) -> None:
-            live.update(s.ids)
-            print(f"{what}: {len(s.done)} of {s.asked} answered in {s.seconds:.2f} s, {s.rate:,.1f} /s; "
-                  f"errors {len(s.errors)}" + (f" (first: {s.errors[0]})" if s.errors else ""), flush=True)
-
-        # 1-2. Submission rates.
-        one = submit_many(clients[:1], args.single, "one-", args.phase_timeout)
-        report_submits("1. submissions, 1 client", one)
-        multi = submit_many(clients, args.multi, "multi-", args.phase_timeout)
-        report_submits(f"2. submissions, {args.clients} clients", multi)
-
-        profiling = False
-        if args.profile:
-            profile_start(handle)
-            profiling = True
-        monitor_ctl = ControlClient(handle, cred, timeout=120.0)
-        with Monitor(monitor_ctl) as mon:
-            # 3. Churn over a backlog.
-            top_up = max(0, args.backlog - info()["pending"])
-            if top_up:
-                filled = submit_many(clients, top_up, "backlog-", args.phase_timeout)
-                report_submits(f"3. backlog topped up with {top_up}", filled)
-            order = sorted(live, key=lambda w: (live[w], w))
-            ch = churn(clients, order, args.churn_s, info)
-            c0, c1 = ch.t0, ch.t1
-            ch.admitting_s = mon.drained_at(c0, c1, ch.pending_after) - c0
-            for wid in ch.released:
-                live.pop(wid, None)
-            print(f"3. churn: backlog of {ch.pending_before} pending, {ch.seconds:.1f} s: {ch.admissions} admitted, "
-                  f"{ch.admissions_rate:,.1f} admissions/s (over {ch.admitting_s:.1f} s, until the pending count "
-                  f"reached {ch.pending_after}); {len(ch.released)} reservations placed and released, "
-                  f"{ch.release_rate:,.1f} /s; {ch.pending_after} pending at the end; errors {len(ch.errors)}"
-                  + (f" (first: {ch.errors[0]})" if ch.errors else ""), flush=True)
-            print(f"   stalls during the churn: {mon.line(c0, c1)}", flush=True)
-            pg_churn = placement_groups_vs_leases(ctl)
-            print(f"   placement groups CREATED {pg_churn[0]}, leases {pg_churn[1]}, groups still pending "
-                  f"{pg_churn[2]}: {'equal' if pg_churn[3] else 'NOT equal'}", flush=True)
-
-            # 4. The burst.
-            b0 = time.perf_counter()
-            burst = submit_many(clients, args.burst, "burst-", args.phase_timeout)
-            b1 = time.perf_counter()
-            report_submits(f"4. burst of {args.burst}, {args.clients} clients", burst)
-            first, last = burst.tenth_rates()
-            print(f"   first 10%: {first:,.1f} /s, last 10%: {last:,.1f} /s (last / first {last / first:.2f})",
-                  flush=True)
-            print(f"   stalls during the burst: {mon.line(b0, b1)}", flush=True)
-        if mon.errors:
-            print(f"   the monitor's calls that failed: {len(mon.errors)} (first: {mon.errors[0]})")
-        if profiling:
-            profiling = False
-            print("control actor, cProfile over the churn and the burst (by own time):\n"
-                  + profile_stop(handle), flush=True)
-
-        # 5. The queue, and the count after the burst.
-        queue_ctl = ControlClient(handle, cred, timeout=max(600.0, args.phase_timeout))
-        rows, q_s, render_s, chars = queue_timed(queue_ctl)
-        shown = {r.id for r in rows}
-        st = info()
-        missing = [w for w in burst.ids if w not in shown]
-        counted = (not burst.errors and len(burst.ids) == args.burst and not missing and shown == set(live)
-                   and st["pending"] + st["leases"] == len(live))
-        print(f"4. count: {len(burst.ids)} ids answered of {args.burst}, {len(missing)} of them missing from "
-              f"queue(); queue() {len(rows)} entries, {len(live)} live expected "
-              f"({len(shown - set(live))} unexpected, {len(set(live) - shown)} missing); info(): "
-              f"{st['pending']} pending + {st['leases']} leases; errors {len(burst.errors)}: "
-              f"{'all accounted for' if counted else 'NOT accounted for'}", flush=True)
-        print(f"5. raylane queue at {len(rows):,} entries: queue() {q_s:.2f} s, the CLI's table {render_s:.2f} s "
-              f"({chars:,} characters), together {q_s + render_s:.2f} s", flush=True)
-        pg_end = placement_groups_vs_leases(ctl)
-        print(f"   at the end: placement groups CREATED {pg_end[0]}, leases {pg_end[1]}, groups still pending "
-              f"{pg_end[2]}: {'equal' if pg_end[3] else 'NOT equal'}", flush=True)
-
-        stall = max([lat for _, lat, _ in mon.samples] or [float("nan")])
-        queue_total = q_s + render_s
-        scale = f"{len(rows):,} entries"
-        print(f"summary ({os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} now: above the CPU count, "
-              f"every figure includes waiting for a CPU):")
-        print_summary([
-            ("submissions/s, 1 client", f"{one.rate:,.1f} /s", f"{len(one.done)}", "", None,
-             f"{BASELINE['single']:g} /s", _ratio(one.rate, BASELINE["single"])),
-            (f"submissions/s, {args.clients} clients", f"{multi.rate:,.1f} /s", f"{len(multi.done)}",
-             f">= {GOALS['multi']:.0f} /s", multi.rate >= GOALS["multi"], f"{BASELINE['multi']:g} /s",
-             _ratio(multi.rate, BASELINE["multi"])),
-            ("burst", f"{burst.rate:,.1f} /s", f"{len(burst.done):,} (first 10% {first:,.0f}/s, last "
-             f"{last:,.0f}/s)", "", None, f"{BASELINE['burst']:g} /s (10,000)", _ratio(burst.rate, BASELINE["burst"])),
-            ("admissions/s with placement groups", f"{ch.admissions_rate:,.1f} /s",
-             f"backlog {ch.pending_before:,}", f">= {GOALS['admissions']:.0f} /s",
-             ch.admissions_rate >= GOALS["admissions"], f"{BASELINE['admissions']:g} /s (2,900)",
-             _ratio(ch.admissions_rate, BASELINE["admissions"])),
-            ("longest stall (churn and burst)", f"{stall:.2f} s", f"{len(mon.samples)} calls",
-             f"<= {GOALS['stall_s']:g} s", stall <= GOALS["stall_s"], "", "-"),
-            ("raylane queue (call + table)", f"{queue_total:.2f} s", scale, f"< {GOALS['queue_s']:g} s (10,000)",
-             queue_total < GOALS["queue_s"] if len(rows) >= 10_000 else None, f"{BASELINE['queue_s']:g} s (13,000)",
-             f"{BASELINE['queue_s'] / max(queue_total, 1e-9):,.1f}x faster"),
-        ])
-        print(f"  checks: burst accounted for: {counted}; placement groups = leases after the churn: {pg_churn[3]}, "
-              f"at the end: {pg_end[3]}; errors: {len(one.errors) + len(multi.errors) + len(ch.errors) + len(burst.errors)}"
-              f" (monitor {len(mon.errors)})", flush=True)
+        seen = ctl.info()["nodes"]
+        if seen < args.nodes:
+            raise RuntimeError(f"the control plane sees {seen} nodes, not the {args.nodes} GPU nodes started")
+        sched = policy["scheduler"]
+        _say(f"cluster and control actor up in {time.perf_counter() - t_start:.1f} s; scheduler "
+             f"{sched['ordering']}/{sched['admission']}/{sched['backfill']}, at most "
+             f"{sched['max_admissions_per_cycle']} admissions per cycle")
+        print_summary(run_phases(args, ctl, cluster.address))
     finally:
         try:
             if ray.is_initialized():
@@ -530,7 +665,7 @@ def main(argv=None) -> None:
         if cluster is not None:
             stop_cluster(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
-        print(f"bench_live: {time.perf_counter() - t_start:.1f} s in all", flush=True)
+        _say(f"bench_live: {time.perf_counter() - t_start:.1f} s in all")
 
 
 if __name__ == "__main__":

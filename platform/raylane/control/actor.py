@@ -63,6 +63,8 @@ DATASETS_LABEL = "raylane.io/datasets"
 JOB_SUBMIT_GRACE_S = 60.0
 # The cost counters and budget gauges are brought up to date every this many ticks (raylane.cost).
 COST_EXPORT_TICKS = 15
+# Between full ticks, cycles run on changes no closer together than this (ControlActor._loop).
+CYCLE_SPACING_S = 0.02
 
 
 def health_rules(policy) -> HealthRules:
@@ -268,16 +270,24 @@ class ControlActor(PipelineCalls):
         self._wake.set()
 
     async def _loop(self) -> None:
+        """A full tick every ``tick_s``; in between, a change (a submission, a release: ``_poke``) runs a cycle
+        alone, at most one every ``CYCLE_SPACING_S``: the requests that arrive meanwhile are answered first, and a
+        burst of them is scheduled by one cycle, not one each."""
+        last_full = 0.0
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, last_full + self.tick_s - time.time()))
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            full = time.time() - last_full >= self.tick_s
             try:
-                await self._tick()
+                await self._tick(full=full)
             except Exception:  # the loop must survive a bad tick; the error is logged with its traceback
                 log.exception("control loop tick failed")
+            if full:
+                last_full = time.time()
+            await asyncio.sleep(CYCLE_SPACING_S)
 
     def _refresh_nodes(self) -> bool:
         """Bring the scheduler's nodes up to date with Ray's: a new node joins (journaled the first time), a dead
@@ -354,15 +364,19 @@ class ControlActor(PipelineCalls):
         self._replan_for_node(node_id, now)
         self._poke()
 
-    async def _tick(self) -> None:
+    async def _tick(self, full: bool = True) -> None:
+        """One scheduling cycle and what it decided carried out; with ``full``, first the periodic work too (Ray's
+        node table, node service, jobs, pipelines, grace deadlines) and after it the gauges and costs."""
         now = time.time()
-        self._refresh_nodes()
-        self._service_nodes(now)
-        self._watch_jobs(now)
+        if full:
+            self._refresh_nodes()
+            self._service_nodes(now)
+            self._watch_jobs(now)
         for wid in list(self._waiting):
             self._release_if_ready(self.records[wid])
-        self._service_pipelines(now)
-        await self._enforce_deadlines(now)
+        if full:
+            self._service_pipelines(now)
+            await self._enforce_deadlines(now)
         self.state.decay(now)
         snap = self.state.snapshot()
         t0 = time.perf_counter()
@@ -391,8 +405,9 @@ class ControlActor(PipelineCalls):
                                   f"could never hold it: {why.detail}; it "
                                   f"waits for nodes to join or return to service")
                     rec.reason_data = {"type": "CapacityLost", "detail": str(why)}
-        self._export_gauges()
-        self._export_costs(now)
+        if full:
+            self._export_gauges()
+            self._export_costs(now)
 
     # ------------------------------------------------------------------------------------------ node service
     def _service_nodes(self, now: float) -> None:
