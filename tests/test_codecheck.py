@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from raylane.codecheck import CodeCheck
-from raylane.config.loader import load_spec_from_dict, read_yaml
+from raylane.config.loader import read_yaml
 from raylane.errors import FatalError, ValidationError
+from raylane.launchers.check import check_spec_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ROOT / "examples" / "specs" / "pretrain-team-a.yaml"
@@ -20,7 +21,7 @@ def spec(**changes):
 
 def in_process(data):
     try:
-        load_spec_from_dict(data, "spec", code=True, working_dir=str(ROOT), load_code=True)
+        check_spec_dict(data, "spec", working_dir=str(ROOT), load_code=True)
     except ValidationError as exc:
         return exc.errors
     return None

@@ -1,6 +1,6 @@
 """A training spec's ``datasets:`` and ``data_config:`` (issue 26, item 4): the schema (``raylane.config.datasets``),
 the submit-time checks of files and functions (``raylane.launchers.datasets.source_errors``, run by
-``entrypoints.check_spec`` and so by ``raylane spec check``), and what the driver hands the trainer.
+``raylane.launchers.check`` and so by ``raylane spec check``), and what the driver hands the trainer.
 
 Pure: no Ray is started (the conformance test imports ``ray.data`` and ``ray.train`` to read their signatures). Bad
 cases are tables: each names the input, the path the error must carry, the value and a phrase of what is allowed.
@@ -17,11 +17,11 @@ import pytest
 
 from tests.specdoc import assert_has_error, errors_of
 
-from raylane import entrypoints
 from raylane.config.datasets import FORMAT_OPTIONS, READERS, DatasetSource
-from raylane.config.loader import load_policy, load_spec, load_spec_from_dict
+from raylane.config.loader import load_policy, load_spec_from_dict
 from raylane.errors import FatalError, ValidationError
 from raylane.launchers import datasets as ld
+from raylane.launchers.check import check_code, check_spec_dict, check_spec_file
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "policies" / "local.yaml"
@@ -78,7 +78,7 @@ def project(tmp_path):
 
 
 def test_the_example_spec_passes_every_check_submission_runs():
-    spec = load_spec(EXAMPLE / "spec.yaml", load_policy(LOCAL), code=True, working_dir=EXAMPLE)
+    spec = check_spec_file(EXAMPLE / "spec.yaml", load_policy(LOCAL), working_dir=EXAMPLE)
     assert spec.datasets["train"].format == "parquet" and spec.datasets["validation"].path == "validation.parquet"
     assert spec.data_config.datasets_to_split == ["train"]
     # Datasets change nothing the scheduler sees: the gang is its resources alone.
@@ -215,7 +215,7 @@ def test_submit_checks_name_the_dataset_field(project, datasets, path, value, ph
     folder, m = project
     doc = spec_doc(_fill(datasets, m), entrypoint=f"{m}:train_loop")
     load_spec_from_dict(doc)  # valid on its own: only the files and the code are wrong
-    errors = errors_of(load_spec_from_dict, doc, code=True, working_dir=folder)
+    errors = errors_of(check_spec_dict, doc, working_dir=folder)
     assert len(errors) == 1, errors
     assert_has_error(errors, path, _fill(value, m), _fill(phrases[0], m))
     for phrase in phrases[1:]:
@@ -228,7 +228,7 @@ def test_good_sources_pass_and_remote_uris_are_left_to_ray(project):
                     "remote": {"format": "parquet", "path": "s3://bucket/never/checked.parquet"},
                     "valid": {"function": f"{m}:make_valid", "kwargs": {"rows": 4, "shuffle": True}}},
                    {"datasets_to_split": ["train"]}, entrypoint=f"{m}:train_loop")
-    spec = load_spec_from_dict(doc, code=True, working_dir=folder)
+    spec = check_spec_dict(doc, working_dir=folder)
     assert set(spec.datasets) == {"train", "remote", "valid"}
 
 
@@ -236,11 +236,11 @@ def test_the_code_and_the_datasets_are_reported_together(project):
     folder, m = project
     doc = spec_doc({"train": {"format": "csv", "path": "nope.csv"}, "v": {"function": f"{m}:nope"}},
                    entrypoint=f"{m}:no_loop")
-    errors = errors_of(load_spec_from_dict, doc, code=True, working_dir=folder)
+    errors = errors_of(check_spec_dict, doc, working_dir=folder)
     assert [p for p, _, _ in errors] == ["entrypoint", "datasets.train.path", "datasets.v.function"]
     # The driver's own check (raylane.run) raises the same three at once.
     with pytest.raises(ValidationError) as info:
-        entrypoints.check_spec(doc, working_dir=str(folder))
+        check_code(doc, working_dir=str(folder))
     assert [p for p, _, _ in info.value.errors] == ["entrypoint", "datasets.train.path", "datasets.v.function"]
 
 
@@ -248,7 +248,7 @@ def test_without_the_users_project_only_the_form_is_checked(project):
     folder, m = project
     doc = spec_doc({"train": {"format": "csv", "path": "nope.csv"}, "v": {"function": "elsewhere:make"}},
                    entrypoint=f"{m}:train_loop")
-    assert load_spec_from_dict(doc, code=True, working_dir=folder, load_code=False).datasets["v"].function
+    assert check_spec_dict(doc, working_dir=folder, load_code=False).datasets["v"].function
 
 
 RESOLVE = [

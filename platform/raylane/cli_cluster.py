@@ -21,12 +21,14 @@ from rich.table import Table
 
 from raylane.errors import FatalError, RetryableError, ValidationError
 from raylane.ids import new_id
+from raylane.render import journal_lines
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 # Kinds whose driver drives one workload that `submit` can queue before the job starts (``raylane.run
 # --workload-id``); a sweep's or a service's driver registers what it runs itself, once started.
 QUEUED_BY_SUBMIT = ("train", "eval", "batch")
+_journal_lines = journal_lines  # its name here before it moved to raylane.render
 
 
 @contextlib.contextmanager
@@ -75,7 +77,7 @@ def up(
 
     with _errors():
         if not no_console:
-            from raylane.cli_console import check_options
+            from raylane.console.server import check_options
 
             check_options(console_port, mlflow_url, 1.0, source="raylane up", port_flag="--console-port")
         spec = load_cluster(cluster)
@@ -120,8 +122,7 @@ def up(
 def _start_console(st, port: int, mlflow_url: Optional[str]) -> None:
     """The web console in the background, stopped by `raylane down` with the cluster (it carries its marker). A
     console that does not start is reported; the cluster stays up."""
-    from raylane.cli_console import default_mlflow_url
-    from raylane.console.server import LOG_FILE, start_background
+    from raylane.console.server import LOG_FILE, default_mlflow_url, start_background
 
     try:
         url = start_background(st, port, mlflow_url or default_mlflow_url())
@@ -163,7 +164,8 @@ def submit(
     checked by a warm checker process that keeps the libraries it imports (torch, Ray Train) loaded between
     submissions (raylane.codecheck; RAYLANE_CODECHECK_SERVER=0 turns it off)."""
     from raylane.cli_config import print_error
-    from raylane.config.loader import load_spec_from_dict, read_yaml
+    from raylane.config.loader import read_yaml
+    from raylane.launchers.check import check_spec_dict
 
     code_check = None
     wd = str(working_dir)
@@ -180,7 +182,7 @@ def submit(
             check(data, storage_path=DEFAULT_STORAGE, working_dir=wd, load_code=not no_code)
         else:
             # The form now; the user's code in a child process while this one connects (raylane.codecheck).
-            load_spec_from_dict(data, str(spec), code=True, working_dir=wd, load_code=False, _extra=dups)
+            check_spec_dict(data, str(spec), working_dir=wd, load_code=False, _extra=dups)
             if not (no_code or reserve_only):
                 from raylane.codecheck import CodeCheck
 
@@ -388,31 +390,9 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
                       highlight=False)
     if out.get("detail"):
         console.print(f"  now: {out['detail']}", highlight=False)
-    for e in _journal_lines(out.get("journal") or []):
+    for e in journal_lines(out.get("journal") or []):
         ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
         console.print(f"  {ts} {e['kind']:<13} {e.get('note', '')}", highlight=False)
-
-
-def _journal_lines(journal):
-    """The journal as ``explain`` shows it: driver progress updates (shown as "now") left out, and each run of
-    checkpoints folded into one line."""
-    out = []
-    for e in journal:
-        if e["kind"] == "event" and not e.get("note"):
-            continue
-        if e["kind"] == "checkpointed":
-            if out and out[-1]["kind"] == "checkpointed":
-                run = out[-1]
-                run["steps"].append(e.get("step"))
-            else:
-                run = {**e, "steps": [e.get("step")]}
-                out.append(run)
-            steps = [s for s in run["steps"] if s is not None]
-            span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}" if steps else ""
-            run["note"] = f"{len(run['steps'])} checkpoint(s), {span}".rstrip(", ")
-            continue
-        out.append(e)
-    return out
 
 
 def cancel(workload_id: str = typer.Argument(...)):

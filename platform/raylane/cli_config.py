@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from raylane.config.loader import load_policy, load_spec
+from raylane.config.loader import load_policy
 from raylane.config.models import ClusterPolicy, WorkloadSpec
 from raylane.errors import FatalError, NotFoundError, ValidationError
 
@@ -115,13 +115,15 @@ def spec_check(
     if not working_dir.is_dir():
         print_error(NotFoundError(f"working directory {working_dir} not found"))
         raise typer.Exit(1)
+    from raylane.launchers.check import check_spec_file
+
     failed = False
     for f in files:
         try:
             if _is_pipeline(f):  # raylane.pipelines: the DAG and every stage's workload and code
                 _check_pipeline(f, pol, working_dir, not no_code)
                 continue
-            spec = load_spec(f, pol, code=True, working_dir=working_dir, load_code=not no_code)
+            spec = check_spec_file(f, pol, working_dir=working_dir, load_code=not no_code)
         except FatalError as exc:
             print_error(exc)
             failed = True
@@ -136,14 +138,14 @@ def _is_pipeline(path: Path) -> bool:
     try:
         data, _ = read_yaml(path, "spec file")
     except FatalError:
-        return False  # load_spec reports it
+        return False  # check_spec_file reports it
     return isinstance(data, dict) and data.get("kind") == "pipeline"
 
 
 def _check_pipeline(path: Path, pol, working_dir: Path, load_code: bool) -> None:
+    from raylane.config import pipeline as ps
     from raylane.config.loader import read_yaml
     from raylane.launchers.train import DEFAULT_STORAGE
-    from raylane.pipelines import spec as ps
     from raylane.pipelines.driver import check
 
     data, _ = read_yaml(path, "pipeline file")

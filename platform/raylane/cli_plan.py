@@ -108,7 +108,7 @@ def _best_known(best) -> str:
 
 def load_any_pipeline(path: Path, nodes):
     """A planning pipeline file, or a runnable ``kind: pipeline`` spec (stages with ``workload:``,
-    ``raylane.pipelines.spec``): its stages' demands are their gangs, their durations the estimates."""
+    ``raylane.config.pipeline``): its stages' demands are their gangs, their durations the estimates."""
     import yaml
 
     try:
@@ -118,7 +118,7 @@ def load_any_pipeline(path: Path, nodes):
     stages = data.get("stages") if isinstance(data, dict) else None
     if not (isinstance(stages, dict) and any(isinstance(v, dict) and "workload" in v for v in stages.values())):
         return load_pipeline(path)
-    from raylane.pipelines import spec as ps
+    from raylane.config import pipeline as ps
 
     spec = ps.load_pipeline_spec(data, str(path))
     return ps.planning_problem(spec, ps.expand(spec, f"{spec.name}-plan", "."), nodes, 1.0)[0]

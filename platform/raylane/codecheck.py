@@ -295,7 +295,7 @@ def _locked(f) -> bool:
 
 def _check(payload: Mapping[str, Any]) -> dict:
     """Run the spec's checks as the caller would have: its working directory and environment."""
-    from raylane.config.loader import load_spec_from_dict
+    from raylane.launchers.check import check_spec_dict
 
     os.environ.clear()
     os.environ.update(payload.get("env") or {})
@@ -303,8 +303,8 @@ def _check(payload: Mapping[str, Any]) -> dict:
     _forget_shadowed([payload["working_dir"], os.getcwd()])
     before = set(sys.modules)
     try:
-        load_spec_from_dict(payload["data"], payload["source"], code=True, working_dir=payload["working_dir"],
-                            load_code=True, _extra=payload.get("extra") or [])
+        check_spec_dict(payload["data"], payload["source"], working_dir=payload["working_dir"], load_code=True,
+                        _extra=payload.get("extra") or [])
         answer: dict = {"ok": True}
     except FatalError as exc:
         answer = {"error": _encode(exc)}
@@ -421,9 +421,7 @@ def _serve(idle_s: float = IDLE_S) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, terminated)
-    import raylane.config.loader  # noqa: F401 - what every check runs
-    import raylane.entrypoints  # noqa: F401
-    import raylane.launchers  # noqa: F401
+    import raylane.launchers.check  # noqa: F401 - what every check runs
 
     failed: set = set()
 

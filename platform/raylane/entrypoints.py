@@ -219,29 +219,11 @@ def _short(value: Any) -> Any:
 
 
 def check_spec(spec: Mapping[str, Any], *, working_dir: Optional[str] = None, load_code: bool = True) -> Any:
-    """Every check of a spec's code that submission runs: the entrypoint or command is there and fits the kind, the
-    config fits the entrypoint's declared schema, and the training datasets' files and functions are there
-    (``raylane.launchers.datasets``). Returns the loaded entrypoint (None for a command or a kind that runs no user
-    code). ``load_code=False`` checks only the form (for a machine without the user's project). The problems of the
-    code and of the datasets are raised together, in one ``ValidationError``."""
-    data_errors: List[Tuple[str, Any, str]] = []
-    if spec.get("datasets"):
-        from raylane.launchers.datasets import source_errors
-
-        data_errors = source_errors(spec["datasets"], working_dir=working_dir, load_code=load_code)
-    try:
-        obj = _check_code(spec, working_dir=working_dir, load_code=load_code)
-    except ValidationError as exc:
-        if data_errors:
-            raise ValidationError(exc.source, exc.errors + data_errors) from None
-        raise
-    if data_errors:
-        raise ValidationError("spec", data_errors)
-    return obj
-
-
-def _check_code(spec: Mapping[str, Any], *, working_dir: Optional[str], load_code: bool) -> Any:
-    """The entrypoint or command of ``spec`` and its config (``check_spec``); raises at the first problem found."""
+    """The checks of a spec's code: the entrypoint or command is there and fits the kind, and the config fits the
+    entrypoint's declared schema; ``ValidationError`` at the first problem found. Returns the loaded entrypoint (None
+    for a command or a kind that runs no user code). ``load_code=False`` checks only the form (for a machine without
+    the user's project). What submission checks besides, the training datasets' files and functions among it, is
+    ``raylane.launchers.check``."""
     kind = spec.get("kind", "train")
     entry, command = spec.get("entrypoint"), spec.get("command")
     if kind not in CODE_KINDS:

@@ -36,7 +36,7 @@ runs, until the driver has named the run to the control actor (the workload's ``
 gets the name from it; if the driver could not start the run (``mlflow_run_error``), the attempt fails with why.
 
 Fault drills for tests (``config.fault``, read by the platform, never passed to the loop) live in
-``raylane.launchers.faults`` and act on reports, so they work for any loop.
+``raylane.faults`` and act on reports, so they work for any loop.
 """
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ class _Session:
     def __init__(self, opts: LoopOptions):
         import ray.train
 
-        from raylane.launchers.faults import Faults
+        from raylane.faults import Faults
 
         self.opts = opts
         ctx = ray.train.get_context()

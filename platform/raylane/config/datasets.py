@@ -3,8 +3,8 @@ Ray Train hands its workers (``ray.train.get_dataset_shard(name)``), and how Tra
 
 This module owns the schema of those two sections: field names, which fields go with which source, and the checks
 that need only the spec. It reads no files and imports no Ray: whether a path exists or a function imports is
-checked at submit by ``raylane.launchers.datasets`` (run by ``raylane.entrypoints.check_spec``), which also builds
-the Ray Datasets when the gang starts. It builds on the helpers of ``raylane.config.models`` and is what
+checked at submit by ``raylane.launchers.datasets`` (run by ``raylane.launchers.check``), which also builds the
+Ray Datasets when the gang starts. It builds on the helpers of ``raylane.config.models`` and is what
 ``WorkloadSpec.datasets`` and ``WorkloadSpec.data_config`` hold.
 
 Words

@@ -33,7 +33,7 @@ import pydantic
 import yaml
 from pydantic.fields import FieldInfo
 
-from raylane.config.models import (DEFAULT_KIND, Allowed, ClusterPolicy, WorkloadSpec, policy_name_errors,
+from raylane.config.models import (Allowed, ClusterPolicy, WorkloadSpec, policy_name_errors,
                                    validate_spec_against_policy)
 from raylane.errors import NotFoundError, ValidationError
 
@@ -44,6 +44,7 @@ __all__ = [
     "load_policy_from_dict",
     "load_spec",
     "load_spec_from_dict",
+    "spec_and_errors",
     "read_yaml",
     "validate_document",
     "pydantic_errors",
@@ -492,15 +493,22 @@ def load_policy(path: Union[str, Path, None] = None) -> ClusterPolicy:
     return load_policy_from_dict(data, str(p), _extra=dups)
 
 
-def load_spec_from_dict(
-    data: Any, source: str = "spec", *, policy: Optional[ClusterPolicy] = None, code: bool = False,
-    working_dir: Union[str, Path, None] = None, load_code: bool = True, _extra: ErrorList = ()
-) -> WorkloadSpec:
+def load_spec_from_dict(data: Any, source: str = "spec", *, policy: Optional[ClusterPolicy] = None,
+                        _extra: ErrorList = ()) -> WorkloadSpec:
     """A ``WorkloadSpec`` from parsed YAML, checked against ``policy`` when one is given (all errors at once).
 
-    With ``code``, also every check of the user's code that submission runs (``raylane.entrypoints.check_spec``:
-    the entrypoint or command fits the kind, the config fits the entrypoint's declared schema), importing the code
-    from ``working_dir`` unless ``load_code`` is false."""
+    The user's code it names is not imported here: ``raylane.launchers.check`` adds those checks (what submission
+    runs) to the same report."""
+    spec, errors = spec_and_errors(data, source, policy=policy, _extra=_extra)
+    if errors:
+        raise ValidationError(source, errors)
+    return spec
+
+
+def spec_and_errors(data: Any, source: str = "spec", *, policy: Optional[ClusterPolicy] = None,
+                    _extra: ErrorList = ()) -> Tuple[Optional[WorkloadSpec], ErrorList]:
+    """What ``load_spec_from_dict`` finds, unraised: the ``WorkloadSpec`` (None when its own fields have errors) and
+    every problem, for a caller that adds checks of its own to the same report (``raylane.launchers.check``)."""
     errors = list(_extra)
     spec = None
     try:
@@ -519,60 +527,12 @@ def load_spec_from_dict(
             features = []
         features = [f for f in features if isinstance(f, str)]
         errors.extend(policy_name_errors(policy, team=names["team"], class_=names["class"], features=features))
-    if code and isinstance(data, Mapping):
-        errors.extend(_code_errors(spec, data, errors, working_dir=working_dir, load_code=load_code))
-    if errors:
-        raise ValidationError(source, errors)
-    return spec
+    return spec, errors
 
 
-_CODE_FIELDS = ("kind", "entrypoint", "command", "config")
-
-
-def _code_errors(spec: Optional[WorkloadSpec], data: Mapping, errors: ErrorList, *,
-                 working_dir: Union[str, Path, None], load_code: bool) -> ErrorList:
-    """The errors of ``entrypoints.check_spec`` for the spec's code fields; none checked while one of them has an
-    error of its own already (the code check would only repeat it)."""
-    from raylane import entrypoints
-
-    if any(str(p).split(".")[0].split("[")[0] in _CODE_FIELDS for p, _, _ in errors):
-        return []
-    if spec is not None:
-        fields = {"kind": spec.kind, "entrypoint": spec.entrypoint, "command": spec.command, "config": spec.config}
-    else:
-        fields = {f: data.get(f) for f in _CODE_FIELDS}
-        fields["kind"] = fields["kind"] or DEFAULT_KIND
-    fields = {k: v for k, v in fields.items() if v is not None}
-    datasets = data.get("datasets")  # its files and functions (raylane.launchers.datasets), unless refused already
-    refused = any(str(p).split(".")[0] == "datasets" for p, _, _ in errors)
-    if isinstance(datasets, Mapping) and datasets and not refused:
-        fields["datasets"] = dict(datasets)
-    wd = str(working_dir) if working_dir else None
-    try:
-        entrypoints.check_spec(fields, working_dir=wd, load_code=load_code)
-    except ValidationError as exc:
-        return exc.errors
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failing while it is checked
-        field = "entrypoint" if "entrypoint" in fields else "command"
-        return [(field, fields.get(field), f"checking it failed: {type(exc).__name__}: {exc}")]
-    if spec is None or not load_code:
-        return []
-    from raylane.launchers import precheck
-
-    try:  # what the kind's launcher checks before anything queues (the one-shot config, a sweep's trainable...)
-        precheck(spec, data, working_dir=wd)
-    except ValidationError as exc:
-        return exc.errors
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failing while it is checked
-        return [("kind", spec.kind, f"checking the {spec.kind} section failed: {type(exc).__name__}: {exc}")]
-    return []
-
-
-def load_spec(path: Union[str, Path], policy: Optional[ClusterPolicy] = None, *, code: bool = False,
-              working_dir: Union[str, Path, None] = None, load_code: bool = True) -> WorkloadSpec:
-    """The workload spec in ``path``, checked against ``policy`` when given, and its user code with ``code`` (see
-    ``load_spec_from_dict``). Raises ``NotFoundError`` or ``ValidationError``."""
+def load_spec(path: Union[str, Path], policy: Optional[ClusterPolicy] = None) -> WorkloadSpec:
+    """The workload spec in ``path``, checked against ``policy`` when given (see ``load_spec_from_dict``). Raises
+    ``NotFoundError`` or ``ValidationError``."""
     p = Path(path)
     data, dups = read_yaml(p, "spec file")
-    return load_spec_from_dict(data, str(p), policy=policy, code=code, working_dir=working_dir, load_code=load_code,
-                               _extra=dups)
+    return load_spec_from_dict(data, str(p), policy=policy, _extra=dups)

@@ -1,4 +1,6 @@
 """``python -m raylane.console``: the same as ``raylane console`` (how ``raylane up`` starts it in the background)."""
-from raylane.cli_console import main
+import sys
 
-main()
+from raylane.console.server import main
+
+sys.exit(main())

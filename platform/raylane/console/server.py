@@ -4,11 +4,13 @@
 The console is one process: a Ray driver of the cluster (it finds the control actor by name) serving the ASGI app of
 ``raylane.console.app`` with uvicorn on 127.0.0.1 only. Started by ``raylane up`` it carries the local cluster's
 marker (``raylane.localcluster.MARKER``) in its environment like every other process of the cluster, so ``raylane
-down`` stops it with them; its output goes to ``~/.raylane/console.log``.
+down`` stops it with them; its output goes to ``~/.raylane/console.log``. Its options are checked here too
+(``check_options``), for ``raylane console``, ``raylane up`` and ``python -m raylane.console`` (``main``) alike.
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,16 +18,39 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
-from raylane.errors import RetryableError
+from raylane.errors import FatalError, RetryableError, ValidationError
 
 DEFAULT_PORT = 8780
 HOST = "127.0.0.1"
 LOG_FILE = Path(os.path.expanduser("~")) / ".raylane" / "console.log"
 START_TIMEOUT_S = 90.0
 
-__all__ = ["DEFAULT_PORT", "serve", "start_background", "url", "bind"]
+__all__ = ["DEFAULT_PORT", "serve", "start_background", "url", "bind", "check_options", "default_mlflow_url",
+           "main"]
+
+
+def check_options(port: int, mlflow_url: Optional[str], refresh: float, *, source: str = "raylane console",
+                  port_flag: str = "--port") -> None:
+    """Every problem with the console's options at once (``ValidationError`` naming option, value, allowed)."""
+    errors = []
+    if not 1 <= port <= 65535:
+        errors.append((port_flag, port, "a TCP port from 1 to 65535"))
+    if mlflow_url is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", mlflow_url):
+        errors.append(("--mlflow-url", mlflow_url, "the MLflow UI's http(s) URL, like http://127.0.0.1:5000"))
+    if not 0.2 <= refresh <= 60:
+        errors.append(("--refresh", refresh, "seconds from 0.2 to 60"))
+    if errors:
+        raise ValidationError(source, errors)
+
+
+def default_mlflow_url() -> Optional[str]:
+    """The MLflow server runs are tracked on, when it is one (an http(s) tracking URI): its UI is on the same URL."""
+    from raylane.locations import _env_uri
+
+    uri = _env_uri() or ""
+    return uri.rstrip("/") if re.match(r"https?://", uri) else None
 
 
 def url(port: int) -> str:
@@ -123,3 +148,26 @@ def _tail(path: Path, n: int = 3000) -> str:
         return path.read_text(errors="replace")[-n:]
     except OSError:
         return "(no log)"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m raylane.console``: ``raylane console`` without the rest of the command line (how ``raylane up``
+    starts it in the background). The same options; an error is printed as the command line prints it, with exit
+    status 1 for bad options and 2 when the console cannot start (a taken port, no cluster)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m raylane.console", description="Serve the read-only web console.")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port on 127.0.0.1")
+    p.add_argument("--mlflow-url", default=None, help="the MLflow UI that workload pages link runs to")
+    p.add_argument("--refresh", type=float, default=1.0, help="seconds between two updates of a live page")
+    args = p.parse_args(argv)
+    try:
+        check_options(args.port, args.mlflow_url, args.refresh)
+        serve(args.port, args.mlflow_url or default_mlflow_url(), args.refresh)
+    except FatalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (RetryableError, ConnectionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

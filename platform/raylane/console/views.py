@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from raylane.control.api import WORKLOAD_ID
 from raylane.errors import ValidationError
+from raylane.render import journal_lines
 
 __all__ = ["VIEWS", "BUILDERS", "COST_WINDOWS", "WORKLOAD_ID", "build", "mlflow_run_url"]
 
@@ -100,8 +101,6 @@ def cost(client, settings, window: str = "all") -> Dict[str, Any]:
 def workload(client, settings, workload_id: str) -> Dict[str, Any]:
     """``explain`` for one workload (redacted for another team's), its journal as ``raylane explain`` prints it,
     and links to its MLflow runs."""
-    from raylane.cli_cluster import _journal_lines
-
     out = dict(client.explain(workload_id))
     journal: List[Dict[str, Any]] = out.pop("journal", None) or []
     runs: List[str] = []
@@ -110,7 +109,7 @@ def workload(client, settings, workload_id: str) -> Dict[str, Any]:
         if rid and rid not in runs:
             runs.append(rid)
     lines = [{"ts": e["ts"], "kind": e["kind"], "note": e.get("note") or _summary(e)}
-             for e in _journal_lines(journal)]
+             for e in journal_lines(journal)]
     return {"workload": out, "journal": lines, "journal_visible": not out.get("redacted"),
             "mlflow_runs": [{"id": r, "url": mlflow_run_url(settings.mlflow_url, r)} for r in runs]}
 

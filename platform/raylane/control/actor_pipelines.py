@@ -33,7 +33,7 @@ class PipelineCalls:
 
     # ------------------------------------------------------------------------------------------------ calls
     async def _api_pipeline_submit(self, p: Principal, req: api.PipelineSubmit) -> Dict[str, Any]:
-        from raylane.pipelines import spec as ps
+        from raylane.config import pipeline as ps
         from raylane.planning import PLANNERS, CpSatPlanner
 
         data = dict(req.spec)
@@ -192,7 +192,7 @@ class PipelineCalls:
 
     def _replan(self, run: pl.PipelineRun, now: float, reason: str, overrun=()) -> None:
         """Plan again the stages that have not started, the others fixed where they ran (``replan_problem``)."""
-        from raylane.pipelines import spec as ps
+        from raylane.config import pipeline as ps
         from raylane.planning import PLANNERS
 
         spec = ps.load_pipeline_spec(run.spec, f"pipeline {run.id}")

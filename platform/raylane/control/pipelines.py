@@ -1,7 +1,7 @@
 """The control plane's pipelines: what it remembers of each, rebuilt from the journal, and the decisions it takes on
 them. Pure: no Ray; the control actor journals what these return and acts on it.
 
-A pipeline (``raylane.pipelines.spec``) is submitted whole: every stage becomes a workload record at once, held out
+A pipeline (``raylane.config.pipeline``) is submitted whole: every stage becomes a workload record at once, held out
 of the queue until each stage it needs has succeeded (then queued under the team's quota like any workload); a stage
 whose input failed or was cancelled fails without running. The plan (stage -> node) made at submit is each stage's
 first preference when it is placed, then the nodes that hold its inputs. A stage that runs much longer than its

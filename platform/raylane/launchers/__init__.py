@@ -52,7 +52,7 @@ def register(kind: str, target: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # What each launcher checks before anything queues, beyond the entrypoint (raylane.entrypoints.check_spec): run by
-# ``raylane spec check`` and ``raylane submit`` too, so they refuse what the driver would.
+# ``raylane spec check`` and ``raylane submit`` too (raylane.launchers.check), so they refuse what the driver would.
 
 
 def _check_oneshot(spec, data: Mapping[str, Any], working_dir: Optional[str]) -> None:
@@ -80,7 +80,7 @@ def _check_train(spec, data: Mapping[str, Any], working_dir: Optional[str]) -> N
     if fault is None:
         return
     from raylane.errors import ValidationError
-    from raylane.launchers.faults import FAULT_KEYS, Faults
+    from raylane.faults import FAULT_KEYS, Faults
 
     if not isinstance(fault, dict) or set(fault) - set(FAULT_KEYS):
         raise ValidationError("spec", [("config.fault", fault, f"a mapping of fault drills: {', '.join(FAULT_KEYS)}")])

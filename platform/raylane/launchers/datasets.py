@@ -2,8 +2,8 @@
 
 This module owns the two things the schema (``raylane.config.datasets``) cannot do alone:
 
-- ``source_errors``: the submit-time checks (run by ``raylane.entrypoints.check_spec``, so by ``raylane spec check``
-  and by the driver before anything queues): every local path exists relative to the working directory, every
+- ``source_errors``: the submit-time checks (run by ``raylane.launchers.check``, so by ``raylane spec check`` and
+  by the driver before anything queues): every local path exists relative to the working directory, every
   function imports, is callable, and takes the ``kwargs`` the spec gives it. Imports no Ray.
 - ``build``: the ``datasets=`` and ``dataset_config=`` of the ``TorchTrainer`` (``raylane.launchers.train``), built
   on the driver once per attempt. Imports ``ray.data`` and ``ray.train`` only here.

@@ -23,7 +23,7 @@ Words:
   at once, since a one-shot attempt has nothing to checkpoint; the workload goes back to the queue and reruns from
   the start), or failed: a crash is retried with backoff up to the class's retry budget, an error no retry fixes
   (``FatalError``, a pydantic ``ValidationError``, an exception class with ``fatal = True``) fails the workload at
-  once (``raylane.run._fatal_cause``).
+  once (``raylane.launchers.driver.fatal_cause``).
 
 The config keys the platform reads (every other key is the user's, passed on unread):
 
@@ -502,7 +502,7 @@ def run_oneshot(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, stor
     cancelled; returns the workload's final record. ``workload_id``: drive that workload, already submitted (a
     pipeline's stage), instead of submitting the spec."""
     from raylane.launchers.train import DEFAULT_STORAGE
-    from raylane.run import registered
+    from raylane.launchers.driver import registered
 
     storage = storage_path or (spec.get("config") or {}).get("storage_path") or DEFAULT_STORAGE
     job = plan(spec, storage_path=storage, working_dir=os.getcwd())
@@ -513,7 +513,7 @@ def run_oneshot(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, stor
 
 def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, tracking_uri,
            poll_s: float) -> Dict[str, Any]:
-    from raylane.run import _fail_now, _fatal_cause, _say, _short, _wait_admitted
+    from raylane.launchers.driver import fail_now, fatal_cause, one_line, say, wait_admitted
     from raylane.tracking import RunTracker
 
     tracker = RunTracker(workload_id=wid, spec=spec, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
@@ -524,7 +524,7 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
     attempts = 0
     linked = False
     while True:
-        rec = _wait_admitted(ctl, wid, poll_s)
+        rec = wait_admitted(ctl, wid, poll_s)
         if rec["state"] in ("CANCELLED", "FAILED", "SUCCEEDED", "REJECTED"):
             notes = rec.get("events") or []
             if rec["state"] == "FAILED" and notes:  # e.g. the checkpoint it waited for can never be written
@@ -538,13 +538,13 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
         try:
             source = _resolve(ctl, wid, job)
         except FatalError as exc:  # the checkpoint it names can never exist: no attempt will do better
-            return _fail_now(ctl, tracker, wid, str(exc))
+            return fail_now(ctl, tracker, wid, str(exc))
         if source is not None:
             config["checkpoint"] = source["path"]
             if not linked:
                 _link(ctl, tracker, source)
                 linked = True
-        _say(f"{wid} attempt {attempts} on {len(set(rec['placement']))} node(s)")
+        say(f"{wid} attempt {attempts} on {len(set(rec['placement']))} node(s)")
         t0 = time.time()
         crash = attempts <= job.fault.crash_times
         out = _attempt(ctl, wid, job, config, rec["placement"], crash=crash, poll_s=poll_s)
@@ -558,37 +558,37 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
             detail = _record(tracker, job, out.result, wall, source)
             tracker.event("finished", detail)
             tracker.finish("FINISHED")
-            _say(f"{wid} finished: {detail}")
+            say(f"{wid} finished: {detail}")
             return ctl.release(wid, "finished", state="SUCCEEDED", detail=detail)
         if out.stopped or state in ("PREEMPTING", "PENDING"):
             how = "stopped" if out.stopped else "stopped by force"
             tracker.event("preempted", f"{how} after {wall:.0f}s; reruns from the start")
-            _say(f"{wid} preempted ({how}); releasing the lease")
+            say(f"{wid} preempted ({how}); releasing the lease")
             ctl.release(wid, "yielded")
             retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
-        fatal = _fatal_cause(out.error)
+        fatal = fatal_cause(out.error)
         if fatal is not None:
-            return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
-        decision = retries.after_failure(out.error, _short(root_error(out.error)))
+            return fail_now(ctl, tracker, wid, f"{one_line(fatal)} (not retried: it fails the same way every time)")
+        decision = retries.after_failure(out.error, one_line(root_error(out.error)))
         if isinstance(decision, GiveUp):
-            return _fail_now(ctl, tracker, wid, decision.reason)
+            return fail_now(ctl, tracker, wid, decision.reason)
         failures, backoff = retries.failures, decision.backoff_s
-        tracker.event("restarted", f"attempt {attempts} failed ({_short(out.error)}); retry in {backoff:g}s")
+        tracker.event("restarted", f"attempt {attempts} failed ({one_line(out.error)}); retry in {backoff:g}s")
         ctl.event(wid, restart=True,
-             note=f"restart {failures}/{budget} after {_short(out.error)}; backoff {backoff:g}s")
-        _say(f"{wid} failed ({_short(out.error)}); retry {failures}/{budget} in {backoff:g}s")
+             note=f"restart {failures}/{budget} after {one_line(out.error)}; backoff {backoff:g}s")
+        say(f"{wid} failed ({one_line(out.error)}); retry {failures}/{budget} in {backoff:g}s")
         time.sleep(backoff)
 
 
 def _resolve(ctl, wid: str, job: OneShot) -> Optional[Dict[str, Any]]:
     """``config.checkpoint: {workload, step}`` as the directory the control actor pinned for this workload."""
-    from raylane.run import _say
+    from raylane.launchers.driver import say
 
     if job.checkpoint_ref is None:
         return None
     got = ctl.resolve_checkpoint(wid)
-    _say(f"{wid} uses {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
+    say(f"{wid} uses {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
     return got
 
 

@@ -24,7 +24,7 @@ from raylane.control.actor import GiB
 from raylane.errors import ValidationError
 from raylane.launchers.datasets import TrainData
 from raylane.launchers.datasets import build as build_datasets
-from raylane.launchers.faults import FAULT_KEYS
+from raylane.faults import FAULT_KEYS
 from raylane.launchers.retry import GiveUp, RetryRule, root_error
 from raylane.launchers.train_callbacks import RecordCheckpoints, RegisterWorkers
 from raylane.scheduling.placement import RAY_STRATEGY
@@ -105,14 +105,14 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
     ``run_starter``: a ``raylane.runstart.RunStarter`` already preparing the MLflow run in a child process (the
     driver's start-up does this, so that MLflow is off the way to the first step); without it the run is started
     here."""
-    from raylane.run import registered
+    from raylane.launchers.driver import registered
 
     fault = (spec.get("config") or {}).get("fault")
     if fault is not None:  # a bad drill is refused before the workload queues, like any config
-        from raylane.launchers.faults import Faults
+        from raylane.faults import Faults
 
         if not isinstance(fault, dict):
-            raise ValidationError("spec", [("config.fault", fault, "a mapping of fault drills (raylane.launchers.faults)")])
+            raise ValidationError("spec", [("config.fault", fault, "a mapping of fault drills (raylane.faults)")])
         try:
             Faults(marker_dir="", **fault)
         except TypeError as exc:
@@ -131,7 +131,7 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
 def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_starter=None) -> Dict[str, Any]:
     from raylane.control.client import EndState, Outcome, State
     from raylane.errors import FatalError
-    from raylane.run import _fail_now, _fatal_cause, _job_id, _say, _short, _wait_admitted
+    from raylane.launchers.driver import fail_now, fatal_cause, one_line, ray_job_id, say, wait_admitted
     from raylane.locations import tracking_uri as resolve_tracking_uri
     from raylane.runstart import LateTracker, PendingRun
 
@@ -177,22 +177,22 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         # its workers wait for the name the control actor is given (raylane.train), or for why there is none.
         run_starter.ask(workload_id=wid, spec=spec)
         pending = PendingRun(run_starter, announce=lambda started: name_run(started.run_id),
-                             fail=lambda exc: ctl.event(wid, f"MLflow run not started: {_short(exc)}",
-                                                        mlflow_run_error=_short(exc)))
+                             fail=lambda exc: ctl.event(wid, f"MLflow run not started: {one_line(exc)}",
+                                                        mlflow_run_error=one_line(exc)))
     else:
         start_run()
     retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
     retries = RetryRule(retry_budget)
     last_workers = None
     while True:
-        rec = _wait_admitted(ctl, wid, poll_s)
+        rec = wait_admitted(ctl, wid, poll_s)
         if rec.terminal:
             start_run()  # the run exists before anything is logged to it, the gang's end included
             tracker.finish("KILLED" if rec.state is State.CANCELLED else rec.state.value)
             return rec
         attempt_t0 = time.time()
-        _say(f"{wid} admitted on {len(set(rec['placement']))} node(s); starting the gang")
-        if ctl.running(wid, job_id=_job_id(), note="gang starting").state is not State.RUNNING:
+        say(f"{wid} admitted on {len(set(rec['placement']))} node(s); starting the gang")
+        if ctl.running(wid, job_id=ray_job_id(), note="gang starting").state is not State.RUNNING:
             continue  # preempted or cancelled between admission and start: wait again
         loop_cfg = dict(spec.get("config", {}))
         loop_cfg.pop("storage_path", None)
@@ -200,7 +200,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         try:
             loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
         except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
-            return _fail_now(ctl, tracker, wid, f"{exc}")
+            return fail_now(ctl, tracker, wid, f"{exc}")
         if pending is not None and pending.done():
             start_run()  # answered already (or failed: raised here, before the gang starts)
         started_at = rec.get("step") or 0
@@ -211,7 +211,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         try:  # the spec's datasets, built once per attempt (raylane.launchers.datasets)
             data = build_datasets(spec)
         except FatalError as exc:  # its function fails or returns no Dataset: every attempt would do the same
-            return _fail_now(ctl, tracker, wid, f"{exc}")
+            return fail_now(ctl, tracker, wid, f"{exc}")
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl, resume_step=started_at,
                                 data=data)
@@ -252,13 +252,13 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             size = len(now_rec["placement"])
             tracker.event("resized", f"{how} at step {step}: {workers} -> {size} workers", step=step,
                           from_workers=workers, to_workers=size)
-            _say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
+            say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
             retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
             how = "yielded" if error is None else "stopped by force"
             tracker.event("preempted", f"{how} at step {step}", step=step)
-            _say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
+            say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
             ctl.release(wid, Outcome.YIELDED, step=step)
             retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
@@ -270,26 +270,26 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             rec = ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, step=step,
                               detail=f"finished {at}; its last attempt ran {time.time() - attempt_t0:.0f}s "
                                      f"from step {started_at}")
-            _say(f"{wid} finished {at}")
+            say(f"{wid} finished {at}")
             return rec
         if _lease_lost(ctl, wid, rec["placement"]):
             # A node of the lease died: the control actor takes the lease back and requeues the workload; that is
             # not the gang's failure, and a restart must not be pinned to the dead node again.
             tracker.event("node lost", f"a node of its lease was lost at step {step}; waiting for a new lease")
-            _say(f"{wid}: a node of its lease was lost; it resumes from its last checkpoint on a new lease")
+            say(f"{wid}: a node of its lease was lost; it resumes from its last checkpoint on a new lease")
             retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
-        fatal = _fatal_cause(error)
+        fatal = fatal_cause(error)
         if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
-            return _fail_now(ctl, tracker, wid, f"{_short(fatal)} (not retried: it fails the same way every time)")
-        decision = retries.after_failure(error, _short(root_error(error)))
+            return fail_now(ctl, tracker, wid, f"{one_line(fatal)} (not retried: it fails the same way every time)")
+        decision = retries.after_failure(error, one_line(root_error(error)))
         if isinstance(decision, GiveUp):
-            return _fail_now(ctl, tracker, wid, f"gang {decision.reason}")
+            return fail_now(ctl, tracker, wid, f"gang {decision.reason}")
         failures, backoff = retries.failures, decision.backoff_s
-        tracker.event("restarted", f"attempt {failures} failed ({_short(error)}); retry in {backoff:g}s")
-        ctl.event(wid, f"restart {failures}/{retry_budget} after {_short(error)}; backoff {backoff:g}s",
+        tracker.event("restarted", f"attempt {failures} failed ({one_line(error)}); retry in {backoff:g}s")
+        ctl.event(wid, f"restart {failures}/{retry_budget} after {one_line(error)}; backoff {backoff:g}s",
                   restart=True)
-        _say(f"{wid} gang failed ({_short(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
+        say(f"{wid} gang failed ({one_line(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
         time.sleep(backoff)
 
 
@@ -359,12 +359,12 @@ def bound_train_waits() -> None:
 def _resolved_init(ctl, wid: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
     """``init_from: {workload, step}`` as the directory the control actor pinned for this workload."""
     from raylane.control.checkpoints import parse_ref
-    from raylane.run import _say
+    from raylane.launchers.driver import say
 
     if parse_ref(cfg.get("init_from")) is None:
         return {}
     got = ctl.resolve_checkpoint(wid)
-    _say(f"{wid} starts from {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
+    say(f"{wid} starts from {got['source']}'s checkpoint at step {got['step']}: {got['path']}")
     return {"init_from": got["path"]}
 
 

@@ -1,7 +1,8 @@
 """The driver of one pipeline: ``python -m raylane.run pipeline.yaml`` (as a plain Ray job, or by ``raylane submit``).
 
-1. Checks the spec whole before anything queues: its shape and DAG (``raylane.pipelines.spec``), then every stage's
-   workload and code as a single submission would be checked (``raylane.entrypoints``), each error named by stage.
+1. Checks the spec whole before anything queues: its shape and DAG (``raylane.config.pipeline``), then every stage's
+   workload and code as a single submission would be checked (``raylane.launchers.check``), each error named by
+   stage.
 2. Opens the pipeline's MLflow run (the parent of every stage's run) and submits the pipeline to the control actor,
    which plans it, journals it and holds each stage until its inputs are done.
 3. Drives every stage with its kind's launcher, each in a thread of its own (a stage waits for its admission the
@@ -20,22 +21,21 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from raylane.config import pipeline as ps
 from raylane.errors import ValidationError
 from raylane.ids import new_id
-from raylane.pipelines import spec as ps
 
 
 def check(data: Dict[str, Any], *, storage_path: str, working_dir: Optional[str] = None,
           load_code: bool = True) -> ps.PipelineSpec:
     """Every check a pipeline gets before it is submitted; ``ValidationError`` naming each stage's problems."""
-    from raylane import entrypoints
-    from raylane.config.loader import load_spec_from_dict
+    from raylane.launchers.check import check_spec_dict
 
     spec = ps.load_pipeline_spec(data, f"pipeline {data.get('name', '?') if isinstance(data, dict) else '?'}")
     errors = []
     for stage, s in ps.expand(spec, f"{spec.name}-check", storage_path).items():
         try:
-            load_spec_from_dict(s, f"stage {stage}", code=True, working_dir=working_dir, load_code=load_code)
+            check_spec_dict(s, f"stage {stage}", working_dir=working_dir, load_code=load_code)
         except ValidationError as exc:
             errors += [(f"stages.{stage}.workload.{f}", v, a) for f, v, a in exc.errors]
     if errors:
@@ -49,30 +49,30 @@ def run_pipeline(data: Dict[str, Any], *, storage_path: Optional[str] = None, tr
     import ray
 
     from raylane.launchers.train import DEFAULT_STORAGE
-    from raylane.run import _init_ray, _job_id, _say, connect_driver, threading_main
+    from raylane.launchers.driver import connect_driver, init_ray, ray_job_id, say, threading_main
     from raylane.tracking import RunTracker
 
     storage = os.path.abspath(os.path.expanduser(storage_path or DEFAULT_STORAGE))
     spec = check(data, storage_path=storage, working_dir=working_dir)
     if not ray.is_initialized():
-        _init_ray()
+        init_ray()
     ctl, who = connect_driver()
     if who.get("auth"):  # MLflow records the caller as the owner, not what the spec claims
         data = {**data, "run": {**(data.get("run") or {}), "owner": who["user"]}}
     pid = new_id(spec.name, kind="pipeline")  # the control plane refuses one in use (ConflictError)
     tracker = RunTracker(workload_id=pid, spec=data, tracking_uri=tracking_uri, cost_of=ctl.run_cost)
     run_id = tracker.start()
-    job_id = _job_id()
+    job_id = ray_job_id()
     try:
         view = ctl.pipeline_submit(data, pipeline_id=pid, storage_path=storage, parent_run_id=run_id, job_id=job_id)
     except BaseException:
         tracker.finish("FAILED")
         raise
-    _say(f"pipeline {pid} submitted: {len(view['stages'])} stages, planned makespan "
-         f"{view['makespan_h'] * 60:.1f} min ({view['planner']}); MLflow run {run_id}")
+    say(f"pipeline {pid} submitted: {len(view['stages'])} stages, planned makespan "
+        f"{view['makespan_h'] * 60:.1f} min ({view['planner']}); MLflow run {run_id}")
     for st in view["stages"]:
-        _say(f"  {st['stage']}: {st['workload_id']} planned on {st['planned'].get('node', '?')[:12]} "
-             f"at {st['planned'].get('start_h', 0) * 60:.1f}-{st['planned'].get('finish_h', 0) * 60:.1f} min")
+        say(f"  {st['stage']}: {st['workload_id']} planned on {st['planned'].get('node', '?')[:12]} "
+            f"at {st['planned'].get('start_h', 0) * 60:.1f}-{st['planned'].get('finish_h', 0) * 60:.1f} min")
 
     results: Dict[str, Any] = {}
     threads = []
@@ -98,7 +98,7 @@ def run_pipeline(data: Dict[str, Any], *, storage_path: Optional[str] = None, tr
             for t in threads:
                 t.join(timeout=0.5)
     except KeyboardInterrupt:
-        _say(f"job stopped ({stopped[0] if stopped else 'interrupted'}); cancelling pipeline {pid}")
+        say(f"job stopped ({stopped[0] if stopped else 'interrupted'}); cancelling pipeline {pid}")
         ctl.cancel(pid)
         tracker.finish("KILLED")
         raise SystemExit(130)
@@ -110,16 +110,16 @@ def run_pipeline(data: Dict[str, Any], *, storage_path: Optional[str] = None, tr
 def _drive_stage(ctl, pid, stage, wid, stage_spec, results, *, job_id, storage, tracking_uri, poll_s) -> None:
     from raylane.control.client import EndState, Outcome
     from raylane.launchers import launcher_for
-    from raylane.run import _say, _short
+    from raylane.launchers.driver import one_line, say
 
     try:
         rec = launcher_for(stage_spec.get("kind", "train"))(
             stage_spec, ctl=ctl, job_id=job_id, storage_path=storage, tracking_uri=tracking_uri, poll_s=poll_s,
             workload_id=wid)
     except BaseException as exc:  # noqa: BLE001 - a stage's crash fails that stage, not the driver
-        _say(f"stage {stage} ({wid}) failed in its driver: {_short(exc)}")
+        say(f"stage {stage} ({wid}) failed in its driver: {one_line(exc)}")
         if not ctl.status(wid).terminal:
-            ctl.release(wid, Outcome.FAILED, state=EndState.FAILED, detail=f"driver error: {_short(exc)}")
+            ctl.release(wid, Outcome.FAILED, state=EndState.FAILED, detail=f"driver error: {one_line(exc)}")
         results[stage] = {"state": "FAILED"}
         return
     results[stage] = rec
@@ -129,8 +129,8 @@ def _drive_stage(ctl, pid, stage, wid, stage_spec, results, *, job_id, storage, 
     size = _size(path) if path else None
     node = next(iter(rec.get("placement") or ()), "")
     ctl.pipeline_output(pid, stage, path=path, size=size, node=node)
-    _say(f"stage {stage} succeeded; output {path or '(none)'}"
-         + (f" ({size / 1e6:.2f} MB)" if size is not None else "") + (f" on node {node[:12]}" if node else ""))
+    say(f"stage {stage} succeeded; output {path or '(none)'}"
+        + (f" ({size / 1e6:.2f} MB)" if size is not None else "") + (f" on node {node[:12]}" if node else ""))
 
 
 def _size(path: str) -> Optional[int]:
@@ -198,7 +198,7 @@ def _renamed(plan, names):
 def _finish(tracker, view: Dict[str, Any], storage: str, spec: ps.PipelineSpec) -> None:
     """Gantt chart (plan above, actual run below), makespans and the end state on the pipeline's MLflow run."""
     from raylane.planning import Pipeline, Stage
-    from raylane.run import _say
+    from raylane.launchers.driver import say
 
     planned, actual = planned_plan(view), actual_plan(view)
     names = node_labels({p.node for p in planned.placements + actual.placements})
@@ -212,9 +212,9 @@ def _finish(tracker, view: Dict[str, Any], storage: str, spec: ps.PipelineSpec) 
         write_gantt(path, pipeline, _renamed(planned, names), actual=_renamed(actual, names),
                     title=f"pipeline {view['id']}: plan and actual run")
         tracker.client.log_artifact(tracker.run_id, path, "gantt")
-        _say(f"Gantt chart of the plan and the run: {path}")
+        say(f"Gantt chart of the plan and the run: {path}")
     except Exception as exc:  # noqa: BLE001 - a chart must not fail a finished pipeline
-        _say(f"could not write the Gantt chart: {exc}")
+        say(f"could not write the Gantt chart: {exc}")
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -223,5 +223,5 @@ def _finish(tracker, view: Dict[str, Any], storage: str, spec: ps.PipelineSpec) 
     tracker.client.log_batch(tracker.run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     tracker.set_tags({"raylane.pipeline.state": view["state"]})
     tracker.finish({"SUCCEEDED": "FINISHED", "CANCELLED": "KILLED"}.get(view["state"], "FAILED"))
-    _say(f"pipeline {view['id']}: {view['state']}; planned {view['makespan_h'] * 60:.1f} min, actual "
-         f"{actual.makespan_h * 60:.1f} min, re-planned {len(view['replans'])}x")
+    say(f"pipeline {view['id']}: {view['state']}; planned {view['makespan_h'] * 60:.1f} min, actual "
+        f"{actual.makespan_h * 60:.1f} min, re-planned {len(view['replans'])}x")
