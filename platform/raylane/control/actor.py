@@ -65,6 +65,8 @@ JOB_SUBMIT_GRACE_S = 60.0
 COST_EXPORT_TICKS = 15
 # Between full ticks, cycles run on changes no closer together than this (ControlActor._loop).
 CYCLE_SPACING_S = 0.02
+# A tick that takes longer is logged with the time each of its parts took (ControlActor._tick).
+SLOW_TICK_S = 0.25
 
 
 def health_rules(policy) -> HealthRules:
@@ -152,6 +154,8 @@ class ControlActor(PipelineCalls):
         self._preemptor_cls: Dict[str, str] = {}
         self._jobs_checked = 0.0
         self._jobs_client = None  # ray.job_submission.JobSubmissionClient, made at first use (_jobs)
+        self._pgs: Dict[str, Any] = {}  # placement group name -> the handle _reserve made (_remove_pg)
+        self._reason_of: Dict[str, Any] = {}  # workload id -> the core's reason its record shows (_tick)
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
         self._waiting: set = set()
         self._started = time.time()
@@ -207,6 +211,7 @@ class ControlActor(PipelineCalls):
         self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
         self._node_ids = set()
         self._waiting = set()
+        self._reason_of = {}
         self._refresh_nodes()
         existing = {v["name"]: v for v in placement_group_table().values()
                     if v.get("state") != "REMOVED" and v.get("name")}
@@ -366,23 +371,39 @@ class ControlActor(PipelineCalls):
 
     async def _tick(self, full: bool = True) -> None:
         """One scheduling cycle and what it decided carried out; with ``full``, first the periodic work too (Ray's
-        node table, node service, jobs, pipelines, grace deadlines) and after it the gauges and costs."""
+        node table, node service, jobs, pipelines, grace deadlines) and after it the gauges and costs. A tick over
+        ``SLOW_TICK_S`` is logged with the time each part took."""
         now = time.time()
+        took: Dict[str, float] = {}
+        mark = time.perf_counter()
+
+        def lap(part: str) -> None:
+            nonlocal mark
+            t = time.perf_counter()
+            took[part] = took.get(part, 0.0) + t - mark
+            mark = t
+
         if full:
             self._refresh_nodes()
+            lap("nodes")
             self._service_nodes(now)
+            lap("node service")
             self._watch_jobs(now)
+            lap("jobs")
         for wid in list(self._waiting):
             self._release_if_ready(self.records[wid])
         if full:
             self._service_pipelines(now)
             await self._enforce_deadlines(now)
+        lap("waiting, pipelines, deadlines")
         self.state.decay(now)
         snap = self.state.snapshot()
+        lap("snapshot")
         t0 = time.perf_counter()
         with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)
             result = cycle(snap, now)
         metrics.CYCLE_SECONDS.observe(time.perf_counter() - t0)
+        lap("cycle")
         self.cycles += 1
         for p in result.preempted:
             for vid in p.victims:
@@ -393,21 +414,37 @@ class ControlActor(PipelineCalls):
             self._admit(a, now)
         for a in result.admitted:
             self._lost_capacity.discard(a.workload.id)
-        in_service = [n for n in self.state.nodes.values() if n.schedulable]
+            self._reason_of.pop(a.workload.id, None)
+        lap("decisions")
+        in_service = None
         for p in result.pending:
             rec = self.records[p.workload.id]
-            rec.reason, rec.position = str(p.reason), p.position
+            rec.position = p.position
+            if self._reason_of.get(rec.id) == p.reason and rec.id not in self._lost_capacity:
+                continue  # the reason it already shows (formatting thousands of them a cycle is most of its cost)
+            self._reason_of[rec.id] = p.reason
+            rec.reason = str(p.reason)
             rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
             if rec.id in self._lost_capacity:
+                in_service = in_service if in_service is not None else [
+                    n for n in self.state.nodes.values() if n.schedulable]
                 why = check_feasible(p.workload, in_service, self.state.teams, self.state.config.admission)
                 if why is not None:
                     rec.reason = (f"the capacity it ran on is gone (a node was lost) and the nodes in service "
                                   f"could never hold it: {why.detail}; it "
                                   f"waits for nodes to join or return to service")
                     rec.reason_data = {"type": "CapacityLost", "detail": str(why)}
+        lap("reasons")
         if full:
             self._export_gauges()
+            lap("gauges")
             self._export_costs(now)
+            lap("costs")
+        total = sum(took.values())
+        if total > SLOW_TICK_S:
+            log.warning("slow %s tick: %.0f ms (%s); %d pending, %d leases", "full" if full else "cycle-only",
+                        total * 1e3, ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in took.items() if v >= 0.001),
+                        self.state.pending_count(), len(self.state.leases))
 
     # ------------------------------------------------------------------------------------------ node service
     def _service_nodes(self, now: float) -> None:
@@ -542,12 +579,15 @@ class ControlActor(PipelineCalls):
         except Exception as exc:  # noqa: BLE001 - any failure to reserve is rolled back the same way
             self._rollback(rec, f"placement group could not be created: {exc}")
             return
+        self._pgs[rec.pg_name] = pg
         asyncio.get_event_loop().create_task(self._confirm(rec, pg))
 
     async def _confirm(self, rec: Record, pg) -> None:
         try:
             await asyncio.wait_for(pg.ready(), timeout=self.admit_timeout_s)
         except Exception as exc:  # noqa: BLE001
+            if self._pgs.get(rec.pg_name) is pg:
+                del self._pgs[rec.pg_name]
             remove_placement_group(pg)
             self._rollback(rec, f"reservation not ready in {self.admit_timeout_s:g}s ({type(exc).__name__})")
             return
@@ -650,11 +690,7 @@ class ControlActor(PipelineCalls):
                 ray.kill(h, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        if rec.pg_name:
-            try:
-                remove_placement_group(ray.util.get_placement_group(rec.pg_name))
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        self._remove_pg(rec)
 
     def _release_lease(self, rec: Record, now: float, outcome: str, step: Optional[int] = None) -> None:
         """A preempted lease is over: free it and put the workload back at its original place."""
@@ -673,8 +709,9 @@ class ControlActor(PipelineCalls):
 
     def _remove_pg(self, rec: Record) -> None:
         if rec.pg_name:
+            pg = self._pgs.pop(rec.pg_name, None)  # the handle _reserve made; looked up by name after a restart
             try:
-                remove_placement_group(ray.util.get_placement_group(rec.pg_name))
+                remove_placement_group(pg if pg is not None else ray.util.get_placement_group(rec.pg_name))
             except Exception:  # noqa: BLE001 - already removed
                 pass
 

@@ -11,7 +11,7 @@ gang saves a checkpoint and stops, and its driver restarts it at the size the sc
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
 from raylane.control.journal import Entry
@@ -199,10 +199,16 @@ class Record:
         self.admitted_at = e.ts
 
     def public(self) -> Dict[str, Any]:
-        out = asdict(self)
+        """The record as a reply's dict: its fields (containers copied one level: the reply is serialized as it
+        leaves the actor, so a deep copy of the spec on every reply bought nothing), state, team, class, kind."""
+        out = {f.name: _shallow(getattr(self, f.name)) for f in fields(self)}
         out["state"] = self.state.value
         out["team"] = self.team
         out["class"] = self.cls
         out["kind"] = self.spec.get("kind", "train")
         out["workers"] = self.workers
         return out
+
+
+def _shallow(v: Any) -> Any:
+    return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
