@@ -127,7 +127,8 @@ class ControlActor(PipelineCalls):
         # MLflow run a task is closing now (raylane.control.ends).
         self._ends: set = set()
         self._closing: set = set()
-        self.journal = Journal(journal_path)
+        self.journal = Journal(journal_path, batched=True)  # group commit: _durable, and before each Ray effect
+        self._commit_waiters: Optional[asyncio.Future] = None
         self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
         self.records: Dict[str, Record] = {}
         self.nodes = NodeBook(health_rules(self.policy))
@@ -170,6 +171,7 @@ class ControlActor(PipelineCalls):
         boot = auth.get("bootstrap")
         if boot:
             self.gate.bootstrap(boot["user"], boot["id"], boot["salt"], boot["digest"])
+        self.journal.commit()  # what recovery and the bootstrap journaled
 
     # ------------------------------------------------------------------------------------------- recovery
     def _recover(self) -> None:
@@ -440,6 +442,8 @@ class ControlActor(PipelineCalls):
             lap("gauges")
             self._export_costs(now)
             lap("costs")
+        self.journal.commit()
+        lap("commit")
         total = sum(took.values())
         if total > SLOW_TICK_S:
             log.warning("slow %s tick: %.0f ms (%s); %d pending, %d leases", "full" if full else "cycle-only",
@@ -568,6 +572,7 @@ class ControlActor(PipelineCalls):
     def _reserve(self, rec: Record, w, placement) -> None:
         """Hold the lease's capacity in Ray: a detached placement group, one bundle per worker pinned to its node,
         until the driver hands it over to Ray Train (``running``); rolled back if it cannot be placed."""
+        self.journal.commit()  # the admission is on disk before Ray holds anything for it
         try:
             pg = placement_group(
                 [bundle_for(w.gang.per_worker)] * len(placement),
@@ -685,6 +690,7 @@ class ControlActor(PipelineCalls):
 
     def _kill_gang(self, rec: Record) -> None:
         """Kill the gang's registered workers and remove its reservation."""
+        self.journal.commit()
         for h in self._workers.pop(rec.id, []):
             try:
                 ray.kill(h, no_restart=True)
@@ -709,6 +715,7 @@ class ControlActor(PipelineCalls):
 
     def _remove_pg(self, rec: Record) -> None:
         if rec.pg_name:
+            self.journal.commit()  # the end of the lease is on disk before its reservation goes
             pg = self._pgs.pop(rec.pg_name, None)  # the handle _reserve made; looked up by name after a restart
             try:
                 remove_placement_group(pg if pg is not None else ray.util.get_placement_group(rec.pg_name))
@@ -728,11 +735,34 @@ class ControlActor(PipelineCalls):
         except RaylaneError as exc:
             if req.audited:
                 self.gate.record(p, name, req.target(), "refused", f"{type(exc).__name__}: {exc}")
+            await self._durable()
             raise
         if req.audited:
             target = req.target() or (out.get("id") if isinstance(out, dict) else None)
             self.gate.record(p, name, target, "ok")
+        await self._durable()  # nothing is answered before what it changed is on disk
         return out
+
+    async def _durable(self) -> None:
+        """Wait until the journal's pending entries are committed. The requests that journaled in the same turn
+        of the event loop share one commit (group commit): a burst of submissions costs one fsync per turn, not
+        one or two each."""
+        if not self.journal.pending:
+            return
+        if self._commit_waiters is None:
+            loop = asyncio.get_running_loop()
+            self._commit_waiters = loop.create_future()
+            loop.call_soon(self._group_commit)
+        await asyncio.shield(self._commit_waiters)
+
+    def _group_commit(self) -> None:
+        waiters, self._commit_waiters = self._commit_waiters, None
+        try:
+            self.journal.commit()
+        except Exception as exc:  # noqa: BLE001 - each waiting request fails with it
+            waiters.set_exception(exc)
+            return
+        waiters.set_result(None)
 
     def _team_of(self, req: api.Request):
         def find(wid):
@@ -1000,6 +1030,7 @@ class ControlActor(PipelineCalls):
         return self._jobs_client
 
     def _stop_job(self, job_id: str) -> None:
+        self.journal.commit()
         try:
             self._jobs().stop_job(job_id)
         except Exception as exc:  # noqa: BLE001 - the job may be gone already
@@ -1071,6 +1102,7 @@ class ControlActor(PipelineCalls):
     async def _close_run(self, action: ends.CloseRun) -> None:
         """End the MLflow run a driver left open, in a task (MLflow is not imported here); journaled either way."""
         try:
+            self.journal.commit()
             done = await _close_run_task.remote(action.uri, action.run_id, action.status, action.reason)
         except Exception as exc:  # noqa: BLE001 - the task died: tried again at the next watch
             log.warning("closing MLflow run %s of %s: %s", action.run_id, action.workload_id, exc)

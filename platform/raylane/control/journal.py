@@ -29,7 +29,13 @@ class Entry:
 
 
 class Journal:
-    def __init__(self, path: str):
+    """``batched``: appends go into one open transaction until ``commit()`` (group commit: one fsync for many
+    entries). Its owner commits before it acts on what it journaled and before it answers a caller
+    (``ControlActor._durable``); what was appended but not committed is lost with the process, as a change not yet
+    acted on. Otherwise each append commits at once."""
+
+    def __init__(self, path: str, *, batched: bool = False):
+        self.batched = batched
         self.path = os.path.abspath(os.path.expanduser(path))
         # Readable by the user that runs the control plane only: it holds every team's specs, the token digests
         # and the audit trail. sqlite gives its -wal and -shm files the main file's permissions.
@@ -46,11 +52,23 @@ class Journal:
 
     def append(self, kind: str, workload_id: str, ts: Optional[float] = None, **data: Any) -> Entry:
         ts = time.time() if ts is None else ts
+        if self.batched and not self._db.in_transaction:
+            self._db.execute("BEGIN")
         cur = self._db.execute(
             "INSERT INTO journal (ts, kind, workload_id, data) VALUES (?, ?, ?, ?)",
             (ts, kind, workload_id, json.dumps(data, sort_keys=True, default=str)),
         )
         return Entry(cur.lastrowid, ts, kind, workload_id, data)
+
+    @property
+    def pending(self) -> bool:
+        """Entries appended and not committed yet (``batched`` only)."""
+        return self._db.in_transaction
+
+    def commit(self) -> None:
+        """Make every appended entry durable (one fsync); nothing to do when none is pending."""
+        if self._db.in_transaction:
+            self._db.execute("COMMIT")
 
     def replay(self) -> Iterator[Entry]:
         for seq, ts, kind, wid, data in self._db.execute(
@@ -83,4 +101,9 @@ class Journal:
             yield Entry(s, ts, k, wid, json.loads(data))
 
     def close(self) -> None:
+        """Commit what is pending and close (again: nothing)."""
+        try:
+            self.commit()
+        except sqlite3.ProgrammingError:  # closed already
+            return
         self._db.close()
