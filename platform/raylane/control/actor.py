@@ -129,6 +129,7 @@ class ControlActor(PipelineCalls):
         self._closing: set = set()
         self.journal = Journal(journal_path, batched=True)  # group commit: _durable, and before each Ray effect
         self._commit_waiters: Optional[asyncio.Future] = None
+        self._removals: List[Any] = []  # placement groups (or their names) to remove after the next commit
         self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
         self.records: Dict[str, Record] = {}
         self.nodes = NodeBook(health_rules(self.policy))
@@ -171,7 +172,7 @@ class ControlActor(PipelineCalls):
         boot = auth.get("bootstrap")
         if boot:
             self.gate.bootstrap(boot["user"], boot["id"], boot["salt"], boot["digest"])
-        self.journal.commit()  # what recovery and the bootstrap journaled
+        self._commit()  # what recovery and the bootstrap journaled
 
     # ------------------------------------------------------------------------------------------- recovery
     def _recover(self) -> None:
@@ -442,7 +443,7 @@ class ControlActor(PipelineCalls):
             lap("gauges")
             self._export_costs(now)
             lap("costs")
-        self.journal.commit()
+        self._commit()
         lap("commit")
         total = sum(took.values())
         if total > SLOW_TICK_S:
@@ -572,7 +573,7 @@ class ControlActor(PipelineCalls):
     def _reserve(self, rec: Record, w, placement) -> None:
         """Hold the lease's capacity in Ray: a detached placement group, one bundle per worker pinned to its node,
         until the driver hands it over to Ray Train (``running``); rolled back if it cannot be placed."""
-        self.journal.commit()  # the admission is on disk before Ray holds anything for it
+        self._commit()  # the admission is on disk (and any group of the same name gone) before Ray holds anything
         try:
             pg = placement_group(
                 [bundle_for(w.gang.per_worker)] * len(placement),
@@ -690,7 +691,7 @@ class ControlActor(PipelineCalls):
 
     def _kill_gang(self, rec: Record) -> None:
         """Kill the gang's registered workers and remove its reservation."""
-        self.journal.commit()
+        self._commit()
         for h in self._workers.pop(rec.id, []):
             try:
                 ray.kill(h, no_restart=True)
@@ -714,13 +715,15 @@ class ControlActor(PipelineCalls):
         self._poke()
 
     def _remove_pg(self, rec: Record) -> None:
+        """Remove the lease's reservation once what ended it is committed: with the turn's group commit (a release
+        and its audit entry, and the other requests of the turn, share it), or before the next reservation."""
         if rec.pg_name:
-            self.journal.commit()  # the end of the lease is on disk before its reservation goes
             pg = self._pgs.pop(rec.pg_name, None)  # the handle _reserve made; looked up by name after a restart
+            self._removals.append(pg if pg is not None else rec.pg_name)
             try:
-                remove_placement_group(pg if pg is not None else ray.util.get_placement_group(rec.pg_name))
-            except Exception:  # noqa: BLE001 - already removed
-                pass
+                self._schedule_commit()
+            except RuntimeError:  # no event loop running (recovery, in __init__): at once
+                self._commit()
 
     # ------------------------------------------------------------------------------------------------ API
     # ------------------------------------------------------------------------------------------- requests
@@ -744,25 +747,39 @@ class ControlActor(PipelineCalls):
         return out
 
     async def _durable(self) -> None:
-        """Wait until the journal's pending entries are committed. The requests that journaled in the same turn
-        of the event loop share one commit (group commit): a burst of submissions costs one fsync per turn, not
-        one or two each."""
-        if not self.journal.pending:
+        """Wait until the journal's pending entries are committed (and the removals that waited for them done).
+        The requests that journaled in the same turn of the event loop share one commit (group commit): a burst of
+        submissions costs one fsync per turn, not one or two each."""
+        if not self.journal.pending and not self._removals:
             return
+        await asyncio.shield(self._schedule_commit())
+
+    def _schedule_commit(self) -> "asyncio.Future":
+        """The group commit of this turn of the event loop (``_group_commit``), scheduled if it is not yet."""
         if self._commit_waiters is None:
             loop = asyncio.get_running_loop()
             self._commit_waiters = loop.create_future()
             loop.call_soon(self._group_commit)
-        await asyncio.shield(self._commit_waiters)
+        return self._commit_waiters
 
     def _group_commit(self) -> None:
         waiters, self._commit_waiters = self._commit_waiters, None
         try:
-            self.journal.commit()
+            self._commit()
         except Exception as exc:  # noqa: BLE001 - each waiting request fails with it
             waiters.set_exception(exc)
             return
         waiters.set_result(None)
+
+    def _commit(self) -> None:
+        """Commit the journal, then remove the placement groups whose end it journaled (``_remove_pg``)."""
+        self.journal.commit()
+        removals, self._removals = self._removals, []
+        for target in removals:
+            try:
+                remove_placement_group(ray.util.get_placement_group(target) if isinstance(target, str) else target)
+            except Exception:  # noqa: BLE001 - already removed
+                pass
 
     def _team_of(self, req: api.Request):
         def find(wid):
