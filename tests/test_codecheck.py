@@ -27,22 +27,28 @@ def in_process(data):
     return None
 
 
-@pytest.mark.parametrize("data", [
+CASES = pytest.mark.parametrize("data", [
     spec(),
     spec(entrypoint="no_such_module_here:train"),
     spec(entrypoint="workloads.ray_train:no_such_function"),
     spec(config={"lr": 1e18}),
 ], ids=["good", "missing module", "missing function", "config its schema refuses"])
-def test_the_child_answers_what_the_check_in_process_answers(data, monkeypatch):
-    monkeypatch.chdir(ROOT)
+
+
+def answers_as_in_process(check: CodeCheck, data) -> None:
     expected = in_process(data)
-    check = CodeCheck(data, "spec", working_dir=str(ROOT))
     if expected is None:
         check.result()
         return
     with pytest.raises(ValidationError) as err:
         check.result()
     assert err.value.errors == expected and err.value.source == "spec"
+
+
+@CASES
+def test_the_child_answers_what_the_check_in_process_answers(data, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    answers_as_in_process(CodeCheck(data, "spec", working_dir=str(ROOT)), data)
 
 
 def test_a_child_that_cannot_answer_is_a_fatal_error_with_its_output(monkeypatch):
@@ -166,22 +172,11 @@ def warm_root():
     shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.parametrize("data", [
-    spec(),
-    spec(entrypoint="no_such_module_here:train"),
-    spec(entrypoint="workloads.ray_train:no_such_function"),
-    spec(config={"lr": 1e18}),
-], ids=["good", "missing module", "missing function", "config its schema refuses"])
+@CASES
 def test_a_warm_check_answers_what_the_check_in_process_answers(data, warm_root):
-    expected = in_process(data)
     c = CodeCheck(data, "spec", working_dir=str(ROOT))
     assert c.warm
-    if expected is None:
-        c.result()
-        return
-    with pytest.raises(ValidationError) as err:
-        c.result()
-    assert err.value.errors == expected and err.value.source == "spec"
+    answers_as_in_process(c, data)
 
 
 def test_edits_to_the_users_code_are_seen_by_the_next_warm_check(project):
