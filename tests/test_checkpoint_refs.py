@@ -105,12 +105,12 @@ def test_find_source_by_id_or_newest_of_a_name():
 
 
 def test_explain_folds_each_run_of_checkpoints_into_one_line():
-    from raylane.cli_cluster import _journal_lines
+    from raylane.render import journal_lines
 
     journal = [{"ts": 1, "kind": "running", "note": "gang starting"},
                {"ts": 2, "kind": "checkpointed", "step": 10}, {"ts": 3, "kind": "checkpointed", "step": 20},
                {"ts": 4, "kind": "event"},  # a progress update, shown as "now" instead
                {"ts": 5, "kind": "preempting", "note": "preempted"}, {"ts": 6, "kind": "checkpointed", "step": 25}]
-    assert [(e["ts"], e["kind"], e["note"]) for e in _journal_lines(journal)] == [
+    assert [(e["ts"], e["kind"], e["note"]) for e in journal_lines(journal)] == [
         (1, "running", "gang starting"), (2, "checkpointed", "2 checkpoint(s), steps 10..20"),
         (5, "preempting", "preempted"), (6, "checkpointed", "1 checkpoint(s), step 25")]

@@ -1,10 +1,10 @@
-"""Fault drills (raylane.launchers.faults), without Ray: they act on the reports of any loop (raylane.train calls
+"""Fault drills (raylane.faults), without Ray: they act on the reports of any loop (raylane.train calls
 them from the wrapped ``ray.train.report``); the end-to-end preemption tests rely on them to be independent of the
 machine's speed."""
 import pytest
 
 from raylane.errors import ValidationError
-from raylane.launchers.faults import Faults, InjectedCrash
+from raylane.faults import Faults, InjectedCrash
 
 
 def test_a_crash_fires_on_rank_0_at_its_step_in_the_first_n_attempts_only(tmp_path):

@@ -1,4 +1,4 @@
-"""The pipeline spec and the control plane's pipeline decisions, without Ray (raylane.pipelines.spec,
+"""The pipeline spec and the control plane's pipeline decisions, without Ray (raylane.config.pipeline,
 raylane.control.pipelines): every refusal named; stage references resolved; stages gated on their inputs; preferred
 nodes; end states; overruns; the re-plan problem with finished and running stages fixed where they ran."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import yaml
 from raylane.control.journal import Entry
 from raylane.control.pipelines import PipelineBook, end_state, gate, overrunning, preferred_nodes
 from raylane.errors import ValidationError
-from raylane.pipelines import spec as ps
+from raylane.config import pipeline as ps
 from raylane.planning import PLANNERS, Network, PlanNode, verify
 from tests.raytest import REPO
 

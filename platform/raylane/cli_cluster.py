@@ -28,7 +28,6 @@ err = Console(stderr=True)
 # Kinds whose driver drives one workload that `submit` can queue before the job starts (``raylane.run
 # --workload-id``); a sweep's or a service's driver registers what it runs itself, once started.
 QUEUED_BY_SUBMIT = ("train", "eval", "batch")
-_journal_lines = journal_lines  # its name here before it moved to raylane.render
 
 
 @contextlib.contextmanager

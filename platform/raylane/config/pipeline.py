@@ -16,7 +16,7 @@ Output directories: ``<storage>/pipelines/<pipeline id>/<stage>``; a batch stage
 there, a command stage finds it in ``RAYLANE_OUTPUT``; a training stage's output is its checkpoints.
 
 The module lives in ``raylane.config`` beside the other specs, so that the control plane reads pipelines without
-importing the pipeline driver; ``raylane.pipelines.spec`` is the same names under their first address.
+importing the pipeline driver.
 """
 from __future__ import annotations
 

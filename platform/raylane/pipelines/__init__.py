@@ -2,7 +2,7 @@
 on the cluster's nodes (``raylane.planning``), admitted stage by stage by the control actor and driven by one Ray job
 (``python -m raylane.run pipeline.yaml``). See docs/pipelines.md.
 
-- ``raylane.config.pipeline`` (also ``raylane.pipelines.spec``): the spec, its checks, its expansion into stage
+- ``raylane.config.pipeline``: the spec, its checks, its expansion into stage
   workloads, the planning problem.
 - ``raylane.pipelines.driver``: the job's driver (``run_pipeline``) and ``check`` (what ``raylane spec check`` and
   ``raylane submit`` run on a pipeline).
