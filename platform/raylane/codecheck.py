@@ -150,7 +150,7 @@ class CodeCheck:
                     break
                 chunks.append(chunk)
         except socket.timeout:
-            raise FatalError(f"checking the spec's code took over {timeout:g}s (does importing it hang?)")
+            raise _hung(timeout)
         except OSError:
             return None
         finally:
@@ -167,7 +167,7 @@ class CodeCheck:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.communicate()
-            raise FatalError(f"checking the spec's code took over {timeout:g}s (does importing it hang?)")
+            raise _hung(timeout)
         answer = _answer(out)
         if answer is None:
             raise FatalError(f"checking the spec's code failed (exit {self._proc.returncode}):\n{errtext[-3000:]}")
@@ -192,6 +192,15 @@ class CodeCheck:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.communicate()
+
+
+def _hung(timeout: float) -> FatalError:
+    return FatalError(f"checking the spec's code took over {timeout:g}s (does importing it hang?)")
+
+
+def _folder(d: str) -> str:
+    """``d`` resolved, with a trailing separator: a path under it starts with it."""
+    return os.path.join(os.path.realpath(d), "")
 
 
 def _connect(path: Path, timeout: float = 1.0) -> Optional[socket.socket]:
@@ -326,7 +335,7 @@ def _forget_shadowed(own_dirs: Sequence[str]) -> None:
             continue
         names.update(e[:-3] for e in entries if e.endswith(".py"))
         names.update(e for e in entries if os.path.isfile(os.path.join(d, e, "__init__.py")))
-    stdlib = os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), "")
+    stdlib = _folder(sysconfig.get_paths()["stdlib"])
     for top in names:
         path = getattr(sys.modules.get(top), "__file__", None)
         if path is None or os.path.realpath(path).startswith(stdlib):
@@ -343,11 +352,8 @@ def _libraries(names, own_dirs: Sequence[str]) -> List[str]:
     import site
     import sysconfig
 
-    def folder(d: str) -> str:
-        return os.path.join(os.path.realpath(d), "")
-
-    own = [folder(d) for d in own_dirs]
-    installed = [folder(d) for d in {sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
+    own = [_folder(d) for d in own_dirs]
+    installed = [_folder(d) for d in {sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"],
                                      sysconfig.get_paths()["platlib"], *site.getsitepackages()}]
     verdict: Dict[str, bool] = {}
 
