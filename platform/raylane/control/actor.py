@@ -157,7 +157,7 @@ class ControlActor(PipelineCalls):
         self._jobs_checked = 0.0
         self._jobs_client = None  # ray.job_submission.JobSubmissionClient, made at first use (_jobs)
         self._pgs: Dict[str, Any] = {}  # placement group name -> the handle _reserve made (_remove_pg)
-        self._reason_of: Dict[str, Any] = {}  # workload id -> the core's reason its record shows (_tick)
+        self._reason_of: Dict[str, Any] = {}  # pending workload id -> the core's reason its record shows (_tick)
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
         self._waiting: set = set()
         self._started = time.time()
@@ -214,7 +214,6 @@ class ControlActor(PipelineCalls):
         self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
         self._node_ids = set()
         self._waiting = set()
-        self._reason_of = {}
         self._refresh_nodes()
         existing = {v["name"]: v for v in placement_group_table().values()
                     if v.get("state") != "REMOVED" and v.get("name")}
@@ -417,15 +416,14 @@ class ControlActor(PipelineCalls):
             self._admit(a, now)
         for a in result.admitted:
             self._lost_capacity.discard(a.workload.id)
-            self._reason_of.pop(a.workload.id, None)
         lap("decisions")
         in_service = None
+        shown, self._reason_of = self._reason_of, {p.workload.id: p.reason for p in result.pending}
         for p in result.pending:
             rec = self.records[p.workload.id]
             rec.position = p.position
-            if self._reason_of.get(rec.id) == p.reason and rec.id not in self._lost_capacity:
+            if shown.get(rec.id) == p.reason and rec.id not in self._lost_capacity:
                 continue  # the reason it already shows (formatting thousands of them a cycle is most of its cost)
-            self._reason_of[rec.id] = p.reason
             rec.reason = str(p.reason)
             rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
             if rec.id in self._lost_capacity:
