@@ -337,13 +337,11 @@ def test_a_burst_of_one_spec_name_keeps_every_workload(ctl):
 
 
 def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    # The control actor's class run in this process (on the module's cluster), on a journal that already holds a
-    # rejected workload, with a source of randomness that draws that workload's id again and again.
-    import asyncio
-
+    # The control plane's state machine, on a journal that already holds a rejected workload, with a source of
+    # randomness that draws that workload's id again and again.
     from raylane import ids
-    from raylane.control.actor import ControlActor
     from raylane.control.journal import Journal
+    from raylane.control.state import ControlState
     from raylane.errors import ConflictError
 
     taken = "burst-0123456789ab"
@@ -352,7 +350,13 @@ def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatc
     j.append("submitted", taken, spec=spec("burst", "team-a", "eval", gpu=0), submit_time=time.time(), owner="a")
     j.append("rejected", taken, reason="the earlier one")
     j.close()
-    actor = ControlActor(local_policy(), path, auth={"enabled": False})
+    actor = ControlState(local_policy(), Journal(path), auth={"enabled": False})
+
+    def request(call, args):
+        try:
+            return actor.handle(*actor.check(None, call, args))
+        finally:
+            actor.journal.commit()
 
     def rows(kind_is_audit=False):
         return [(e.seq, e.kind, e.workload_id, e.data) for e in actor.journal.replay()
@@ -363,7 +367,7 @@ def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatc
         rec = actor.records[taken]
         monkeypatch.setattr(ids, "suffix", lambda: taken.rsplit("-", 1)[1])
         with pytest.raises(ConflictError) as err:
-            asyncio.run(actor.request(None, "submit", {"spec": spec("burst", "team-a", "eval", gpu=0)}))
+            request("submit", {"spec": spec("burst", "team-a", "eval", gpu=0)})
         assert err.value.errors[0][:2] == ("id", taken)
         # No journal row but the refusal's audit, no record change: the earlier workload is as it was.
         assert rows() == before
@@ -372,8 +376,8 @@ def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatc
         assert (rec.state, rec.reason) == (State.REJECTED, "the earlier one")
         # A pipeline id is the caller's choice: one a workload goes by is refused the same way.
         with pytest.raises(ConflictError) as err:
-            asyncio.run(actor.request(None, "pipeline_submit", {"spec": {"name": "p"}, "pipeline_id": taken,
-                                                                "storage_path": str(tmp_path)}))
+            request("pipeline_submit", {"spec": {"name": "p"}, "pipeline_id": taken,
+                                         "storage_path": str(tmp_path)})
         assert err.value.errors[0][:2] == ("pipeline_id", taken)
         assert rows() == before
     finally:

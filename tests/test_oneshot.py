@@ -179,7 +179,7 @@ def test_python_in_a_command_is_the_jobs_interpreter():
 
 
 def test_the_reference_key_is_checkpoint_for_one_shot_kinds():
-    from raylane.control.actor import ref_key
+    from raylane.control.checkpoints import ref_key
 
     assert [ref_key({"kind": k}) for k in ("eval", "batch", "train")] == ["checkpoint", "checkpoint", "init_from"]
     assert ref_key({}) == "init_from"

@@ -184,3 +184,14 @@ def source_limits(spec: Dict[str, Any]) -> tuple:
     max_step = cfg.get("max_steps") if isinstance(cfg.get("max_steps"), int) else None
     every = cfg.get("checkpoint_every") if isinstance(cfg.get("checkpoint_every"), int) else None
     return max_step, every
+
+
+# The config key that names another workload's checkpoint ({workload, step}; raylane.control.checkpoints): a
+# training gang starts from it, a one-shot workload (raylane.launchers.oneshot) evaluates or infers with it.
+REF_KEYS = {"eval": "checkpoint", "batch": "checkpoint"}
+DEFAULT_REF_KEY = "init_from"
+
+
+def ref_key(spec: Dict[str, Any]) -> str:
+    """``checkpoint`` for kinds eval and batch, ``init_from`` for the others."""
+    return REF_KEYS.get(spec.get("kind", "train"), DEFAULT_REF_KEY)

@@ -133,7 +133,7 @@ def plan(spec: Mapping[str, Any], *, storage_path: str, working_dir: Optional[st
     working directory). The user's code is checked by ``raylane.entrypoints.check_spec`` (``raylane.run`` does it
     before calling the launcher)."""
     from raylane.config.loader import load_spec_from_dict
-    from raylane.control.actor import bundle_for
+    from raylane.control.state import bundle_for
 
     name = spec.get("name", "?") if isinstance(spec, Mapping) else "?"
     parsed = load_spec_from_dict(spec, f"spec {name}")

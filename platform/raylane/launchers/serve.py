@@ -54,7 +54,7 @@ import ray
 from raylane import entrypoints, metrics
 from raylane.config.loader import MISSING, load_spec_from_dict
 from raylane.config.serve import ServeModelSpec
-from raylane.control.actor import GiB
+from raylane.control.state import GiB
 from raylane.errors import RetryableError, ValidationError
 from raylane.launchers.autoscale import Autoscaling, ReplicaScaler, pick_release
 

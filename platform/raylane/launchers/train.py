@@ -20,7 +20,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raylane.config.models import spec_workers
-from raylane.control.actor import GiB
+from raylane.control.state import GiB
 from raylane.errors import ValidationError
 from raylane.launchers.datasets import TrainData
 from raylane.launchers.datasets import build as build_datasets

@@ -6,5 +6,5 @@ on the cluster's nodes (``raylane.planning``), admitted stage by stage by the co
   workloads, the planning problem.
 - ``raylane.pipelines.driver``: the job's driver (``run_pipeline``) and ``check`` (what ``raylane spec check`` and
   ``raylane submit`` run on a pipeline).
-- ``raylane.control.pipelines`` / ``raylane.control.actor_pipelines``: the control plane's side.
+- ``raylane.control.pipelines`` / ``raylane.control.state_pipelines``: the control plane's side.
 """

@@ -120,7 +120,7 @@ def tune_trainable(config: Mapping[str, Any], sweep: "SweepSpec"):
     """The Tune trainable of the spec, with its base config bound and the trial's resources attached."""
     from ray import tune
 
-    from raylane.control.actor import GiB
+    from raylane.control.state import GiB
 
     base, _ = base_config(_resolve(sweep.trainable), config, sweep)
     fn = tune.with_parameters(user_trainable, path=sweep.trainable, base=base)

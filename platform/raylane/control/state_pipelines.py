@@ -1,4 +1,4 @@
-"""The control actor's pipeline calls and pipeline service (a mixin of ``ControlActor``; see docs/pipelines.md).
+"""The control plane's pipeline calls and pipeline service (a mixin of ``ControlState``; see docs/pipelines.md).
 
 ``pipeline_submit`` checks a ``kind: pipeline`` spec whole (its shape, its DAG, every stage's workload against the
 policy and the cluster: one stage that could never run refuses the pipeline, named), plans it on the nodes in
@@ -11,7 +11,6 @@ runs longer than ``pipelines.overrun`` times its estimate; a lost node re-plans 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from typing import Any, Dict, Optional
 
@@ -19,6 +18,7 @@ from raylane.auth import Principal
 from raylane.config.loader import load_spec_from_dict
 from raylane.control import api
 from raylane.control import checkpoints as ckrefs
+from raylane.control import effects as fx
 from raylane.control import pipelines as pl
 from raylane.control.records import Record, State
 from raylane.errors import ConflictError, InfeasibleError, NotFoundError, ValidationError
@@ -28,11 +28,11 @@ log = logging.getLogger("raylane.control")
 
 
 class PipelineCalls:
-    """Needs of the actor: ``records``, ``journal``, ``state``, ``policy``, ``gate``, ``pipes`` (a PipelineBook),
+    """Needs of the state machine: ``records``, ``journal``, ``state``, ``policy``, ``gate``, ``pipes`` (a PipelineBook),
     ``_waiting``, ``_append``, ``_append_submitted``, ``_refresh_nodes``, ``_release_if_ready``, ``_poke``."""
 
     # ------------------------------------------------------------------------------------------------ calls
-    async def _api_pipeline_submit(self, p: Principal, req: api.PipelineSubmit) -> Dict[str, Any]:
+    def _api_pipeline_submit(self, p: Principal, req: api.PipelineSubmit) -> Dict[str, Any]:
         from raylane.config import pipeline as ps
         from raylane.planning import PLANNERS, CpSatPlanner
 
@@ -49,7 +49,7 @@ class PipelineCalls:
         ids = ps.stage_ids(pid, spec)
         self._refresh_nodes()
         errors, infeasible, parsed = [], [], {}
-        now = time.time()
+        now = self.clock()
         for stage, s in specs.items():
             try:
                 parsed[stage] = load_spec_from_dict(s, f"stage {stage}", policy=self.policy)
@@ -60,11 +60,11 @@ class PipelineCalls:
             why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
             if why is not None:
                 infeasible.append(f"stage {stage}: {why}")
-            ref = ckrefs.parse_ref(parsed[stage].config.get(_ref_key(s)), f"config.{_ref_key(s)}")
+            ref = ckrefs.parse_ref(parsed[stage].config.get(ckrefs.ref_key(s)), f"config.{ckrefs.ref_key(s)}")
             if ref is not None and ref.workload not in ids.values():
                 source = ckrefs.find_source(ref, self.records.values())
                 if source is None:
-                    infeasible.append(f"stage {stage}: config.{_ref_key(s)} names workload {ref.workload!r}, "
+                    infeasible.append(f"stage {stage}: config.{ckrefs.ref_key(s)} names workload {ref.workload!r}, "
                                       f"which is not known to the control plane")
         if errors:
             raise ValidationError(f"pipeline {spec.name}", errors)
@@ -95,10 +95,10 @@ class PipelineCalls:
         self._poke()
         return self._pipeline_view(p, self.pipes.runs[pid], specs=specs)
 
-    async def _api_pipeline_status(self, p: Principal, req: api.PipelineStatus) -> Dict[str, Any]:
+    def _api_pipeline_status(self, p: Principal, req: api.PipelineStatus) -> Dict[str, Any]:
         return self._pipeline_view(p, self._pipeline(req.workload_id))
 
-    async def _api_pipeline_output(self, p: Principal, req: api.PipelineOutput) -> None:
+    def _api_pipeline_output(self, p: Principal, req: api.PipelineOutput) -> None:
         run = self._pipeline(req.workload_id)
         if req.stage not in run.stages:
             raise ValidationError("pipeline output", [("stage", req.stage, f"one of {', '.join(run.stages)}")])
@@ -151,9 +151,7 @@ class PipelineCalls:
             self._waiting.discard(rec.id)
             self._append("finished", rec, state="FAILED", outcome="pipeline input failed",
                          note=f"failed without running: {why}")
-            ev = self._admitted.get(rec.id)
-            if ev is not None:
-                ev.set()
+            self._emit(fx.Wake(rec.id))
             return False
         rec.reason, rec.position, rec.reason_data = why, None, {"type": "WaitingForInputs"}
         return False
@@ -239,8 +237,3 @@ class PipelineCalls:
             if rec is not None and not rec.state.terminal:
                 self._cancel(rec, "pipeline", f"cancelled: {why}")
 
-
-def _ref_key(spec: Dict[str, Any]) -> str:
-    from raylane.control.actor import ref_key
-
-    return ref_key(spec)

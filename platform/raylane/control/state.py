@@ -1,0 +1,1365 @@
+"""The control plane as a Ray-free state machine: ``ControlState``.
+
+It owns the journal (every change is appended before it is acted on), the workload records, the ``ClusterState``
+that the pure scheduling cycle reads, checkpoint pins and pipeline gating, the node book, resizes and grace
+deadlines, the gate (tokens, audit) and the cost ledger. It imports no Ray and reads no clock of its own: time comes
+from the injected ``clock``, and what it knows of the world from a ``Host``:
+
+- **Events in.** A call (``handle(principal, request)``, after ``gate.check``), a tick (``tick(full)``), a
+  reservation placed or failed (``reservation_ready`` / ``reservation_failed``), probe verdicts (``probed``), an MLflow
+  run closed (``run_closed``). Reads of the world go through the host: Ray's node table and drain notices, the job
+  table, the placement groups that exist (at recovery and for readiness).
+- **Effects out.** What Ray must do, in order, after the journal entries that decided it are committed: reserve or
+  remove a placement group, kill a gang's workers, stop a job, close a run, run the health probes, wake a driver that
+  waits for its admission (``raylane.control.effects``). ``take_effects()`` hands them over; ``wants_cycle`` says a
+  change wants a scheduling cycle soon.
+
+The detached control actor (``raylane.control.actor``) is a thin shell around it: its loop, ``request()`` dispatch,
+the Ray host, and carrying out effects. Tests drive it with a fake clock and a fake host, without Ray
+(``tests/controltest.py``); replaying the journal at start goes through the same records and books as live operation.
+
+Words: *reservation* is the placement group named ``raylane-<workload id>``; *release* is a workload telling the
+control plane it has stopped (done, failed, or yielded after a preemption); *owner* the authenticated user that
+submitted it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+import logging
+import os
+from time import perf_counter
+from typing import Any, Callable, Dict, List, Optional
+
+from raylane import metrics
+from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
+from raylane.auth import Principal
+from raylane.control import api
+from raylane.control import checkpoints as ckrefs
+from raylane.control.checkpoints import ref_key
+from raylane.control import effects as fx
+from raylane.control import ends
+from raylane.control.gate import Gate, target_team
+from raylane.control.journal import Journal
+from raylane.control.state_pipelines import PipelineCalls
+from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
+from raylane.control.pipelines import PipelineBook
+from raylane.control.records import Record, State
+from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, month_start
+from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
+from raylane.ids import new_id
+from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
+from raylane.scheduling.fragmentation import stranded_gpus
+from raylane.scheduling.gcpace import gc_paused
+from raylane.scheduling.types import LeaseState, Resize, Resources
+
+log = logging.getLogger("raylane.control")
+
+GiB = 1024 ** 3
+FEATURE_LABEL_PREFIX = "feature.raylane.io/"
+NODE_TYPE_LABEL = "raylane.io/node-type"
+DATASETS_LABEL = "raylane.io/datasets"
+# A workload queued with a job id the jobs API does not know yet is not taken for gone this long after its submit:
+# `raylane submit` queues it first and submits its driver's job right after (cli_cluster.submit).
+JOB_SUBMIT_GRACE_S = 60.0
+# Ray's job table is read at most this often (``_watch_jobs``).
+JOB_WATCH_S = 5.0
+# The cost counters and budget gauges are brought up to date every this many ticks (raylane.cost).
+COST_EXPORT_TICKS = 15
+# A tick that takes longer is logged with the time each of its parts took (ControlState.tick).
+SLOW_TICK_S = 0.25
+
+
+class Host:
+    """What the control plane reads of the world. The actor's host reads Ray (``raylane.control.actor.RayHost``);
+    a test's is a fake. Every method must be cheap enough to call once a tick."""
+
+    def nodes(self) -> List[Dict[str, Any]]:
+        """Ray's node table, as ``ray.nodes()`` gives it."""
+        return []
+
+    def draining(self) -> Dict[str, int]:
+        """Ray's drain notices: node id -> the drain deadline (ms since the epoch; 0: none)."""
+        return {}
+
+    def job_table(self) -> Optional[Dict[str, str]]:
+        """Ray's status of every job it lists, by submission id; None when Ray did not answer."""
+        return None
+
+    def placement_groups(self) -> Dict[str, str]:
+        """Placement groups that exist and are not removed: name -> Ray's state (``CREATED`` once placed)."""
+        return {}
+
+
+def health_rules(policy) -> HealthRules:
+    h = policy.health
+    return HealthRules(h.probe_failures, h.gang_failures, h.gang_failure_window)
+
+
+def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
+    """Core ``Node``s (capacity only) from ``ray.nodes()``; feature tags come from ``feature.raylane.io/<tag>``. Each
+    GPU Ray counts on a node is one device (a fractional request takes a share of one, as in Ray)."""
+    from raylane.scheduling.types import Node, device_count
+
+    out = []
+    for n in ray_nodes:
+        if not n.get("Alive"):
+            continue
+        res = n.get("Resources", {})
+        labels = dict(n.get("Labels") or {})
+        cap = Resources(res.get("GPU", 0.0), res.get("CPU", 0.0), res.get("memory", 0.0) / GiB)
+        feats = frozenset(k[len(FEATURE_LABEL_PREFIX):] for k, v in labels.items()
+                          if k.startswith(FEATURE_LABEL_PREFIX) and v in ("true", "1", "yes"))
+        datasets = frozenset(filter(None, labels.get(DATASETS_LABEL, "").split(".")))
+        out.append(Node(n["NodeID"], cap, cap, feats, labels, labels.get(NODE_TYPE_LABEL, ""), datasets,
+                        devices=(1.0,) * device_count(cap.gpu)))
+    return out
+
+
+def bundle_for(per_worker: Resources) -> Dict[str, float]:
+    b = {"CPU": per_worker.cpu, "GPU": per_worker.gpu, "memory": int(per_worker.memory * GiB)}
+    b = {k: v for k, v in b.items() if v}
+    return b or {"CPU": 0.001}
+
+
+class ControlState(PipelineCalls):
+    def __init__(self, policy: Dict[str, Any], journal: Journal, host: Optional[Host] = None,
+                 clock: Callable[[], float] = None, tick_s: float = 1.0, auth: Optional[Dict[str, Any]] = None,
+                 cancel_grace_s: float = ends.CANCEL_GRACE_S):
+        """``journal``: opened by the caller (the actor opens it batched: one commit per turn of its loop).
+        ``clock``: seconds since the epoch (``time.time`` live, a fake one in tests). ``auth``: ``{"enabled": bool,
+        "bootstrap": {"user", "id", "salt", "digest"}}``, the first operator token (its digest only;
+        ``raylane.control.client.start_control`` keeps the token). Default: enabled, and no token but those already
+        journaled. The journal is replayed here; what recovery decided is journaled but not committed
+        (``take_effects`` then commit, as after any event)."""
+        auth = auth or {}
+        if clock is None:
+            import time
+
+            clock = time.time
+        self.clock = clock
+        self.host = host or Host()
+        self.policy = load_policy_from_dict(policy, "control policy")
+        self.tick_s = tick_s
+        self.cancel_grace_s = cancel_grace_s
+        # Ended workloads with something left to do once their Ray job is over (``ends.pending``), and those whose
+        # MLflow run a task is closing now (raylane.control.ends).
+        self._ends: set = set()
+        self._closing: set = set()
+        self.journal = journal
+        self.effects: List[fx.Effect] = []  # what Ray must do, in order (take_effects)
+        self.wants_cycle = False  # a change wants a scheduling cycle (take_effects clears it)
+        self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
+        self.records: Dict[str, Record] = {}
+        self.nodes = NodeBook(health_rules(self.policy))
+        self.pipes = PipelineBook()
+        self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
+        self._addresses: Dict[str, str] = {}
+        self._probing = False  # a RunProbes effect is out and its verdicts are not back (``probed``)
+        self._probed_at = self.clock()  # the first probes one interval after the start
+        # Workloads requeued because a node they ran on was lost: their pending reason says the capacity is gone
+        # while the nodes in service could never hold them.
+        self._lost_capacity: set = set()
+        self._stranded, self._stranded_memo = None, {}  # the last tick's stranded GPUs; pending_gangs' memo
+        self._node_ids: set = set()
+        # Workloads whose current admission's reservation the actor saw placed (``reservation_ready``), so that
+        # readiness needs no call to Ray; cleared by each new admission.
+        self._confirmed: set = set()
+        self._workers: Dict[str, list] = {}
+        # Gangs handed over to Ray Train and not heard from since (no stop poll or checkpoint yet): wid -> the time
+        # of the hand-over. A resize waits until the gang is heard, so that it can yield (``_resize``).
+        self._starting: Dict[str, float] = {}
+        self._preemptor_cls: Dict[str, str] = {}
+        self._jobs_checked = 0.0
+        self._reason_of: Dict[str, Any] = {}  # pending workload id -> the core's reason its record shows (tick)
+        # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
+        self._waiting: set = set()
+        self._started = self.clock()
+        self.cycles = 0
+        self._recover()
+        # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
+        # since the last export, from this start on.
+        self._ledger = Ledger()
+        self._cost_sync()
+        self._cost_exported_at = self._started
+        self._month_spend: Optional[tuple] = None  # (month start, prices, team -> spend this month)
+        boot = auth.get("bootstrap")
+        if boot:
+            self.gate.bootstrap(boot["user"], boot["id"], boot["salt"], boot["digest"])
+
+    # ------------------------------------------------------------------------------------------- effects
+    def _emit(self, effect: "fx.Effect") -> None:
+        self.effects.append(effect)
+
+    def _poke(self) -> None:
+        self.wants_cycle = True
+
+    def take_effects(self) -> List["fx.Effect"]:
+        """The effects decided since the last call, in order; the caller commits the journal before carrying
+        them out (what decided them is then on disk)."""
+        out, self.effects = self.effects, []
+        return out
+
+    # ------------------------------------------------------------------------------------------- recovery
+    def _recover(self) -> None:
+        for e in self.journal.replay():
+            if e.kind == "token":
+                self.gate.apply(e)
+                continue
+            if e.kind == "policy":
+                self._set_policy(e.data["policy"])
+                continue
+            if e.kind == "node":
+                self.nodes.apply(e)
+                continue
+            if e.kind == "pipeline":
+                self.pipes.apply(e)
+                continue
+            if e.kind == "submitted":
+                self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
+                                                     job_id=e.data.get("job_id"))
+            rec = self.records.get(e.workload_id)
+            if rec is not None:
+                rec.apply(e)
+        self._ends = {wid for wid, rec in self.records.items() if ends.pending(rec)}
+        self._rebuild_state(recovering=True)
+
+    def _set_policy(self, data: Dict[str, Any]) -> None:
+        self.policy = load_policy_from_dict(data, "control policy")
+        self.gate.teams = set(self.policy.teams.keys())
+        self.nodes.rules = health_rules(self.policy)
+
+    def _scheduler_config(self):
+        """The policy's scheduler settings. This actor carries out every decision the core makes, resizes of
+        running elastic gangs included (``_resize``)."""
+        return self.policy.to_scheduler_config()
+
+    def _rebuild_state(self, recovering: bool = False) -> None:
+        """The scheduler's state from the records: pending work queued, leases held (on restart, a lease whose
+        reservation is gone goes back to the queue). Used on recovery and after a policy reload."""
+        self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
+        self._node_ids = set()
+        self._waiting = set()
+        self._refresh_nodes()
+        existing = self.host.placement_groups() if recovering else {}
+        for rec in self.records.values():
+            if rec.state.terminal:
+                continue
+            if rec.state is State.PENDING and (self._init_ref(rec) is not None or self.pipes.stage_of(rec.id)):
+                self._waiting.add(rec.id)  # enqueued by the first tick once its inputs and checkpoint exist
+                continue
+            w = self._core(rec)
+            self.state.enqueue(w)
+            if rec.state.holds_lease:
+                gone = [nid for nid in rec.placement if nid not in self._node_ids]
+                if gone:
+                    self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s, lost_node=gone[0],
+                                 note=f"node {gone[0][:12]} was lost while the control plane was down; back in "
+                                      f"the queue")
+                    self._lost_capacity.add(rec.id)
+                    self.state.dequeue(rec.id)
+                    self.state.enqueue(self._core(rec))
+                    continue
+                if not recovering or rec.pg_name in existing or rec.job_id:
+                    # The devices journaled with the admission (none in older journals: Ray's rule again).
+                    self.state.start(Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or self.clock())
+                    if rec.state is State.PREEMPTING or (
+                            rec.state is State.RESIZING and rec.resize["to_workers"] < rec.resize["from_workers"]):
+                        self.state.mark_terminating(rec.id)  # a shrink keeps the whole gang booked until it stops
+                else:
+                    self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s,
+                                 note="reservation lost while the control plane was down; back in the queue")
+                    self.state.dequeue(rec.id)
+                    self.state.enqueue(self._core(rec))
+
+    def _core(self, rec: Record):
+        spec = load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=self.policy)
+        w = spec.to_core(rec.id, self.policy, rec.submit_time)
+        from dataclasses import replace
+
+        return self._stage_prefer(rec, replace(w, attained_gpu_s=rec.attained_gpu_s))
+
+    def _append(self, kind: str, rec: Record, **data):
+        e = self.journal.append(kind, rec.id, **data)
+        rec.apply(e)
+        if ends.pending(rec):
+            self._ends.add(rec.id)
+        else:
+            self._ends.discard(rec.id)
+        if rec.state.terminal:
+            self._waiting.discard(rec.id)
+            self._unpin(rec, f"{rec.id} ended")
+        return e
+
+    # ------------------------------------------------------------------------------------------- nodes
+    def _refresh_nodes(self) -> bool:
+        """Bring the scheduler's nodes up to date with Ray's: a new node joins (journaled the first time), a dead
+        one is lost with every lease that had a worker on it (``_lose_node``), and each node's service state
+        (``raylane.control.nodes``) decides whether it is schedulable."""
+        raw = self.host.nodes()
+        nodes = nodes_from_ray(raw)
+        self._addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in raw}
+        ids = {n.id for n in nodes}
+        now = self.clock()
+        for n in nodes:
+            if self.nodes.get(n.id) is None:
+                self._node_event(n.id, "joined", node_type=n.node_type, gpus=n.capacity.gpu,
+                                 address=self._addresses.get(n.id, ""))
+        # Nodes the book holds alive that Ray no longer lists alive (also those lost while the control plane was
+        # down): lost.
+        for nid, st in list(self.nodes.nodes.items()):
+            if st.state is not NodeState.LOST and nid not in ids:
+                self._lose_node(nid, now)
+        changed = ids != self._node_ids
+        if changed:
+            used: Dict[str, Resources] = {}
+            held: Dict[str, Dict[int, float]] = {}  # node -> device -> the share leases hold of it
+            for lease in self.state.leases.values():
+                g = lease.workload.gang.per_worker.gpu
+                for i, nid in enumerate(lease.placement):
+                    used[nid] = used.get(nid, Resources()) + lease.workload.gang.per_worker
+                    for d in (lease.devices[i] if lease.devices else ()):
+                        held.setdefault(nid, {})[d] = held.get(nid, {}).get(d, 0.0) + (g if g < 1 else 1.0)
+            for n in nodes:
+                if n.id not in self._node_ids:
+                    h = held.get(n.id, {})
+                    devs = tuple(round(d - h.get(i, 0.0), 9) for i, d in enumerate(n.devices or ()))
+                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources()), devices=devs,
+                                                schedulable=self.nodes.schedulable(n.id)))
+            self._node_ids = ids
+        return changed
+
+    def _node_event(self, node_id: str, event: str, **data) -> None:
+        """Journal a node event, then apply it to the book (journal first, then act)."""
+        e = self.journal.append("node", NODES_ID, node=node_id, event=event, **data)
+        self.nodes.apply(e)
+        if node_id in self.state.nodes:
+            self.state.set_schedulable(node_id, self.nodes.schedulable(node_id))
+        if event == "quarantined":
+            metrics.NODE_QUARANTINES.inc(node_type=self.nodes.get(node_id).node_type or "-")
+            log.warning("node %s quarantined: %s", node_id, data.get("reason", ""))
+
+    def _node_events(self, events) -> None:
+        """Journal and apply the events a ``NodeBook`` decision returned."""
+        for ev in events:
+            ev = dict(ev)
+            self._node_event(ev.pop("node"), ev.pop("event"), **ev)
+
+    def _lose_node(self, node_id: str, now: float) -> None:
+        """A node died: journal it, then every lease with a worker there goes back to the queue at once, keeping
+        its submit time; its gang is stopped (an all-or-nothing gang cannot go on short of a worker) and resumes
+        from its last checkpoint wherever the core places it next."""
+        self._node_event(node_id, "lost", reason="Ray reports the node dead")
+        lost = self.state.remove_node(node_id, now) if node_id in self.state.nodes else []
+        self._node_ids.discard(node_id)
+        for lease in lost:
+            rec = self.records[lease.id]
+            attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
+            self._append("requeued", rec, attained_gpu_s=attained, step=rec.step, lost_node=node_id,
+                         note=f"node {node_id[:12]} was lost; back in the queue, resumes from its last checkpoint")
+            self._lost_capacity.add(rec.id)
+            self.state.requeue(lease, now, attained)
+            self._preemptor_cls.pop(rec.id, None)
+            # At once, before this tick may admit it again under the same reservation name.
+            self._kill_gang(rec)
+        self._replan_for_node(node_id, now)
+        self._poke()
+
+    def tick(self, full: bool = True) -> None:
+        """One scheduling cycle, its decisions journaled and their effects emitted; with ``full``, first the periodic
+        work too (Ray's node table, node service, jobs, pipelines, grace deadlines) and after it the gauges and
+        costs. A tick over ``SLOW_TICK_S`` is logged with the time each part took."""
+        self.wants_cycle = False
+        now = self.clock()
+        took: Dict[str, float] = {}
+        mark = perf_counter()
+
+        def lap(part: str) -> None:
+            nonlocal mark
+            t = perf_counter()
+            took[part] = took.get(part, 0.0) + t - mark
+            mark = t
+
+        if full:
+            self._refresh_nodes()
+            lap("nodes")
+            self._service_nodes(now)
+            lap("node service")
+            self._watch_jobs(now)
+            lap("jobs")
+        for wid in list(self._waiting):
+            self._release_if_ready(self.records[wid])
+        if full:
+            self._service_pipelines(now)
+            self._enforce_deadlines(now)
+        lap("waiting, pipelines, deadlines")
+        self.state.decay(now)
+        snap = self.state.snapshot()
+        lap("snapshot")
+        t0 = perf_counter()
+        with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)
+            result = cycle(snap, now)
+        metrics.CYCLE_SECONDS.observe(perf_counter() - t0)
+        lap("cycle")
+        self.cycles += 1
+        for p in result.preempted:
+            for vid in p.victims:
+                self._preempt(vid, p.reason, now, p.preemptor.cls.name)
+        for rz in result.resized:
+            self._resize(rz, now)
+        for a in result.admitted:
+            self._admit(a, now)
+        for a in result.admitted:
+            self._lost_capacity.discard(a.workload.id)
+        lap("decisions")
+        in_service = None
+        shown, self._reason_of = self._reason_of, {p.workload.id: p.reason for p in result.pending}
+        for p in result.pending:
+            rec = self.records[p.workload.id]
+            rec.position = p.position
+            if shown.get(rec.id) == p.reason and rec.id not in self._lost_capacity:
+                continue  # the reason it already shows (formatting thousands of them a cycle is most of its cost)
+            rec.reason = str(p.reason)
+            rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
+            if rec.id in self._lost_capacity:
+                in_service = in_service if in_service is not None else [
+                    n for n in self.state.nodes.values() if n.schedulable]
+                why = check_feasible(p.workload, in_service, self.state.teams, self.state.config.admission)
+                if why is not None:
+                    rec.reason = (f"the capacity it ran on is gone (a node was lost) and the nodes in service "
+                                  f"could never hold it: {why.detail}; it "
+                                  f"waits for nodes to join or return to service")
+                    rec.reason_data = {"type": "CapacityLost", "detail": str(why)}
+        lap("reasons")
+        if full:
+            self._export_gauges()
+            lap("gauges")
+            self._export_costs(now)
+            lap("costs")
+        total = sum(took.values())
+        if total > SLOW_TICK_S:
+            log.warning("slow %s tick: %.0f ms (%s); %d pending, %d leases", "full" if full else "cycle-only",
+                        total * 1e3, ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in took.items() if v >= 0.001),
+                        self.state.pending_count(), len(self.state.leases))
+
+    # ------------------------------------------------------------------------------------------ node service
+    def _service_nodes(self, now: float) -> None:
+        """Ray's drain notices become drains; leases on draining and quarantined nodes are preempted gracefully;
+        a draining node with no lease left is drained; probes run every ``health.probe_interval``."""
+        draining = self.host.draining()
+        self._node_events(self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}))
+        for st in self.nodes.evicting():
+            for lease in [l for l in self.state.leases.values() if st.id in l.placement]:
+                if self.records[lease.id].state is not State.PREEMPTING:  # a resize under way becomes a stop
+                    self._preempt(lease.id, f"node {st.id[:12]} is {st.state.value}: {st.reason}", now, "node")
+            # A reservation not yet started is released at once by its preemption: the node may be empty already.
+            if st.state is NodeState.DRAINING and not any(st.id in l.placement for l in self.state.leases.values()):
+                self._node_event(st.id, "drained", by=st.by, reason=f"drained ({st.reason})")
+        if now - self._probed_at >= self.policy.health.probe_interval and not self._probing and self._node_ids:
+            self._probed_at = now
+            self._probing = True
+            h = self.policy.health
+            ids = tuple(sorted(self._node_ids))
+            self._emit(fx.RunProbes(ids, h.probe, h.conditions_dir, h.probe_timeout, tuple(
+                self.state.nodes[n].capacity.gpu if n in self.state.nodes else 0.0 for n in ids)))
+
+    def probed(self, verdicts: Dict[str, Any]) -> None:
+        """Event: the verdicts of a ``RunProbes``: node id -> ``(ok, message)``, or None where the probe could not
+        be placed because Ray places no new work on the node (it is gone or draining: no verdict on its health;
+        the node table and Ray's drain notices say what it is)."""
+        self._probing = False
+        for nid, verdict in verdicts.items():
+            st = self.nodes.get(nid)
+            if verdict is None or st is None or nid not in self._node_ids:
+                continue  # lost or draining meanwhile: its loss or drain is what counts
+            ok, message = verdict
+            metrics.NODE_PROBES.inc(outcome="ok" if ok else "failed")
+            self._node_events(self.nodes.on_probe(nid, ok, message))
+            self.nodes.note_probe(nid, ok, message, self.clock())
+        self._poke()
+
+    def _export_gauges(self) -> None:
+        # Counted from the scheduler's queues and leases (and the workloads waiting for their inputs), not from
+        # every record the journal ever held: a tick's work grows with what is live, not with history.
+        waiting: Dict[tuple, int] = {}
+        held: Dict[tuple, int] = {}
+        for w in self.state.pending():
+            waiting[(w.team, w.cls.name)] = waiting.get((w.team, w.cls.name), 0) + 1
+        for wid in self._waiting:
+            rec = self.records[wid]
+            if rec.state is State.PENDING and not self.state.is_pending(wid):
+                waiting[(rec.team, rec.cls)] = waiting.get((rec.team, rec.cls), 0) + 1
+        for lease in self.state.leases.values():
+            key = (lease.workload.team, lease.workload.cls.name)
+            held[key] = held.get(key, 0) + 1
+        for (team, cls), n in self._gauge_keys(waiting, "_last_waiting").items():
+            metrics.QUEUE_LENGTH.set(n, team=team, workload_class=cls)
+        for (team, cls), n in self._gauge_keys(held, "_last_held").items():
+            metrics.LEASES_RUNNING.set(n, team=team, workload_class=cls)
+        states = {(st.id, st.node_type or "-", s.value): float(st.state is s)
+                  for st in self.nodes.nodes.values() if st.state is not NodeState.LOST for s in NodeState
+                  if s is not NodeState.LOST}
+        for (nid, ntype, sv), v in self._gauge_keys(states, "_last_node_states").items():
+            metrics.NODE_STATE.set(v, node=nid, node_type=ntype, state=sv)
+        self._stranded = stranded_gpus(self.state.snapshot(), self._stranded_memo)
+        for ntype, v in self._gauge_keys(dict(self._stranded.stranded), "_last_stranded").items():
+            metrics.STRANDED_GPUS.set(v, node_type=ntype)
+        for name, team in self.state.teams.items():
+            q = team.quotas.get("gpu")
+            metrics.GPUS_HELD.set(self.state.usage.get(name, Resources()).gpu, team=name, what="held")
+            if q is not None:
+                metrics.GPUS_HELD.set(q.nominal, team=name, what="nominal")
+                metrics.GPUS_HELD.set(q.ceiling if q.ceiling != float("inf") else -1, team=name, what="ceiling")
+
+    def _gauge_keys(self, now_counts: Dict[tuple, int], attr: str) -> Dict[tuple, int]:
+        """Current counts, plus zeros for label sets seen before, so a drained queue reads 0 rather than stale."""
+        seen = getattr(self, attr, set())
+        out = {k: 0 for k in seen}
+        out.update(now_counts)
+        setattr(self, attr, set(out))
+        return out
+
+    def _admit(self, a: Admit, now: float) -> None:
+        rec = self.records[a.workload.id]
+        pg_name = f"raylane-{rec.id}"
+        self._confirmed.discard(rec.id)
+        # Journal first, then act; roll back if the reservation cannot be made.
+        self._append("admitted", rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
+                     devices=[list(d) for d in a.devices],
+                     note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
+                          + (" (borrowing)" if a.borrowing else ""))
+        self.state.start(a, now)
+        w = a.workload
+        metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())
+        metrics.QUEUE_WAIT.observe(max(0.0, now - (rec.queued_since or rec.submit_time)), team=w.team,
+                                   workload_class=w.cls.name)
+        self._reserve(rec, w, a.placement)
+
+    def _reserve(self, rec: Record, w, placement) -> None:
+        """Hold the lease's capacity in Ray: a detached placement group, one bundle per worker pinned to its node,
+        until the driver hands it over to Ray Train (``running``); rolled back if it cannot be placed
+        (``reservation_failed``)."""
+        self._emit(fx.Reserve(rec.id, rec.pg_name, bundle_for(w.gang.per_worker),
+                              RAY_STRATEGY.get(w.gang.strategy, "PACK"), tuple(placement)))
+
+    def reservation_ready(self, wid: str, pg_name: str) -> None:
+        """Event: the reservation ``pg_name`` of ``wid`` is placed."""
+        rec = self.records.get(wid)
+        if rec is None or rec.pg_name != pg_name:
+            return
+        self._confirmed.add(wid)
+        self._emit(fx.Wake(wid))
+
+    def reservation_failed(self, wid: str, pg_name: str, why: str) -> None:
+        """Event: the reservation ``pg_name`` could not be made or placed (the actor removed what it made)."""
+        rec = self.records.get(wid)
+        if rec is not None and rec.pg_name == pg_name:
+            self._rollback(rec, why)
+
+    def _rollback(self, rec: Record, why: str) -> None:
+        if rec.id in self.state.leases:
+            lease = self.state.finish(rec.id, self.clock())
+            self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s, note=f"admission rolled back: {why}")
+            self.state.requeue(lease, self.clock(), rec.attained_gpu_s)
+        self._poke()
+
+    def _preempt(self, wid: str, reason: str, now: float, preemptor_class: str = "") -> None:
+        rec = self.records[wid]
+        if rec.state is State.PREEMPTING:
+            return
+        self._preemptor_cls[wid] = preemptor_class
+        started = rec.state in (State.RUNNING, State.RESIZING)
+        grace = self.policy.workload_class(rec.cls).grace_period_s
+        if rec.state is State.RESIZING:
+            # Stopping already for a resize: it now stops for good (back to the queue), keeping its deadline.
+            grace = max(0.0, (rec.stop_deadline or now + grace) - now)
+        self._append("preempting", rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
+        if self.state.leases[wid].state is not LeaseState.TERMINATING:
+            self.state.mark_terminating(wid)
+        if not started:
+            # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
+            self._release_lease(rec, now, outcome="preempted before start")
+
+    def _resize(self, rz: Resize, now: float) -> None:
+        """Carry out a ``Resize`` of a running elastic gang: journal it, ask the gang to save a checkpoint and stop
+        (as for a preemption, within its class's grace period), and restart it at the new size once it has stopped
+        (``_finish_resize``). Growth books the new workers' capacity at once, so nothing else is admitted into it
+        meanwhile; a shrink keeps the whole gang booked until it has stopped, so what it frees is never promised
+        twice (the preemptor it shrinks for waits for it, as for a stop)."""
+        rec = self.records.get(rz.workload.id)
+        if rec is None or rec.state is not State.RUNNING or rec.id not in self.state.leases:
+            # Not started yet (its driver is handing the reservation over to Ray Train) or stopping already: the
+            # core decides again on the next cycle, from the books as they are then.
+            return
+        grace = self.policy.workload_class(rec.cls).grace_period_s
+        handed = self._starting.get(rec.id)
+        if handed is not None and now - handed < grace:
+            # Ray Train is still starting its workers: the loop hears a stop only once it runs (at its checkpoints),
+            # so a resize asked now would likely run out its grace period and be forced. The core decides again
+            # next cycle; once the gang is heard from, or a grace period after the hand-over, it goes ahead.
+            return
+        grow = rz.to_workers > rz.from_workers
+        attained = rec.attained_gpu_s
+        if grow:
+            attained = self.state.resize(rz, now).workload.attained_gpu_s
+        else:
+            self.state.mark_terminating(rec.id)
+        self._append("resizing", rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
+                     placement=list(rz.placement), devices=[list(d) for d in rz.devices], reason=rz.reason,
+                     deadline=now + grace, attained_gpu_s=attained, note=f"resizing: {rz.reason}")
+        metrics.RESIZES.inc(team=rec.team, workload_class=rec.cls, direction="grow" if grow else "shrink")
+
+    def _finish_resize(self, rec: Record, now: float, how: str, step: Optional[int] = None) -> None:
+        """The gang stopped for its resize: the lease goes on at the new size on the nodes the core chose (a new
+        reservation, handed over to Ray Train as at an admission); the driver restarts the gang from its checkpoint."""
+        rz = rec.resize
+        lease = self.state.leases[rec.id]
+        if rz["to_workers"] < lease.workload.gang.workers:
+            lease = self.state.resize(Resize(lease.workload, lease.workload.gang.workers, rz["to_workers"],
+                                             tuple(rz["placement"]), tuple(tuple(d) for d in rz["devices"]),
+                                             rz["reason"]), now)
+        self._confirmed.discard(rec.id)
+        self._remove_pg(rec)
+        self._append("resized", rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
+                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=f"raylane-{rec.id}",
+                     attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
+                     note=f"resized from {rz['from_workers']} to {rz['to_workers']} workers ({how}); restarts from "
+                          f"its checkpoint on {', '.join(n[:8] for n in rz['placement'])}")
+        self._reserve(rec, lease.workload, rec.placement)
+        self._poke()
+
+    def _enforce_deadlines(self, now: float) -> None:
+        """Gangs asked to stop whose grace period is over are stopped by force. Only a lease can be stopping, so
+        this looks at the leases, not at every record the journal ever held."""
+        for wid in list(self.state.leases):
+            rec = self.records.get(wid)
+            if rec is not None and rec.state.stopping and rec.stop_deadline is not None and now >= rec.stop_deadline:
+                self._kill_gang(rec)
+                if rec.state is State.RESIZING:
+                    self._finish_resize(rec, now, how="stopped by force after the grace period")
+                else:
+                    self._release_lease(rec, now, outcome="stopped by force after the grace period")
+
+    def _kill_gang(self, rec: Record) -> None:
+        """Kill the gang's registered workers and remove its reservation."""
+        handles = self._workers.pop(rec.id, [])
+        if handles:
+            self._emit(fx.KillWorkers(rec.id, tuple(handles)))
+        self._remove_pg(rec)
+
+    def _release_lease(self, rec: Record, now: float, outcome: str, step: Optional[int] = None) -> None:
+        """A preempted lease is over: free it and put the workload back at its original place."""
+        if rec.id not in self.state.leases:
+            return
+        lease = self.state.finish(rec.id, now)
+        metrics.PREEMPTIONS.inc(team=rec.team, workload_class=rec.cls,
+                                preemptor_class=self._preemptor_cls.pop(rec.id, ""),
+                                outcome="forced" if "by force" in outcome else "graceful")
+        attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
+        self._remove_pg(rec)
+        self._append("requeued", rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
+                     note=f"back in the queue ({outcome})")
+        self.state.requeue(lease, now, attained)
+        self._poke()
+
+    def _remove_pg(self, rec: Record) -> None:
+        """Remove the lease's reservation (once what ended it is committed, as every effect)."""
+        if rec.pg_name:
+            self._emit(fx.RemoveReservation(rec.pg_name))
+
+    # ------------------------------------------------------------------------------------------- requests
+    def handle(self, p: Principal, req: api.Request) -> Any:
+        """Event: a call, checked by ``gate.check``, run with the caller's principal; audited if it is
+        privileged (refused or not). Raises what the call raises."""
+        name = api.CALL_NAMES[type(req)]
+        try:
+            out = HANDLERS[type(req)](self, p, req)
+        except RaylaneError as exc:
+            if req.audited:
+                self.gate.record(p, name, req.target(), "refused", f"{type(exc).__name__}: {exc}")
+            raise
+        if req.audited:
+            target = req.target() or (out.get("id") if isinstance(out, dict) else None)
+            self.gate.record(p, name, target, "ok")
+        return out
+
+    def check(self, credential: Any, call: Any, args: Any = None):
+        """``(principal, request)`` of a call (``Gate.check``: arguments, credential, authorization); a refusal is
+        audited and raised."""
+        return self.gate.check(credential, call, args, team_of=self._team_of)
+
+    def _team_of(self, req: api.Request):
+        def find(wid):
+            if wid in self.pipes.runs:
+                return self.pipes.runs[wid].team, self.pipes.runs[wid].owner
+            rec = self._get(wid)
+            return rec.team, rec.owner
+
+        return target_team(req, find)
+
+    def _id_taken(self, wid: str) -> bool:
+        """Whether a workload or pipeline already goes by ``wid`` (records hold every workload ever submitted,
+        ended ones included, so an id is never reused)."""
+        return wid in self.records or wid in self.pipes.runs
+
+    def _api_submit(self, p: Principal, req: api.Submit) -> Dict[str, Any]:
+        """Validate, check feasibility, journal and enqueue. Raises ValidationError or InfeasibleError."""
+        spec, job_id = dict(req.spec), req.job_id
+        if self.gate.enabled:  # the owner is who asked, whatever the spec says
+            spec["run"] = {**(spec.get("run") if isinstance(spec.get("run"), dict) else {}), "owner": p.user}
+        parsed = load_spec_from_dict(spec, f"spec {spec.get('name', '?')}", policy=self.policy)
+        # Drawn before anything is journaled or recorded: an id in use is drawn again, and a generator that keeps
+        # repeating is refused (ConflictError) with nothing written, never journaled twice under one id.
+        wid = new_id(parsed.name, self._id_taken)
+        now = self.clock()
+        w = parsed.to_core(wid, self.policy, now)
+        # The nodes as the last tick read them (Ray's node table is read once a tick, not per submission); a
+        # request they could never hold is checked again against Ray's table now before it is refused.
+        why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+        if why is not None and self._refresh_nodes():
+            why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+        data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+        key = ref_key(data)
+        ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")
+        source, verdict = None, None
+        if why is None and ref is not None:
+            # Any team's checkpoint may be named (a pretraining team's model is another team's starting point);
+            # the consumer's journal records which one it pinned.
+            source = ckrefs.find_source(ref, self.records.values())
+            if source is None:
+                why = f"config.{key} names workload {ref.workload!r}, which is not known to the control plane"
+            else:
+                verdict = self._judge(ref, source)
+                if verdict.never:
+                    why = f"config.{key} {ref}: {verdict.reason}"
+        if why is not None:
+            rec = Record(wid, data, now)
+            self.records[wid] = rec
+            rec.apply(self.journal.append("submitted", wid, spec=data, submit_time=now, owner=p.user,
+                                          token_id=p.token_id))
+            self._append("rejected", rec, reason=str(why), note=f"rejected at submit: {why}")
+            raise InfeasibleError(f"{wid} rejected: {why}")
+        rec = Record(wid, data, now, job_id=job_id)
+        self.records[wid] = rec
+        self._append_submitted(rec, data, now, job_id, p)
+        if ref is None:
+            self.state.enqueue(w)
+        else:
+            # A step is pinned now (copied at once if it is already written); `latest` is pinned at the start.
+            self._append("pinned", rec, source=source.id, step=ref.step,
+                         note=f"starts from {source.id}'s checkpoint at "
+                              f"{'the latest step when it starts' if ref.step is None else f'step {ref.step}'}")
+            self._waiting.add(wid)
+            self._release_if_ready(rec)
+        self._poke()
+        return rec.public()
+
+    # ------------------------------------------------------------------------------ checkpoint references
+    def _init_ref(self, rec: Record):
+        key = ref_key(rec.spec)
+        return ckrefs.parse_ref((rec.spec.get("config") or {}).get(key), f"config.{key}")
+
+    def _judge(self, ref, source: Record, rec: Optional[Record] = None):
+        max_step, every = ckrefs.source_limits(source.spec)
+        pinned = (rec.pin.get("path") if rec is not None and rec.pin.get("step") == ref.step else None)
+        return ckrefs.judge(ref, source_id=source.id, source_ended=source.state.terminal, max_step=max_step,
+                            cadence=every, written=source.checkpoints, pinned=pinned)
+
+    def _pin_now(self, rec: Record, source: Record, step: int, path: str) -> str:
+        """Copy ``source``'s checkpoint at ``step`` out of its retention's reach; journal it on ``rec``."""
+        if rec.pin.get("path") and rec.pin.get("step") == step and os.path.isdir(rec.pin["path"]):
+            return rec.pin["path"]
+        dst = ckrefs.pin_copy(path, ckrefs.pin_dir(path, step))
+        self._append("pinned", rec, source=source.id, step=step, path=dst,
+                     note=f"pinned {source.id}'s checkpoint at step {step}: {dst}")
+        return dst
+
+    def _release_if_ready(self, rec: Record) -> None:
+        """Queue a held-back consumer once its checkpoint exists; fail it if it never can."""
+        if rec.id not in self._waiting:
+            return
+        if rec.state is not State.PENDING:
+            self._waiting.discard(rec.id)
+            return
+        if not self._pipeline_gate(rec):  # a pipeline's stage whose inputs are not done (state_pipelines)
+            return
+        ref = self._init_ref(rec)
+        if ref is None:  # a stage with no checkpoint to wait for
+            self._waiting.discard(rec.id)
+            self.state.enqueue(self._core(rec))
+            self._poke()
+            return
+        source = ckrefs.find_source(ref, self.records.values()) if ref is not None else None
+        if source is None:
+            verdict = ckrefs.Verdict(never=True, reason=f"workload {ref.workload if ref else '?'} is gone")
+        else:
+            verdict = self._judge(ref, source, rec)
+        if verdict.never:
+            self._append("finished", rec, state="FAILED", outcome="checkpoint reference",
+                         note=f"failed: config.{ref_key(rec.spec)} {ref}: {verdict.reason}")
+            self._emit(fx.Wake(rec.id))
+            return
+        if verdict.ready:
+            if ref.step is not None:
+                self._pin_now(rec, source, verdict.step, verdict.path)
+            self._waiting.discard(rec.id)
+            self.state.enqueue(self._core(rec))
+            self._poke()
+            return
+        rec.reason, rec.position, rec.reason_data = verdict.reason, None, {"type": "WaitingForCheckpoint"}
+
+    def _unpin(self, rec: Record, why: str) -> None:
+        """``rec`` no longer needs its pinned checkpoint; the copy goes once no other consumer holds it."""
+        if not rec.pin or rec.pin.get("released"):
+            return
+        path = rec.pin.get("path")
+        self._append("unpinned", rec, note=f"released its pin on {rec.pin['source']}'s checkpoint ({why})")
+        held = any(r.pin.get("path") == path and not r.pin.get("released") for r in self.records.values())
+        if path and not held:
+            ckrefs.drop_copy(path)
+
+    def _api_checkpoint_saved(self, p: Principal, req: api.CheckpointSaved) -> None:
+        """A gang's checkpoint is written and registered (Ray Train's report callback, on the driver's node)."""
+        wid, path, metrics = req.workload_id, req.path, req.metrics
+        rec = self._get(wid)
+        step = ckrefs.step_of(path, metrics)
+        if step is None:
+            return
+        self._append("checkpointed", rec, step=step, path=path)
+        self._starting.pop(wid, None)
+        if wid in self.state.leases:
+            self.state.checkpointed(wid, self.clock())
+        # It has a checkpoint of its own: a resume starts from that, so whatever it pinned has been loaded.
+        self._unpin(rec, "loaded: it wrote a checkpoint of its own")
+        for other in list(self.records.values()):
+            if other.pin.get("source") == wid and not other.pin.get("released") and other.pin.get("step") == step:
+                self._pin_now(other, rec, step, path)
+            if other.id in self._waiting:
+                self._release_if_ready(other)
+
+    def _api_resolve_checkpoint(self, p: Principal, req: api.ResolveCheckpoint) -> Dict[str, Any]:
+        """The directory a starting consumer loads (pinned for it); raises NotFoundError if it can never resolve."""
+        wid = req.workload_id
+        rec = self._get(wid)
+        ref = self._init_ref(rec)
+        if ref is None:
+            return {"path": None}
+        pinned = rec.pin.get("path")
+        if pinned and os.path.isdir(pinned):
+            return {"path": pinned, "step": rec.pin.get("step"), "source": rec.pin.get("source")}
+        source = ckrefs.find_source(ref, self.records.values())
+        verdict = self._judge(ref, source, rec) if source is not None else ckrefs.Verdict(
+            never=True, reason=f"workload {ref.workload} is gone")
+        if not verdict.ready:
+            raise NotFoundError(f"config.{ref_key(rec.spec)} {ref}: {verdict.reason}")
+        path = self._pin_now(rec, source, verdict.step, verdict.path)
+        return {"path": path, "step": verdict.step, "source": source.id}
+
+    def _append_submitted(self, rec: Record, data, now, job_id, p: Principal) -> None:
+        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now, job_id=job_id, owner=p.user,
+                                token_id=p.token_id,
+                                note=f"submitted by {p.user}: {data.get('run', {}).get('intent', '')}")
+        rec.apply(e)
+
+    def _api_cancel(self, p: Principal, req: api.Cancel) -> Dict[str, Any]:
+        wid = req.workload_id
+        if wid in self.pipes.runs:  # a whole pipeline: every stage not ended, and its driver's job
+            run = self.pipes.runs[wid]
+            self._cancel_pipeline_stages(run, f"pipeline cancelled by {p.user}")
+            if run.job_id:
+                self._stop_job(run.job_id)
+            self._poke()
+            return self._pipeline_view(p, run)
+        rec = self._get(wid)
+        if rec.state.terminal:
+            return rec.public()
+        # Its driver sees the cancel, ends its MLflow run KILLED and exits non-zero, so that its job (and `ray job
+        # submit`) says the workload did not succeed; the job is stopped only if the driver is still there after
+        # the grace period (raylane.control.ends). A stage's job is its pipeline's driver: it goes on.
+        own_job = bool(rec.job_id) and self.pipes.stage_of(wid) is None
+        self._cancel(rec, p.user, f"cancelled by {p.user}",
+                     job_stop_at=self.clock() + self.cancel_grace_s if own_job else None)
+        self._poke()
+        return rec.public()
+
+    def _cancel(self, rec: Record, by: str, note: str, job_stop_at: Optional[float] = None) -> None:
+        """Out of the queue or off its lease, journaled as cancelled, its gang stopped, its waiters woken.
+        ``job_stop_at``: when its Ray job is stopped if its driver has not exited by then."""
+        if self.state.is_pending(rec.id):
+            self.state.dequeue(rec.id)
+        elif rec.id in self.state.leases:
+            self.state.finish(rec.id, self.clock())
+            self._remove_pg(rec)
+        self._append("cancelled", rec, by=by, note=note, job_stop_at=job_stop_at, close_run=True)
+        self._kill_gang(rec)
+        self._emit(fx.Wake(rec.id))
+
+    def _api_release(self, p: Principal, req: api.Release) -> Dict[str, Any]:
+        """The workload stopped. ``outcome``: finished, failed or yielded (after a preemption)."""
+        wid, outcome, state, step, detail = (req.workload_id, req.outcome.value, req.state.value, req.step,
+                                             req.detail)
+        rec = self._get(wid)
+        now = self.clock()
+        if rec.state.terminal:
+            return rec.public()
+        if outcome == "yielded" and rec.state is State.RESIZING:
+            self._finish_resize(rec, now, how=f"yielded at step {step}", step=step)
+        elif outcome == "yielded":
+            self._release_lease(rec, now, outcome=f"yielded at step {step}", step=step)
+        else:
+            if wid in self.state.leases:
+                self.state.finish(wid, now)
+            self._remove_pg(rec)
+            self._append("finished", rec, state=state, outcome=outcome, step=step,
+                         note=f"{state.lower()}: {detail or outcome}")
+        self._poke()
+        return rec.public()
+
+    def _api_report(self, p: Principal, req: api.Report) -> Dict[str, Any]:
+        """Progress from a running workload: kind running (with job_id) or event (a note, progress detail)."""
+        wid, kind = req.workload_id, req.kind.value
+        data = req.model_dump(exclude={"workload_id", "kind"}, exclude_none=True)
+        rec = self._get(wid)
+        if kind == "running" and rec.state is not State.ADMITTED:
+            return {"stop": True, "state": rec.state.value}  # preempted or cancelled before the gang started
+        self._append(kind, rec, **data)
+        if req.restart and rec.placement:
+            # A crash the driver retries: attributed to every node the gang ran on (raylane.control.nodes).
+            self._node_events(self.nodes.on_gang_failure(rec.placement, wid, self.clock()))
+        if kind == "running":
+            # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
+            # counting the capacity, so nothing else is admitted into it meanwhile.
+            self._remove_pg(rec)
+            self._starting[wid] = self.clock()
+        return {"stop": rec.state.stopping, "state": rec.state.value}
+
+    def _api_register_workers(self, p: Principal, req: api.RegisterWorkers) -> None:
+        """The actors of a running gang, so that a preemption past its grace period can stop them."""
+        self._workers[req.workload_id] = list(req.handles)
+
+    def _api_class_info(self, p: Principal, req: api.ClassInfo) -> Dict[str, Any]:
+        c = self.policy.workload_class(req.name)
+        return {k: getattr(c, k) for k in c.__dataclass_fields__}
+
+    def _stop_job(self, job_id: str) -> None:
+        self._emit(fx.StopJob(job_id))
+
+    def _watch_jobs(self, now: float) -> None:
+        """A workload whose Ray job ended without telling us (driver killed, job stopped, or gone with the Ray
+        cluster it ran on) ends and releases its lease; what an end left to do (stop a driver that outlived a
+        cancel, close the MLflow run a driver left open) is done once the job is over (``raylane.control.ends``)."""
+        if now - self._jobs_checked < JOB_WATCH_S:
+            return
+        self._jobs_checked = now
+        live = [r for r in self.records.values() if r.job_id and not r.state.terminal]
+        pipes = [r for r in self.pipes.active() if r.job_id]
+        ended = [self.records[wid] for wid in sorted(self._ends - self._closing)]
+        if not live and not pipes and not ended:
+            return
+        # One listing of Ray's jobs per watch, not a request per workload: a queue of thousands of `raylane submit`
+        # workloads each has a job.
+        table = self.host.job_table()
+        if table is None:  # no answer (no dashboard): nothing is decided from it
+            return
+        for rec in live:
+            job, status = _listed_state(table, rec.job_id)
+            if job is ends.JobState.LIVE or job is None:
+                continue
+            if job is ends.JobState.GONE and now - rec.submit_time < JOB_SUBMIT_GRACE_S:
+                continue  # `raylane submit` queues the workload first, then submits the job that drives it
+            if rec.id in self.state.leases:
+                self.state.finish(rec.id, now)
+            elif self.state.is_pending(rec.id):
+                self.state.dequeue(rec.id)
+            self._remove_pg(rec)
+            if job is ends.JobState.GONE:
+                self._append("cancelled", rec, by="control plane", outcome="ray job gone", close_run=True,
+                             note=f"its Ray job {rec.job_id} no longer exists: the Ray cluster it ran on was "
+                                  f"stopped")
+                continue
+            kind = "cancelled" if status == "STOPPED" else "finished"
+            self._append(kind, rec, state="FAILED", outcome=f"ray job {status.lower()}", close_run=True,
+                         note=f"its Ray job {rec.job_id} ended ({status}) without releasing")
+        for rec in ended:
+            job = _listed_state(table, rec.job_id)[0] if rec.job_id else None
+            self._after_end(ends.after_end(rec, job, now))
+        for run in pipes:  # a pipeline whose driver's job ended: no one runs its stages any more
+            job, status = _listed_state(table, run.job_id)
+            if job is not ends.JobState.LIVE and job is not None:
+                self._cancel_pipeline_stages(run, f"its driver's Ray job {run.job_id} ended ({status})")
+
+    def _after_end(self, action: Optional[ends.Action]) -> None:
+        """Carry out what ``ends.after_end`` decided for an ended workload."""
+        if action is None:
+            return
+        rec = self.records[action.workload_id]
+        if isinstance(action, ends.Settled):
+            self._ends.discard(rec.id)
+        elif isinstance(action, ends.StopJob):
+            self._append("event", rec, job_stopped=True, note=action.note)
+            self._stop_job(action.job_id)
+        elif isinstance(action, ends.CloseRun):
+            self._closing.add(rec.id)
+            self._emit(action)
+
+    def run_closed(self, wid: str, note: Optional[str]) -> None:
+        """Event: the actor's try at closing ``wid``'s MLflow run (a ``CloseRun``) is over: ``note`` says what was
+        done, journaled; None: the try failed, and the next watch tries again."""
+        self._closing.discard(wid)
+        if note is not None:
+            self._append("event", self.records[wid], mlflow_run_closed=True, note=note)
+
+    def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
+        self._starting.pop(req.workload_id, None)  # its loop runs: it hears a stop at its next checkpoint
+        rec = self.records.get(req.workload_id)
+        return rec is None or rec.state.stopping or rec.state is State.CANCELLED
+
+    def awaits_admission(self, wid: str) -> bool:
+        """Whether a driver asking for ``wid``'s admission has to wait (for a ``Wake``): it is pending, or admitted
+        with its reservation not placed yet. Raises NotFoundError for an unknown id."""
+        rec = self._get(wid)
+        return rec.state in (State.PENDING, State.ADMITTED) and not self._ready(rec)
+
+    def _api_wait_admission(self, p: Principal, req: api.WaitAdmission) -> Dict[str, Any]:
+        """The workload's record and whether its reservation is ready; the actor waits up to ``timeout_s`` for a
+        ``Wake`` first (``awaits_admission``). A reservation placed before the driver asked (the usual case on an
+        idle cluster) is answered at once."""
+        rec = self._get(req.workload_id)
+        out = self.gate.view(p, rec.public())
+        out["ready"] = self._ready(rec)
+        return out
+
+    def _ready(self, rec: Record) -> bool:
+        """Whether the workload's reservation is placed, not only decided. A lease freed by a forced stop is admitted
+        to the preemptor at once, while the stopped gang's own placement group holds the GPUs until Ray Train tears
+        it down; a driver that started then would hand over (remove) a reservation never placed, and the admission
+        would be rolled back under its running gang."""
+        if rec.pg_name is None:
+            return False
+        if rec.state is State.RUNNING:
+            return True
+        return rec.state is State.ADMITTED and (
+            rec.id in self._confirmed or self.host.placement_groups().get(rec.pg_name) == "CREATED")
+
+    def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
+        """The workload a Ray job registered, if any."""
+        for rec in self.records.values():
+            if rec.job_id == req.job_id and self.pipes.stage_of(rec.id) is None:
+                return self.gate.view(p, rec.public())
+        for run in self.pipes.runs.values():  # a pipeline's driver (raylane.pipelines)
+            if run.job_id == req.job_id:
+                return {**self._pipeline_view(p, run), "kind": "pipeline"}
+        return None
+
+    def _api_status(self, p: Principal, req: api.Status) -> Dict[str, Any]:
+        return self.gate.view(p, self._get(req.workload_id).public())
+
+    def _api_queue(self, p: Principal, req: api.Queue) -> List[Dict[str, Any]]:
+        include_done = req.include_done
+        now = self.clock()
+        rows = []
+        for rec in self.records.values():
+            if rec.state.terminal and not include_done:
+                continue
+            rows.append({
+                "id": rec.id, "team": rec.team, "class": rec.cls, "kind": rec.spec.get("kind", "train"),
+                "state": rec.state.value, "resources": _gang_text(rec.spec),
+                "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
+                "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
+                "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
+            })
+            got = self.pipes.stage_of(rec.id)
+            if got is not None:
+                rows[-1].update(pipeline=got[0].id, stage=got[1])
+        rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
+        for run in self.pipes.runs.values():
+            if run.terminal and not include_done:
+                continue
+            states = [self.records[w].state.value for w in run.stages.values() if w in self.records]
+            running = [s for s, w in run.stages.items() if w in self.records and self.records[w].state.holds_lease]
+            rows.append({
+                "id": run.id, "team": run.team, "class": run.spec.get("class") or "-", "kind": "pipeline",
+                "state": run.state, "resources": f"{len(run.stages)} stages",
+                "waited_s": (run.ended_at or now) - run.submitted_at, "position": None,
+                "reason": f"{states.count('SUCCEEDED')}/{len(run.stages)} stages done"
+                          + (f"; running {', '.join(running)}" if running else ""),
+                "preemptions": 0,
+                "detail": f"planned makespan {run.makespan_h * 60:.1f} min ({run.planner})"
+                          + (f", re-planned {len(run.replans)}x" if run.replans else ""),
+                **({"owner": run.owner} if self.gate.may_read(p, run.team) else {}),
+            })
+        return rows
+
+    def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
+        wid = req.workload_id
+        rec = self._get(wid)
+        out = self.gate.view(p, rec.public())
+        if self.gate.may_read(p, rec.team):
+            out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)
+                              if e.kind != "audit"]
+        team = self.state.teams.get(rec.team)
+        if team is not None:
+            used = self.state.usage.get(rec.team, Resources())
+            out["team_quota"] = {r: {"used": used.get(r), "nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
+                                     "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
+        return out
+
+    def _api_info(self, p: Principal, req: api.Info) -> Dict[str, Any]:
+        return {"auth": self.gate.enabled, "cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
+                "leases": len(self.state.leases), "journal": self.journal.path, "started": self._started,
+                "stranded_gpus": dict(self._stranded.stranded) if self._stranded else {},
+                "free_gpus": dict(self._stranded.free) if self._stranded else {},
+                "scheduler": self.state.config.__dict__ if hasattr(self.state.config, "__dict__") else
+                {k: getattr(self.state.config, k) for k in self.state.config.__dataclass_fields__}}
+
+    def _api_whoami(self, p: Principal, req: api.WhoAmI) -> Dict[str, Any]:
+        return {"user": p.user, "teams": list(p.teams), "role": p.role.value, "token_id": p.token_id,
+                "job": p.job, "auth": self.gate.enabled}
+
+    def _api_teams(self, p: Principal, req: api.Teams) -> List[Dict[str, Any]]:
+        counts: Dict[tuple, int] = {}
+        for rec in self.records.values():
+            if not rec.state.terminal:
+                key = (rec.team, "running" if rec.state.holds_lease else "pending")
+                counts[key] = counts.get(key, 0) + 1
+        rows = []
+        for name, team in sorted(self.state.teams.items()):
+            used = self.state.usage.get(name, Resources())
+            rows.append({"team": name, "weight": team.weight, "used": dict(used.items()),
+                         "pending": counts.get((name, "pending"), 0), "running": counts.get((name, "running"), 0),
+                         "quotas": {r: {"used": used.get(r), "nominal": q.nominal,
+                                        "borrowing_limit": q.borrowing_limit, "lending_limit": q.lending_limit}
+                                    for r, q in team.quotas.items()}})
+        return rows
+
+    def _token_reply(self, token: str) -> Dict[str, Any]:
+        """A new token (its only copy, for the caller) with its record."""
+        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(self.clock())}
+
+    def _api_token_create(self, p: Principal, req: api.TokenCreate) -> Dict[str, Any]:
+        token = self.gate.add_token(user=req.user, teams=req.teams, role=req.role, created_by=p.user,
+                                    ttl_s=req.ttl_s, note=req.note)
+        return self._token_reply(token)
+
+    def _api_job_token(self, p: Principal, req: api.JobToken) -> Dict[str, Any]:
+        if not self.gate.enabled:
+            return {"token": None}
+        if p.job:
+            raise PermissionDeniedError(f"job-token: refused for {p.user}: a job token cannot create tokens")
+        token = self.gate.add_token(user=p.user, teams=p.teams, role=p.role, created_by=p.user, ttl_s=req.ttl_s,
+                                    parent=p.token_id, note=req.note or "job token")
+        return self._token_reply(token)
+
+    def _api_token_rotate(self, p: Principal, req: api.TokenRotate) -> Dict[str, Any]:
+        token = self.gate.rotate(req.token_id, p)
+        return self._token_reply(token)
+
+    def _api_token_revoke(self, p: Principal, req: api.TokenRevoke) -> Dict[str, Any]:
+        return self.gate.revoke(req.token_id, p)
+
+    def _api_token_list(self, p: Principal, req: api.TokenList) -> List[Dict[str, Any]]:
+        return self.gate.token_list(req.include_revoked)
+
+    # ----------------------------------------------------------------------------------------------- cost
+    def _cost_sync(self) -> None:
+        """Feed the ledger what the journal holds that it has not seen."""
+        self._ledger.feed(self.journal.entries_after(self._ledger.seq, COST_KINDS))
+
+    def _export_costs(self, now: float) -> None:
+        """Every ``COST_EXPORT_TICKS`` ticks: the spend accrued since the last export into the cost counters, and each
+        team's spend this month and its budget into the gauges (raylane.metrics)."""
+        if now - self._cost_exported_at < COST_EXPORT_TICKS * self.tick_s:
+            return
+        since, self._cost_exported_at = self._cost_exported_at, now
+        self._cost_sync()
+        prices = self.policy.prices
+        leased, idle = self._ledger.spend(prices, now=now, since=since, until=now)
+        for (team, cls, ntype), v in leased.items():
+            if v > 0:
+                metrics.COST.inc(v, team=team, workload_class=cls, node_type=ntype)
+        for ntype, v in idle.items():
+            if v > 0:
+                metrics.IDLE_COST.inc(v, node_type=ntype)
+        # The month's spend: summed from the journal once (at the first export, a new month, new prices), then
+        # kept up by each export's window, which partition the month.
+        if (self._month_spend is None or self._month_spend[0] != month_start(now)
+                or self._month_spend[1] != prices):
+            month = self._ledger.report(prices, now=now, since=month_start(now), groups=("team",))
+            self._month_spend = (month_start(now), dict(prices), {r.key: r.cost for r in month.groups["team"]})
+        else:
+            for (team, _, _), v in leased.items():
+                self._month_spend[2][team] = self._month_spend[2].get(team, 0.0) + v
+        spent = self._month_spend[2]
+        for (team,), v in self._gauge_keys({(t,): spent.get(t, 0.0) for t in self.policy.teams},
+                                           "_last_spend").items():
+            metrics.TEAM_SPEND.set(v, team=team)
+        share = self.policy.budget_alert_share
+        budgets = {}
+        for name, t in self.policy.teams.items():
+            budgets[(name, "monthly")] = t.budget if t.budget else -1
+            budgets[(name, "alert")] = t.budget * share if t.budget else -1
+        for (team, what), v in self._gauge_keys(budgets, "_last_budgets").items():
+            metrics.TEAM_BUDGET.set(v if (team, what) in budgets else -1, team=team, what=what)
+
+    def _api_cost(self, p: Principal, req: api.Cost) -> Dict[str, Any]:
+        """Spend from the journal (``raylane.cost.CostReport`` as a dict): the teams in the caller's scope (an
+        operator's: all, or ``team``; anyone else's: their own teams, or ``team``, one of them, as the gate
+        checked), the cluster's idle cost, each team in scope's month against its budget."""
+        if req.team is not None and req.team not in self.policy.teams:
+            raise ValidationError("call cost", [("team", req.team, "a team of the policy: one of "
+                                                                   + ", ".join(sorted(self.policy.teams)))])
+        teams = {req.team} if req.team else (None if p.operator else set(p.teams))
+        self._cost_sync()
+        rep = self._ledger.report(
+            self.policy.prices, now=self.clock(), since=req.since, until=req.until, teams=teams,
+            workloads=set(req.workload_ids) if req.workload_ids is not None else None,
+            runs={req.mlflow_run_id} if req.mlflow_run_id is not None else None,
+            groups=(req.by.value,) if req.by is not None else COST_GROUPS,
+            budgets={name: t.budget for name, t in self.policy.teams.items()},
+            alert_share=self.policy.budget_alert_share)
+        return rep.to_dict()
+
+    def _api_audit(self, p: Principal, req: api.Audit) -> List[Dict[str, Any]]:
+        def team_of(wid):
+            rec = self.records.get(wid) if isinstance(wid, str) else None
+            return rec.team if rec is not None else None
+
+        return self.gate.audit(since=req.since, user=req.user, team=req.team, limit=req.limit, teams_of=team_of)
+
+    def _api_reload_policy(self, p: Principal, req: api.ReloadPolicy) -> Dict[str, Any]:
+        """Replace the policy: every workload still queued or running must fit the new one, or nothing changes."""
+        new = load_policy_from_dict(req.policy, "policy")
+        errors = []
+        for rec in self.records.values():
+            if rec.state.terminal:
+                continue
+            try:
+                load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=new)
+            except ValidationError as exc:
+                errors += [(f"workload {rec.id}: {path}", value, allowed) for path, value, allowed in exc.errors]
+        if errors:
+            raise ValidationError("policy reload refused: workloads in the queue or running would not fit it", errors)
+        self.journal.append("policy", "@policy", policy=req.policy, by=p.user)
+        self._set_policy(req.policy)
+        self._rebuild_state()
+        self._poke()
+        return {"teams": sorted(new.teams), "classes": sorted(new.classes)}
+
+    # ---------------------------------------------------------------------------------------------- nodes
+    def _api_node_list(self, p: Principal, req: api.NodeList) -> List[Dict[str, Any]]:
+        """Every node with its service state, probe, GPUs and the leases on it (teams' work, not its specs)."""
+        self._refresh_nodes()
+        rows = []
+        for st in self.nodes.nodes.values():
+            if st.state is NodeState.LOST and not req.include_lost:
+                continue
+            node = self.state.nodes.get(st.id)
+            leases = []
+            for lease in self.state.leases.values():
+                n = sum(1 for nid in lease.placement if nid == st.id)
+                if n:
+                    rec = self.records[lease.id]
+                    leases.append({"workload": lease.id, "team": rec.team, "class": rec.cls, "workers": n,
+                                   "gpus": n * lease.workload.gang.per_worker.gpu, "state": rec.state.value})
+            rows.append({**st.public(), "address": self._addresses.get(st.id, st.address),
+                         "gpus_free": node.free.gpu if node else 0.0,
+                         "features": sorted(node.features) if node else [], "leases": leases})
+        rows.sort(key=lambda r: (r["state"] == "lost", r["node_type"], r["id"]))
+        return rows
+
+    def _node_ref(self, ref: str) -> str:
+        found = self.nodes.resolve(ref)
+        if len(found) != 1:
+            known = ", ".join(sorted(n[:12] for n in self.nodes.resolve(""))) or "none"
+            raise ValidationError("node", [("node", ref, ("a unique prefix (it matches " + ", ".join(
+                f[:12] for f in found) + ")") if found else f"the id (or a unique prefix) of a live node: {known}")])
+        return found[0]
+
+    def _api_node_cordon(self, p: Principal, req: api.NodeCordon) -> Dict[str, Any]:
+        nid = self._node_ref(req.node)
+        if self.nodes.get(nid).state is NodeState.READY:
+            self._node_event(nid, "cordoned", by=p.user, reason=req.reason or f"cordoned by {p.user}")
+        return self.nodes.get(nid).public()
+
+    def _api_node_uncordon(self, p: Principal, req: api.NodeUncordon) -> Dict[str, Any]:
+        nid = self._node_ref(req.node)
+        if self.nodes.get(nid).state is not NodeState.READY:
+            self._node_event(nid, "uncordoned", by=p.user, reason=req.reason or f"uncordoned by {p.user}")
+        self._poke()
+        return self.nodes.get(nid).public()
+
+    def _api_node_drain(self, p: Principal, req: api.NodeDrain) -> Dict[str, Any]:
+        """Cordon the node and preempt what runs there gracefully (checkpoint, requeue, resume elsewhere); the
+        node is ``drained`` once no lease is left (``node_list`` shows it)."""
+        nid = self._node_ref(req.node)
+        if self.nodes.get(nid).state in (NodeState.READY, NodeState.CORDONED):
+            self._node_event(nid, "draining", by=p.user, reason=req.reason or f"drained by {p.user}")
+        self._service_nodes(self.clock())
+        return self.nodes.get(nid).public()
+
+    def _get(self, wid: str) -> Record:
+        rec = self.records.get(wid)
+        if rec is None:
+            raise NotFoundError(f"no workload {wid!r}")
+        return rec
+
+
+def _listed_state(table: Dict[str, str], job_id: str):
+    """(``ends.JobState``, Ray's status name or ``gone``) of a job, from the host's job table: a job Ray does not
+    list is one it never had (gone)."""
+    status = table.get(job_id)
+    if status is None:
+        return ends.JobState.GONE, "gone"
+    return ends.job_state(status), status.rsplit(".", 1)[-1]
+
+
+def _fields(reason) -> Dict[str, Any]:
+    fields = getattr(reason, "__dataclass_fields__", {})
+    out = {}
+    for k in fields:
+        v = getattr(reason, k)
+        out[k] = str(v) if hasattr(v, "__dataclass_fields__") else v
+    return out
+
+
+def _gang_text(spec: Dict[str, Any]) -> str:
+    g = spec.get("gang", {})
+    r = g.get("resources", {})
+    parts = [f"{r[k]:g} {k.upper() if k != 'memory' else 'GiB'}" for k in ("gpu", "cpu", "memory") if r.get(k)]
+    return f"{g.get('workers', 1)} x ({', '.join(parts) or '-'})"
+
+
+# The handler of each call, keyed by its request type (raylane.control.api.CALLS): ``ControlState.handle``.
+HANDLERS: Dict[type, Callable[[ControlState, Principal, api.Request], Any]] = {
+    api.Submit: ControlState._api_submit,
+    api.Cancel: ControlState._api_cancel,
+    api.Release: ControlState._api_release,
+    api.Report: ControlState._api_report,
+    api.CheckpointSaved: ControlState._api_checkpoint_saved,
+    api.RegisterWorkers: ControlState._api_register_workers,
+    api.ShouldStop: ControlState._api_should_stop,
+    api.ResolveCheckpoint: ControlState._api_resolve_checkpoint,
+    api.Status: ControlState._api_status,
+    api.Explain: ControlState._api_explain,
+    api.WaitAdmission: ControlState._api_wait_admission,
+    api.FindJob: ControlState._api_find_job,
+    api.Queue: ControlState._api_queue,
+    api.ClassInfo: ControlState._api_class_info,
+    api.Info: ControlState._api_info,
+    api.WhoAmI: ControlState._api_whoami,
+    api.Teams: ControlState._api_teams,
+    api.TokenCreate: ControlState._api_token_create,
+    api.JobToken: ControlState._api_job_token,
+    api.TokenRotate: ControlState._api_token_rotate,
+    api.TokenRevoke: ControlState._api_token_revoke,
+    api.TokenList: ControlState._api_token_list,
+    api.Audit: ControlState._api_audit,
+    api.ReloadPolicy: ControlState._api_reload_policy,
+    api.Cost: ControlState._api_cost,
+    api.NodeList: ControlState._api_node_list,
+    api.NodeCordon: ControlState._api_node_cordon,
+    api.NodeUncordon: ControlState._api_node_uncordon,
+    api.NodeDrain: ControlState._api_node_drain,
+    api.PipelineSubmit: ControlState._api_pipeline_submit,
+    api.PipelineStatus: ControlState._api_pipeline_status,
+    api.PipelineOutput: ControlState._api_pipeline_output,
+}
