@@ -382,3 +382,12 @@ def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatc
         assert rows() == before
     finally:
         actor.journal.close()
+
+
+def test_the_actor_class_exposes_request_and_ping_only():
+    # Ray makes every method of an actor class callable through its handle: the state machine and the shell's own
+    # methods are attributes, so the checked entry point is the only way in besides the health check.
+    from raylane.control.actor import ControlActor
+
+    methods = sorted(m for m in vars(ControlActor) if callable(getattr(ControlActor, m)) and not m.startswith("__"))
+    assert methods == ["ping", "request"]

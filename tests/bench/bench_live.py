@@ -394,7 +394,7 @@ def profile_start(handle) -> None:
             actor._bench_profile = cProfile.Profile()
             actor._bench_profile.enable()
 
-        task = getattr(actor, "_loop_task", None)
+        task = getattr(actor.shell, "_loop_task", None)
         if task is None:
             raise RuntimeError("the control actor has no loop task to find its event loop by (it has answered no "
                                "call yet, or its loop is kept elsewhere now)")
@@ -415,7 +415,7 @@ def profile_stop(handle, top: int = 30) -> str:
         async def on_loop():
             actor._bench_profile.disable()
 
-        asyncio.run_coroutine_threadsafe(on_loop(), actor._loop_task.get_loop()).result(timeout=60)
+        asyncio.run_coroutine_threadsafe(on_loop(), actor.shell._loop_task.get_loop()).result(timeout=60)
         s = _io.StringIO()
         pstats.Stats(actor._bench_profile, stream=s).sort_stats("tottime").print_stats(top)
         del actor._bench_profile

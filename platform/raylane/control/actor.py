@@ -78,10 +78,29 @@ class RayHost(Host):
 
 
 class ControlActor:
+    """The Ray actor class: ``request`` and ``ping`` are all Ray exposes (Ray makes every method of an actor class
+    callable through its handle, so the shell's own methods live in ``ControlShell``)."""
+
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
                  admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None,
                  cancel_grace_s: float = ends.CANCEL_GRACE_S):
         """``auth``: see ``ControlState``."""
+        self.shell = ControlShell(policy, journal_path, tick_s, admit_timeout_s, auth, cancel_grace_s)
+
+    async def request(self, credential: Any, call: Any, args: Any = None) -> Any:
+        """The one entry point (``ControlShell.request``)."""
+        return await self.shell.request(credential, call, args)
+
+    async def ping(self) -> bool:
+        self.shell._ensure_loop()
+        return True
+
+
+class ControlShell:
+    """The actor's work: its loop, requests, and carrying out the state machine's effects."""
+
+    def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float, admit_timeout_s: float,
+                 auth: Optional[Dict[str, Any]], cancel_grace_s: float):
         self.tick_s = tick_s
         self.admit_timeout_s = admit_timeout_s
         self.host = RayHost()
@@ -110,10 +129,6 @@ class ControlActor:
             await self._durable()
             self._carry_out()
         return out
-
-    async def ping(self) -> bool:
-        self._ensure_loop()
-        return True
 
     async def _wait_admission(self, wid: str, timeout_s: float) -> None:
         ev = self._admitted.setdefault(wid, asyncio.Event())
