@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
-def wait_for(pred: Callable[[], T], timeout: float = 30.0, every: float = 0.2, what: str = "condition") -> T:
+def wait_for(pred: Callable[[], T], timeout: float = 30.0, every: float = 0.2, what: str = "condition",
+             explain: Optional[Callable[[], str]] = None) -> T:
+    """``pred()`` once it is truthy; AssertionError after ``timeout`` seconds, with ``explain()`` if given."""
     deadline = time.time() + timeout
     last = None
     while time.time() < deadline:
@@ -24,7 +26,8 @@ def wait_for(pred: Callable[[], T], timeout: float = 30.0, every: float = 0.2, w
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})"
+                         + (f"\n{explain()}" if explain is not None else ""))
 
 
 def local_policy(**class_overrides) -> dict:

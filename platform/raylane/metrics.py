@@ -16,6 +16,7 @@ Words
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
@@ -103,12 +104,11 @@ _ray_metrics: Dict[str, object] = {}
 
 
 def _ray_metric(m: Metric) -> Optional[object]:
-    """The ``ray.util.metrics`` object of ``m`` in this process, created on first use; None outside Ray."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - Ray is a dependency; the mirror still works without it
-        return None
-    if not ray.is_initialized():
+    """The ``ray.util.metrics`` object of ``m`` in this process, created on first use; None outside Ray. A process
+    that never imported Ray is outside it: Ray is not imported here (Ray-free code such as the control plane's state
+    machine records metrics, and importing Ray takes most of a second)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
         return None
     with _lock:
         obj = _ray_metrics.get(m.name)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
+from raylane.control.journal import Kind
+
 __all__ = ["journal_lines"]
 
 
@@ -15,10 +17,10 @@ def journal_lines(journal: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     checkpoints folded into one line."""
     out = []
     for e in journal:
-        if e["kind"] == "event" and not e.get("note"):
+        if e["kind"] == Kind.EVENT and not e.get("note"):
             continue
-        if e["kind"] == "checkpointed":
-            if out and out[-1]["kind"] == "checkpointed":
+        if e["kind"] == Kind.CHECKPOINTED:
+            if out and out[-1]["kind"] == Kind.CHECKPOINTED:
                 run = out[-1]
                 run["steps"].append(e.get("step"))
             else:

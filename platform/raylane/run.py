@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     import argparse
 
     from raylane.config.loader import read_yaml
+    from raylane.control.records import State
     from raylane.errors import FatalError
 
     p = argparse.ArgumentParser(prog="python -m raylane.run", description=__doc__.split("\n\n")[0])
@@ -109,14 +110,14 @@ def main(argv=None) -> int:
             from raylane.pipelines.driver import run_pipeline
 
             view = run_pipeline(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri)
-            return 0 if view["state"] == "SUCCEEDED" else 1
+            return 0 if view["state"] == State.SUCCEEDED else 1
         rec = run_workload(data, storage_path=args.storage_path, tracking_uri=args.tracking_uri,
                            workload_id=args.workload_id)
     except FatalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     say(f"{rec['id']}: {rec['state']} (preemptions {rec['preemptions']}, restarts {rec['restarts']})")
-    return 0 if rec["state"] == "SUCCEEDED" else 1
+    return 0 if rec["state"] == State.SUCCEEDED else 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pydantic import ValidationError as PydanticValidationError
 from typing_extensions import Annotated
 
 from raylane.auth import Action
+from raylane.control.journal import Kind
+from raylane.control.records import State
 from raylane.errors import ValidationError
 
 WORKLOAD_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$"
@@ -40,14 +42,19 @@ class Outcome(str, enum.Enum):
 
 
 class EndState(str, enum.Enum):
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
+    """How a released workload ended, by its driver's word: the ``State``s it may end in but REJECTED (only a submit
+    rejects). Each member is its ``State``'s value, so ``State(end)`` is the record's state."""
+
+    SUCCEEDED = State.SUCCEEDED.value
+    FAILED = State.FAILED.value
+    CANCELLED = State.CANCELLED.value
 
 
 class ReportKind(str, enum.Enum):
-    RUNNING = "running"  # the driver started its work on the lease
-    EVENT = "event"  # a note for the journal, or progress (detail)
+    """What a driver reports of its running workload; journaled as an entry of the ``Kind`` of the same value."""
+
+    RUNNING = Kind.RUNNING.value  # the driver started its work on the lease
+    EVENT = Kind.EVENT.value  # a note for the journal, or progress (detail)
 
 
 class Request(BaseModel):

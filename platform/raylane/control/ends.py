@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from raylane.control.records import Record
+from raylane.control.records import Record, State
 
 __all__ = ["CANCEL_GRACE_S", "CloseRun", "JobState", "Settled", "StopJob", "after_end", "job_state", "pending"]
 
@@ -33,7 +33,7 @@ CANCEL_GRACE_S = 30.0  # how long a cancelled workload's driver has to end its M
 
 # The control plane's terminal workload states, as the MLflow status of the run (raylane.tracking.STATE_TO_STATUS;
 # not imported from there: that module imports MLflow).
-_RUN_STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELLED": "KILLED", "REJECTED": "FAILED"}
+_RUN_STATUS = {State.SUCCEEDED: "FINISHED", State.FAILED: "FAILED", State.CANCELLED: "KILLED", State.REJECTED: "FAILED"}
 
 
 class JobState(str, enum.Enum):
@@ -101,7 +101,7 @@ def after_end(rec: Record, job: Optional[JobState], now: float) -> Optional[Acti
             return None
     if not rec.run_to_close or not rec.mlflow_run_id:
         return Settled(rec.id)
-    status = _RUN_STATUS[rec.state.value]
+    status = _RUN_STATUS[rec.state]
     reason = next((note for ts, note in reversed(rec.events) if ts == rec.ended_at), rec.state.value.lower())
     if rec.job_id and job is JobState.GONE:
         reason = f"{reason} (its Ray job {rec.job_id} is gone: the cluster it ran on was stopped)"

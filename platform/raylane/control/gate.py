@@ -14,12 +14,12 @@ team and operators also see its spec, config, owner and journal (``full``).
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Callable, Any, Dict, Iterable, List, Optional
 
 from raylane import auth
 from raylane.auth import ANONYMOUS, Principal, Role, TokenRecord, TokenStore
 from raylane.control import api
-from raylane.control.journal import Entry, Journal
+from raylane.control.journal import Entry, Journal, Kind
 from raylane.errors import AuthenticationError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 
 TOKENS = "@tokens"
@@ -31,8 +31,10 @@ SUMMARY_FIELDS = ("id", "team", "class", "kind", "state", "reason", "reason_data
 
 
 class Gate:
-    def __init__(self, journal: Journal, *, enabled: bool = True, teams: Iterable[str] = ()):
+    def __init__(self, journal: Journal, *, enabled: bool = True, teams: Iterable[str] = (),
+                 clock: Callable[[], float] = time.time):
         self.journal = journal
+        self.clock = clock  # token expiry and audit times (the control plane's injected clock)
         self.enabled = enabled
         self.teams = set(teams)
         self.store = TokenStore()
@@ -40,7 +42,7 @@ class Gate:
     # ------------------------------------------------------------------------------------------- tokens
     def apply(self, e: Entry) -> None:
         """Replay one ``token`` entry (the same code the live path uses)."""
-        if e.kind != "token":
+        if e.kind != Kind.TOKEN:
             return
         d = e.data
         if d["op"] == "created":
@@ -54,14 +56,14 @@ class Gate:
                 rec.revoked = e.ts
 
     def _token_entry(self, **data) -> None:
-        self.apply(self.journal.append("token", TOKENS, **data))
+        self.apply(self.journal.append(Kind.TOKEN, TOKENS, **data))
 
     def add_token(self, *, user: str, teams, role, created_by: str, ttl_s: Optional[float] = None,
                   parent: Optional[str] = None, note: str = "", token: Optional[tuple] = None,
                   now: Optional[float] = None) -> str:
         """Create a token and journal its digest; returns the token (its only copy). ``token``: a (token, id, salt,
         digest) made elsewhere (``bootstrap``)."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         user = auth.check_user(user)
         teams = auth.check_teams(teams, self.teams or None)
         role = auth.check_role(role)
@@ -82,7 +84,7 @@ class Gate:
 
     def rotate(self, token_id: str, by: Principal) -> str:
         old = self._token(token_id)
-        now = time.time()
+        now = self.clock()
         if old.status(now) != "active":
             raise ValidationError("token rotate", [("token_id", token_id, f"an active token (this one is "
                                                                           f"{old.status(now)})")])
@@ -96,7 +98,7 @@ class Gate:
         rec = self._token(token_id)
         if rec.revoked is None:
             self._token_entry(op="revoked", id=token_id, by=by.user)
-        return rec.public(time.time())
+        return rec.public(self.clock())
 
     def _token(self, token_id: str) -> TokenRecord:
         rec = self.store.tokens.get(token_id)
@@ -105,7 +107,7 @@ class Gate:
         return rec
 
     def token_list(self, include_revoked: bool) -> List[Dict[str, Any]]:
-        now = time.time()
+        now = self.clock()
         out = [t.public(now) for t in self.store.tokens.values()]
         return [t for t in out if include_revoked or t["status"] == "active"]
 
@@ -119,7 +121,7 @@ class Gate:
         """(principal, request) for an allowed call. A refused one (bad arguments, bad credential, not allowed) is
         audited and raised. ``team_of(request) -> (team, owner)`` names the target's team and owner; it may raise
         ``NotFoundError``."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         principal: Optional[Principal] = None
         name = call if isinstance(call, str) and call in api.CALLS else "?"
         req = None
@@ -144,7 +146,7 @@ class Gate:
                reason: str = "", *, now: Optional[float] = None, credential: Optional[str] = None) -> None:
         """One audit entry: who (user, role, token id, teams), what call, on what, with what outcome and why."""
         p = principal
-        self.journal.append("audit", target or f"@{call}", ts=now,
+        self.journal.append(Kind.AUDIT, target or f"@{call}", ts=now,
                             user=p.user if p else None, role=p.role.value if p else None,
                             token_id=p.token_id if p else credential, teams=list(p.teams) if p else [],
                             action=call, target=target, outcome=outcome, reason=reason[:1000])
@@ -154,7 +156,7 @@ class Gate:
         """Audit entries, oldest first (the newest ``limit``). ``team``: entries by a member of the team, or on one
         of its workloads (``teams_of(workload_id)``)."""
         rows = []
-        for e in self.journal.entries_of_kind("audit", since=since):
+        for e in self.journal.entries_of_kind(Kind.AUDIT, since=since):
             d = e.data
             if user is not None and d.get("user") != user:
                 continue

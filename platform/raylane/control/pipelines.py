@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from raylane.control.journal import Entry
+from raylane.control.records import TERMINAL, State
 
 
 @dataclass
@@ -33,7 +34,7 @@ class PipelineRun:
     job_id: Optional[str] = None
     parent_run_id: Optional[str] = None
     storage: str = ""
-    state: str = "RUNNING"
+    state: str = State.RUNNING.value  # a State's value (replies carry it as it is): RUNNING, then its end state
     ended_at: Optional[float] = None
     outputs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     replans: List[Dict[str, Any]] = field(default_factory=list)
@@ -50,7 +51,7 @@ class PipelineRun:
 
     @property
     def terminal(self) -> bool:
-        return self.state != "RUNNING"
+        return self.state != State.RUNNING
 
 
 class PipelineBook:
@@ -84,7 +85,7 @@ class PipelineBook:
             run.replans.append({"ts": e.ts, "reason": d.get("reason", ""), "plan": d["plan"],
                                 "makespan_h": d.get("makespan_h"), "overrun": list(d.get("overrun") or ())})
         elif ev == "finished":
-            run.state, run.ended_at = d["state"], e.ts
+            run.state, run.ended_at = State(d["state"]).value, e.ts
 
     def stage_of(self, wid: str) -> Optional[Tuple[PipelineRun, str]]:
         got = self._of.get(wid)
@@ -95,13 +96,14 @@ class PipelineBook:
 
 
 def gate(run: PipelineRun, stage: str, states: Mapping[str, str]) -> Tuple[str, str]:
-    """May ``stage`` queue now? (``ready`` | ``wait`` | ``never``, why). ``states``: workload id -> record state."""
+    """May ``stage`` queue now? (``ready`` | ``wait`` | ``never``, why). ``states``: workload id -> record state (its
+    value)."""
     needs = run.needs.get(stage, [])
     got = {n: states.get(run.stages[n], "?") for n in needs}
-    bad = {n: s for n, s in got.items() if s in ("FAILED", "CANCELLED", "REJECTED")}
+    bad = {n: s for n, s in got.items() if s in TERMINAL and s != State.SUCCEEDED}
     if bad:
         return "never", "input stage " + ", ".join(f"{n} ended {s}" for n, s in sorted(bad.items()))
-    waiting = {n: s for n, s in got.items() if s != "SUCCEEDED"}
+    waiting = {n: s for n, s in got.items() if s != State.SUCCEEDED}
     if waiting:
         return "wait", "waiting for its inputs: " + ", ".join(f"{n} ({s.lower()})" for n, s in waiting.items())
     return "ready", ""
@@ -122,15 +124,15 @@ def preferred_nodes(run: PipelineRun, stage: str, placements: Mapping[str, Tuple
     return tuple(out)
 
 
-def end_state(run: PipelineRun, states: Mapping[str, str]) -> Optional[str]:
+def end_state(run: PipelineRun, states: Mapping[str, str]) -> Optional[State]:
     """The pipeline's end state once every stage has ended (SUCCEEDED, CANCELLED if any stage was, else FAILED);
-    None while one has not."""
+    None while one has not. ``states``: workload id -> record state (its value)."""
     got = [states.get(w, "?") for w in run.stages.values()]
-    if any(s not in ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED") for s in got):
+    if any(s not in TERMINAL for s in got):
         return None
-    if all(s == "SUCCEEDED" for s in got):
-        return "SUCCEEDED"
-    return "CANCELLED" if "CANCELLED" in got else "FAILED"
+    if all(s == State.SUCCEEDED for s in got):
+        return State.SUCCEEDED
+    return State.CANCELLED if State.CANCELLED in got else State.FAILED
 
 
 def overrunning(run: PipelineRun, running_since: Mapping[str, float], now: float, factor: float) -> List[str]:

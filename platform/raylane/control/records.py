@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
-from raylane.control.journal import Entry
+from raylane.control.journal import Entry, Kind
 
 
 class State(str, enum.Enum):
+    """A workload's state. A str enum: a reply carries its value (``public``), and a value read from a reply compares
+    equal to its member (``rec["state"] == State.RUNNING``); turn one into the member with ``State(text)``."""
+
     PENDING = "PENDING"
     ADMITTED = "ADMITTED"
     RUNNING = "RUNNING"
@@ -30,7 +33,8 @@ class State(str, enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.REJECTED)
+        """It has ended and never leaves this state (``TERMINAL``)."""
+        return self in TERMINAL
 
     @property
     def holds_lease(self) -> bool:
@@ -40,6 +44,11 @@ class State(str, enum.Enum):
     def stopping(self) -> bool:
         """Its gang is asked to save a checkpoint and stop: preempted, or resized."""
         return self in (State.PREEMPTING, State.RESIZING)
+
+
+# The states a workload ends in, as values: the one list of them. ``State.terminal`` reads it, and so does a caller
+# that holds a state as text (a reply's ``state``).
+TERMINAL: FrozenSet[str] = frozenset(s.value for s in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.REJECTED))
 
 
 @dataclass
@@ -113,80 +122,112 @@ class Record:
         return self.spec.get("class", "")
 
     def apply(self, e: Entry) -> None:
-        """Change this record as the journal entry says. The single place where record state moves."""
-        d = e.data
-        if e.kind == "submitted":
-            self.owner = d.get("owner") or (d.get("spec", {}).get("run") or {}).get("owner") or ""
-        elif e.kind == "rejected":
-            self.state, self.reason, self.ended_at = State.REJECTED, d.get("reason", ""), e.ts
-        elif e.kind == "admitted":
-            self._hold(e)
-            self.attempts += 1
-            self.reason, self.position, self.reason_data = "", None, {}
-        elif e.kind == "running":
-            self.state = State.RUNNING
-            self.job_id = d.get("job_id", self.job_id)
-            self._name_run(d)
-        elif e.kind == "event":
-            self.restarts += 1 if d.get("restart") else 0
-            if "detail" in d:
-                self.detail = d["detail"]
-            self._name_run(d)
-            if d.get("job_stopped"):
-                self.job_stop_at = None
-            if d.get("mlflow_run_closed"):
-                self.run_to_close, self.job_stop_at = False, None
-        elif e.kind == "checkpointed":
-            self.last_checkpoint = e.ts
-            self.step = d.get("step", self.step)
-            if d.get("path") and d.get("step") is not None:
-                self.checkpoints[int(d["step"])] = d["path"]
-        elif e.kind == "pinned":
-            self.pin = {"source": d["source"], "step": d.get("step"), "path": d.get("path"), "released": False}
-        elif e.kind == "unpinned":
-            self.pin = {**self.pin, "released": True}
-        elif e.kind == "preempting":
-            self.state = State.PREEMPTING
-            self.stop_deadline = d.get("deadline")
-            self.preemptions += 1 if d.get("preemption", True) else 0
-            self.resize = {}  # a preemption during a resize stops the gang: it is not restarted at the new size
-        elif e.kind == "resizing":
-            self.state = State.RESIZING
-            self.stop_deadline = d.get("deadline")
-            self.resize = {k: d[k] for k in ("from_workers", "to_workers", "placement", "devices", "reason")}
-            self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
-            if d["to_workers"] > d["from_workers"]:
-                # Growth is booked at once (the new workers' capacity is held while the gang stops and restarts);
-                # a shrink keeps the whole gang's until it has stopped.
-                self.placement = tuple(d["placement"])
-                self.devices = tuple(tuple(x) for x in d.get("devices") or ())
-        elif e.kind == "resized":
-            self._hold(e)
-            self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
-            self.step = d.get("step", self.step)
-            self.stop_deadline = None
-            self.resize = {}
-            self.resizes += 1
-        elif e.kind == "requeued":
-            self.state = State.PENDING
-            self.queued_since = e.ts
-            self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
-            self.step = d.get("step", self.step)
-            self.restarts += 1 if d.get("restart") else 0
-            self.placement, self.pg_name, self.admitted_at, self.stop_deadline = (), None, None, None
-            self.devices = ()
-            self.resize = {}
-        elif e.kind in ("finished", "cancelled"):
-            self.state = State.CANCELLED if e.kind == "cancelled" else State(d.get("state", "SUCCEEDED"))
-            self.outcome = d.get("outcome", "")
-            self.step = self.step if d.get("step") is None else d["step"]  # a failure's release may not know it
-            self.ended_at = e.ts
-            self.stop_deadline = None
-            self.job_stop_at = d.get("job_stop_at")
-            self.run_to_close = bool(d.get("close_run"))
-        note = d.get("note")
+        """Change this record as the journal entry says. The single place where record state moves: each kind's
+        step is one method below (``_APPLY``). Kinds that are not a workload's (and any an older release wrote)
+        change nothing; a note is kept whatever the kind."""
+        step = _APPLY.get(e.kind)
+        if step is not None:
+            step(self, e)
+        note = e.data.get("note")
         if note:
             self.events.append((e.ts, note))
+
+    def _submitted(self, e: Entry) -> None:
+        d = e.data
+        self.owner = d.get("owner") or (d.get("spec", {}).get("run") or {}).get("owner") or ""
+
+    def _rejected(self, e: Entry) -> None:
+        self.state, self.reason, self.ended_at = State.REJECTED, e.data.get("reason", ""), e.ts
+
+    def _admitted(self, e: Entry) -> None:
+        self._hold(e)
+        self.attempts += 1
+        self.reason, self.position, self.reason_data = "", None, {}
+
+    def _running(self, e: Entry) -> None:
+        self.state = State.RUNNING
+        self.job_id = e.data.get("job_id", self.job_id)
+        self._name_run(e.data)
+
+    def _event(self, e: Entry) -> None:
+        d = e.data
+        self.restarts += 1 if d.get("restart") else 0
+        if "detail" in d:
+            self.detail = d["detail"]
+        self._name_run(d)
+        if d.get("job_stopped"):
+            self.job_stop_at = None
+        if d.get("mlflow_run_closed"):
+            self.run_to_close, self.job_stop_at = False, None
+
+    def _checkpointed(self, e: Entry) -> None:
+        d = e.data
+        self.last_checkpoint = e.ts
+        self.step = d.get("step", self.step)
+        if d.get("path") and d.get("step") is not None:
+            self.checkpoints[int(d["step"])] = d["path"]
+
+    def _pinned(self, e: Entry) -> None:
+        d = e.data
+        self.pin = {"source": d["source"], "step": d.get("step"), "path": d.get("path"), "released": False}
+
+    def _unpinned(self, e: Entry) -> None:
+        self.pin = {**self.pin, "released": True}
+
+    def _preempting(self, e: Entry) -> None:
+        d = e.data
+        self.state = State.PREEMPTING
+        self.stop_deadline = d.get("deadline")
+        self.preemptions += 1 if d.get("preemption", True) else 0
+        self.resize = {}  # a preemption during a resize stops the gang: it is not restarted at the new size
+
+    def _resizing(self, e: Entry) -> None:
+        d = e.data
+        self.state = State.RESIZING
+        self.stop_deadline = d.get("deadline")
+        self.resize = {k: d[k] for k in ("from_workers", "to_workers", "placement", "devices", "reason")}
+        self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
+        if d["to_workers"] > d["from_workers"]:
+            # Growth is booked at once (the new workers' capacity is held while the gang stops and restarts);
+            # a shrink keeps the whole gang's until it has stopped.
+            self.placement = tuple(d["placement"])
+            self.devices = tuple(tuple(x) for x in d.get("devices") or ())
+
+    def _resized(self, e: Entry) -> None:
+        d = e.data
+        self._hold(e)
+        self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
+        self.step = d.get("step", self.step)
+        self.stop_deadline = None
+        self.resize = {}
+        self.resizes += 1
+
+    def _requeued(self, e: Entry) -> None:
+        d = e.data
+        self.state = State.PENDING
+        self.queued_since = e.ts
+        self.attained_gpu_s = d.get("attained_gpu_s", self.attained_gpu_s)
+        self.step = d.get("step", self.step)
+        self.restarts += 1 if d.get("restart") else 0
+        self.placement, self.pg_name, self.admitted_at, self.stop_deadline = (), None, None, None
+        self.devices = ()
+        self.resize = {}
+
+    def _finished(self, e: Entry) -> None:
+        self._end(e, State(e.data.get("state", State.SUCCEEDED.value)))
+
+    def _cancelled(self, e: Entry) -> None:
+        self._end(e, State.CANCELLED)
+
+    def _end(self, e: Entry, state: State) -> None:
+        d = e.data
+        self.state = state
+        self.outcome = d.get("outcome", "")
+        self.step = self.step if d.get("step") is None else d["step"]  # a failure's release may not know it
+        self.ended_at = e.ts
+        self.stop_deadline = None
+        self.job_stop_at = d.get("job_stop_at")
+        self.run_to_close = bool(d.get("close_run"))
 
     def _hold(self, e: Entry) -> None:
         """A lease (an admission, or the same lease at its new size after a resize): its nodes, devices and
@@ -208,6 +249,26 @@ class Record:
         out["kind"] = self.spec.get("kind", "train")
         out["workers"] = self.workers
         return out
+
+
+# Each workload kind's step in ``Record.apply``. Keyed by ``Kind``: an entry read back carries the kind's text, which
+# finds the same step (a str enum hashes and compares as its value).
+_APPLY: Dict[Kind, Callable[[Record, Entry], None]] = {
+    Kind.SUBMITTED: Record._submitted,
+    Kind.REJECTED: Record._rejected,
+    Kind.ADMITTED: Record._admitted,
+    Kind.RUNNING: Record._running,
+    Kind.EVENT: Record._event,
+    Kind.CHECKPOINTED: Record._checkpointed,
+    Kind.PINNED: Record._pinned,
+    Kind.UNPINNED: Record._unpinned,
+    Kind.PREEMPTING: Record._preempting,
+    Kind.RESIZING: Record._resizing,
+    Kind.RESIZED: Record._resized,
+    Kind.REQUEUED: Record._requeued,
+    Kind.FINISHED: Record._finished,
+    Kind.CANCELLED: Record._cancelled,
+}
 
 
 def _shallow(v: Any) -> Any:

@@ -39,7 +39,7 @@ from raylane.control.checkpoints import ref_key
 from raylane.control import effects as fx
 from raylane.control import ends
 from raylane.control.gate import Gate, target_team
-from raylane.control.journal import Journal
+from raylane.control.journal import Journal, Kind
 from raylane.control.state_pipelines import PipelineCalls
 from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
 from raylane.control.pipelines import PipelineBook
@@ -146,9 +146,11 @@ class ControlState(PipelineCalls):
         self._ends: set = set()
         self._closing: set = set()
         self.journal = journal
+        journal.clock = clock  # entries are timed by the same clock as the decisions
         self.effects: List[fx.Effect] = []  # what Ray must do, in order (take_effects)
         self.wants_cycle = False  # a change wants a scheduling cycle (take_effects clears it)
-        self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys())
+        self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys(),
+                         clock=clock)
         self.records: Dict[str, Record] = {}
         self.nodes = NodeBook(health_rules(self.policy))
         self.pipes = PipelineBook()
@@ -202,19 +204,19 @@ class ControlState(PipelineCalls):
     # ------------------------------------------------------------------------------------------- recovery
     def _recover(self) -> None:
         for e in self.journal.replay():
-            if e.kind == "token":
+            if e.kind == Kind.TOKEN:
                 self.gate.apply(e)
                 continue
-            if e.kind == "policy":
+            if e.kind == Kind.POLICY:
                 self._set_policy(e.data["policy"])
                 continue
-            if e.kind == "node":
+            if e.kind == Kind.NODE:
                 self.nodes.apply(e)
                 continue
-            if e.kind == "pipeline":
+            if e.kind == Kind.PIPELINE:
                 self.pipes.apply(e)
                 continue
-            if e.kind == "submitted":
+            if e.kind == Kind.SUBMITTED:
                 self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
                                                      job_id=e.data.get("job_id"))
             rec = self.records.get(e.workload_id)
@@ -252,21 +254,23 @@ class ControlState(PipelineCalls):
             if rec.state.holds_lease:
                 gone = [nid for nid in rec.placement if nid not in self._node_ids]
                 if gone:
-                    self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s, lost_node=gone[0],
+                    self._remove_pg(rec)
+                    self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s, lost_node=gone[0],
                                  note=f"node {gone[0][:12]} was lost while the control plane was down; back in "
                                       f"the queue")
                     self._lost_capacity.add(rec.id)
                     self.state.dequeue(rec.id)
                     self.state.enqueue(self._core(rec))
                     continue
-                if not recovering or rec.pg_name in existing or rec.job_id:
+                # A gang handed over to Ray Train runs in Train's own group (its reservation was removed then).
+                if not recovering or rec.pg_name in existing or rec.job_id or rec.state is not State.ADMITTED:
                     # The devices journaled with the admission (none in older journals: Ray's rule again).
                     self.state.start(Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or self.clock())
                     if rec.state is State.PREEMPTING or (
                             rec.state is State.RESIZING and rec.resize["to_workers"] < rec.resize["from_workers"]):
                         self.state.mark_terminating(rec.id)  # a shrink keeps the whole gang booked until it stops
                 else:
-                    self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s,
+                    self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s,
                                  note="reservation lost while the control plane was down; back in the queue")
                     self.state.dequeue(rec.id)
                     self.state.enqueue(self._core(rec))
@@ -278,7 +282,7 @@ class ControlState(PipelineCalls):
 
         return self._stage_prefer(rec, replace(w, attained_gpu_s=rec.attained_gpu_s))
 
-    def _append(self, kind: str, rec: Record, **data):
+    def _append(self, kind: Kind, rec: Record, **data):
         e = self.journal.append(kind, rec.id, **data)
         rec.apply(e)
         if ends.pending(rec):
@@ -302,7 +306,8 @@ class ControlState(PipelineCalls):
         now = self.clock()
         for n in nodes:
             if self.nodes.get(n.id) is None:
-                self._node_event(n.id, "joined", node_type=n.node_type, gpus=n.capacity.gpu,
+                self._node_event(n.id, "joined", node_type=n.node_type, gpus=n.capacity.gpu, cpus=n.capacity.cpu,
+                                 memory_gib=n.capacity.memory, features=sorted(n.features),
                                  address=self._addresses.get(n.id, ""))
         # Nodes the book holds alive that Ray no longer lists alive (also those lost while the control plane was
         # down): lost.
@@ -330,7 +335,7 @@ class ControlState(PipelineCalls):
 
     def _node_event(self, node_id: str, event: str, **data) -> None:
         """Journal a node event, then apply it to the book (journal first, then act)."""
-        e = self.journal.append("node", NODES_ID, node=node_id, event=event, **data)
+        e = self.journal.append(Kind.NODE, NODES_ID, node=node_id, event=event, **data)
         self.nodes.apply(e)
         if node_id in self.state.nodes:
             self.state.set_schedulable(node_id, self.nodes.schedulable(node_id))
@@ -354,13 +359,14 @@ class ControlState(PipelineCalls):
         for lease in lost:
             rec = self.records[lease.id]
             attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
-            self._append("requeued", rec, attained_gpu_s=attained, step=rec.step, lost_node=node_id,
+            # Its gang is stopped and its reservation removed (one not handed over yet still holds bundles on the
+            # nodes left) before the requeue clears its name, and before this tick may admit it again under it.
+            self._kill_gang(rec)
+            self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=rec.step, lost_node=node_id,
                          note=f"node {node_id[:12]} was lost; back in the queue, resumes from its last checkpoint")
             self._lost_capacity.add(rec.id)
             self.state.requeue(lease, now, attained)
             self._preemptor_cls.pop(rec.id, None)
-            # At once, before this tick may admit it again under the same reservation name.
-            self._kill_gang(rec)
         self._replan_for_node(node_id, now)
         self._poke()
 
@@ -523,7 +529,7 @@ class ControlState(PipelineCalls):
         pg_name = f"raylane-{rec.id}"
         self._confirmed.discard(rec.id)
         # Journal first, then act; roll back if the reservation cannot be made.
-        self._append("admitted", rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
+        self._append(Kind.ADMITTED, rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
                      devices=[list(d) for d in a.devices],
                      note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
                           + (" (borrowing)" if a.borrowing else ""))
@@ -558,7 +564,7 @@ class ControlState(PipelineCalls):
     def _rollback(self, rec: Record, why: str) -> None:
         if rec.id in self.state.leases:
             lease = self.state.finish(rec.id, self.clock())
-            self._append("requeued", rec, attained_gpu_s=rec.attained_gpu_s, note=f"admission rolled back: {why}")
+            self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s, note=f"admission rolled back: {why}")
             self.state.requeue(lease, self.clock(), rec.attained_gpu_s)
         self._poke()
 
@@ -572,7 +578,7 @@ class ControlState(PipelineCalls):
         if rec.state is State.RESIZING:
             # Stopping already for a resize: it now stops for good (back to the queue), keeping its deadline.
             grace = max(0.0, (rec.stop_deadline or now + grace) - now)
-        self._append("preempting", rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
+        self._append(Kind.PREEMPTING, rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
         if self.state.leases[wid].state is not LeaseState.TERMINATING:
             self.state.mark_terminating(wid)
         if not started:
@@ -603,7 +609,7 @@ class ControlState(PipelineCalls):
             attained = self.state.resize(rz, now).workload.attained_gpu_s
         else:
             self.state.mark_terminating(rec.id)
-        self._append("resizing", rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
+        self._append(Kind.RESIZING, rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
                      placement=list(rz.placement), devices=[list(d) for d in rz.devices], reason=rz.reason,
                      deadline=now + grace, attained_gpu_s=attained, note=f"resizing: {rz.reason}")
         metrics.RESIZES.inc(team=rec.team, workload_class=rec.cls, direction="grow" if grow else "shrink")
@@ -619,7 +625,7 @@ class ControlState(PipelineCalls):
                                              rz["reason"]), now)
         self._confirmed.discard(rec.id)
         self._remove_pg(rec)
-        self._append("resized", rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
+        self._append(Kind.RESIZED, rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
                      placement=list(rz["placement"]), devices=rz["devices"], pg_name=f"raylane-{rec.id}",
                      attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
                      note=f"resized from {rz['from_workers']} to {rz['to_workers']} workers ({how}); restarts from "
@@ -656,7 +662,7 @@ class ControlState(PipelineCalls):
                                 outcome="forced" if "by force" in outcome else "graceful")
         attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
         self._remove_pg(rec)
-        self._append("requeued", rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
+        self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
                      note=f"back in the queue ({outcome})")
         self.state.requeue(lease, now, attained)
         self._poke()
@@ -685,7 +691,7 @@ class ControlState(PipelineCalls):
     def check(self, credential: Any, call: Any, args: Any = None):
         """``(principal, request)`` of a call (``Gate.check``: arguments, credential, authorization); a refusal is
         audited and raised."""
-        return self.gate.check(credential, call, args, team_of=self._team_of)
+        return self.gate.check(credential, call, args, team_of=self._team_of, now=self.clock())
 
     def _team_of(self, req: api.Request):
         def find(wid):
@@ -734,9 +740,9 @@ class ControlState(PipelineCalls):
         if why is not None:
             rec = Record(wid, data, now)
             self.records[wid] = rec
-            rec.apply(self.journal.append("submitted", wid, spec=data, submit_time=now, owner=p.user,
+            rec.apply(self.journal.append(Kind.SUBMITTED, wid, spec=data, submit_time=now, owner=p.user,
                                           token_id=p.token_id))
-            self._append("rejected", rec, reason=str(why), note=f"rejected at submit: {why}")
+            self._append(Kind.REJECTED, rec, reason=str(why), note=f"rejected at submit: {why}")
             raise InfeasibleError(f"{wid} rejected: {why}")
         rec = Record(wid, data, now, job_id=job_id)
         self.records[wid] = rec
@@ -745,7 +751,7 @@ class ControlState(PipelineCalls):
             self.state.enqueue(w)
         else:
             # A step is pinned now (copied at once if it is already written); `latest` is pinned at the start.
-            self._append("pinned", rec, source=source.id, step=ref.step,
+            self._append(Kind.PINNED, rec, source=source.id, step=ref.step,
                          note=f"starts from {source.id}'s checkpoint at "
                               f"{'the latest step when it starts' if ref.step is None else f'step {ref.step}'}")
             self._waiting.add(wid)
@@ -769,7 +775,7 @@ class ControlState(PipelineCalls):
         if rec.pin.get("path") and rec.pin.get("step") == step and os.path.isdir(rec.pin["path"]):
             return rec.pin["path"]
         dst = ckrefs.pin_copy(path, ckrefs.pin_dir(path, step))
-        self._append("pinned", rec, source=source.id, step=step, path=dst,
+        self._append(Kind.PINNED, rec, source=source.id, step=step, path=dst,
                      note=f"pinned {source.id}'s checkpoint at step {step}: {dst}")
         return dst
 
@@ -794,7 +800,7 @@ class ControlState(PipelineCalls):
         else:
             verdict = self._judge(ref, source, rec)
         if verdict.never:
-            self._append("finished", rec, state="FAILED", outcome="checkpoint reference",
+            self._append(Kind.FINISHED, rec, state=State.FAILED, outcome="checkpoint reference",
                          note=f"failed: config.{ref_key(rec.spec)} {ref}: {verdict.reason}")
             self._emit(fx.Wake(rec.id))
             return
@@ -812,7 +818,7 @@ class ControlState(PipelineCalls):
         if not rec.pin or rec.pin.get("released"):
             return
         path = rec.pin.get("path")
-        self._append("unpinned", rec, note=f"released its pin on {rec.pin['source']}'s checkpoint ({why})")
+        self._append(Kind.UNPINNED, rec, note=f"released its pin on {rec.pin['source']}'s checkpoint ({why})")
         held = any(r.pin.get("path") == path and not r.pin.get("released") for r in self.records.values())
         if path and not held:
             ckrefs.drop_copy(path)
@@ -824,7 +830,7 @@ class ControlState(PipelineCalls):
         step = ckrefs.step_of(path, metrics)
         if step is None:
             return
-        self._append("checkpointed", rec, step=step, path=path)
+        self._append(Kind.CHECKPOINTED, rec, step=step, path=path)
         self._starting.pop(wid, None)
         if wid in self.state.leases:
             self.state.checkpointed(wid, self.clock())
@@ -855,7 +861,7 @@ class ControlState(PipelineCalls):
         return {"path": path, "step": verdict.step, "source": source.id}
 
     def _append_submitted(self, rec: Record, data, now, job_id, p: Principal) -> None:
-        e = self.journal.append("submitted", rec.id, spec=data, submit_time=now, job_id=job_id, owner=p.user,
+        e = self.journal.append(Kind.SUBMITTED, rec.id, spec=data, submit_time=now, job_id=job_id, owner=p.user,
                                 token_id=p.token_id,
                                 note=f"submitted by {p.user}: {data.get('run', {}).get('intent', '')}")
         rec.apply(e)
@@ -889,7 +895,7 @@ class ControlState(PipelineCalls):
         elif rec.id in self.state.leases:
             self.state.finish(rec.id, self.clock())
             self._remove_pg(rec)
-        self._append("cancelled", rec, by=by, note=note, job_stop_at=job_stop_at, close_run=True)
+        self._append(Kind.CANCELLED, rec, by=by, note=note, job_stop_at=job_stop_at, close_run=True)
         self._kill_gang(rec)
         self._emit(fx.Wake(rec.id))
 
@@ -901,31 +907,32 @@ class ControlState(PipelineCalls):
         now = self.clock()
         if rec.state.terminal:
             return rec.public()
-        if outcome == "yielded" and rec.state is State.RESIZING:
+        yielded = req.outcome is api.Outcome.YIELDED
+        if yielded and rec.state is State.RESIZING:
             self._finish_resize(rec, now, how=f"yielded at step {step}", step=step)
-        elif outcome == "yielded":
+        elif yielded:
             self._release_lease(rec, now, outcome=f"yielded at step {step}", step=step)
         else:
             if wid in self.state.leases:
                 self.state.finish(wid, now)
             self._remove_pg(rec)
-            self._append("finished", rec, state=state, outcome=outcome, step=step,
+            self._append(Kind.FINISHED, rec, state=state, outcome=outcome, step=step,
                          note=f"{state.lower()}: {detail or outcome}")
         self._poke()
         return rec.public()
 
     def _api_report(self, p: Principal, req: api.Report) -> Dict[str, Any]:
         """Progress from a running workload: kind running (with job_id) or event (a note, progress detail)."""
-        wid, kind = req.workload_id, req.kind.value
+        wid, kind = req.workload_id, Kind(req.kind.value)
         data = req.model_dump(exclude={"workload_id", "kind"}, exclude_none=True)
         rec = self._get(wid)
-        if kind == "running" and rec.state is not State.ADMITTED:
+        if kind is Kind.RUNNING and rec.state is not State.ADMITTED:
             return {"stop": True, "state": rec.state.value}  # preempted or cancelled before the gang started
         self._append(kind, rec, **data)
         if req.restart and rec.placement:
             # A crash the driver retries: attributed to every node the gang ran on (raylane.control.nodes).
             self._node_events(self.nodes.on_gang_failure(rec.placement, wid, self.clock()))
-        if kind == "running":
+        if kind is Kind.RUNNING:
             # Hand-over: Train builds its own group of the same shape, pinned to the same nodes. The ledger keeps
             # counting the capacity, so nothing else is admitted into it meanwhile.
             self._remove_pg(rec)
@@ -972,12 +979,12 @@ class ControlState(PipelineCalls):
                 self.state.dequeue(rec.id)
             self._remove_pg(rec)
             if job is ends.JobState.GONE:
-                self._append("cancelled", rec, by="control plane", outcome="ray job gone", close_run=True,
+                self._append(Kind.CANCELLED, rec, by="control plane", outcome="ray job gone", close_run=True,
                              note=f"its Ray job {rec.job_id} no longer exists: the Ray cluster it ran on was "
                                   f"stopped")
                 continue
-            kind = "cancelled" if status == "STOPPED" else "finished"
-            self._append(kind, rec, state="FAILED", outcome=f"ray job {status.lower()}", close_run=True,
+            kind = Kind.CANCELLED if status == "STOPPED" else Kind.FINISHED
+            self._append(kind, rec, state=State.FAILED, outcome=f"ray job {status.lower()}", close_run=True,
                          note=f"its Ray job {rec.job_id} ended ({status}) without releasing")
         for rec in ended:
             job = _listed_state(table, rec.job_id)[0] if rec.job_id else None
@@ -995,7 +1002,7 @@ class ControlState(PipelineCalls):
         if isinstance(action, ends.Settled):
             self._ends.discard(rec.id)
         elif isinstance(action, ends.StopJob):
-            self._append("event", rec, job_stopped=True, note=action.note)
+            self._append(Kind.EVENT, rec, job_stopped=True, note=action.note)
             self._stop_job(action.job_id)
         elif isinstance(action, ends.CloseRun):
             self._closing.add(rec.id)
@@ -1006,7 +1013,7 @@ class ControlState(PipelineCalls):
         done, journaled; None: the try failed, and the next watch tries again."""
         self._closing.discard(wid)
         if note is not None:
-            self._append("event", self.records[wid], mlflow_run_closed=True, note=note)
+            self._append(Kind.EVENT, self.records[wid], mlflow_run_closed=True, note=note)
 
     def _api_should_stop(self, p: Principal, req: api.ShouldStop) -> bool:
         self._starting.pop(req.workload_id, None)  # its loop runs: it hears a stop at its next checkpoint
@@ -1095,7 +1102,7 @@ class ControlState(PipelineCalls):
         out = self.gate.view(p, rec.public())
         if self.gate.may_read(p, rec.team):
             out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)
-                              if e.kind != "audit"]
+                              if e.kind != Kind.AUDIT]
         team = self.state.teams.get(rec.team)
         if team is not None:
             used = self.state.usage.get(rec.team, Resources())
@@ -1238,7 +1245,7 @@ class ControlState(PipelineCalls):
                 errors += [(f"workload {rec.id}: {path}", value, allowed) for path, value, allowed in exc.errors]
         if errors:
             raise ValidationError("policy reload refused: workloads in the queue or running would not fit it", errors)
-        self.journal.append("policy", "@policy", policy=req.policy, by=p.user)
+        self.journal.append(Kind.POLICY, "@policy", policy=req.policy, by=p.user)
         self._set_policy(req.policy)
         self._rebuild_state()
         self._poke()

@@ -20,6 +20,7 @@ from raylane.control import api
 from raylane.control import checkpoints as ckrefs
 from raylane.control import effects as fx
 from raylane.control import pipelines as pl
+from raylane.control.journal import Kind
 from raylane.control.records import Record, State
 from raylane.errors import ConflictError, InfeasibleError, NotFoundError, ValidationError
 from raylane.scheduling import check_feasible
@@ -102,7 +103,7 @@ class PipelineCalls:
         run = self._pipeline(req.workload_id)
         if req.stage not in run.stages:
             raise ValidationError("pipeline output", [("stage", req.stage, f"one of {', '.join(run.stages)}")])
-        self.pipes.apply(self.journal.append("pipeline", run.id, event="output", stage=req.stage, path=req.path,
+        self.pipes.apply(self.journal.append(Kind.PIPELINE, run.id, event="output", stage=req.stage, path=req.path,
                                              bytes=req.bytes, node=req.node))
 
     def _pipeline(self, pid: str) -> pl.PipelineRun:
@@ -149,7 +150,7 @@ class PipelineCalls:
             return True
         if verdict == "never":
             self._waiting.discard(rec.id)
-            self._append("finished", rec, state="FAILED", outcome="pipeline input failed",
+            self._append(Kind.FINISHED, rec, state=State.FAILED, outcome="pipeline input failed",
                          note=f"failed without running: {why}")
             self._emit(fx.Wake(rec.id))
             return False
@@ -170,7 +171,7 @@ class PipelineCalls:
             states = {w: self.records[w].state.value for w in run.stages.values() if w in self.records}
             end = pl.end_state(run, states)
             if end is not None:
-                self.pipes.apply(self.journal.append("pipeline", run.id, event="finished", state=end,
+                self.pipes.apply(self.journal.append(Kind.PIPELINE, run.id, event="finished", state=end,
                                                      note=f"pipeline {end.lower()}"))
                 continue
             since = {s: self.records[w].admitted_at for s, w in run.stages.items()

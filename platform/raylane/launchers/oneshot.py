@@ -513,6 +513,7 @@ def run_oneshot(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, stor
 
 def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, tracking_uri,
            poll_s: float) -> Dict[str, Any]:
+    from raylane.control.client import EndState, Outcome, State
     from raylane.launchers.driver import fail_now, fatal_cause, one_line, say, wait_admitted
     from raylane.tracking import RunTracker
 
@@ -525,13 +526,13 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
     linked = False
     while True:
         rec = wait_admitted(ctl, wid, poll_s)
-        if rec["state"] in ("CANCELLED", "FAILED", "SUCCEEDED", "REJECTED"):
+        if rec.terminal:
             notes = rec.get("events") or []
-            if rec["state"] == "FAILED" and notes:  # e.g. the checkpoint it waited for can never be written
+            if rec.state is State.FAILED and notes:  # e.g. the checkpoint it waited for can never be written
                 tracker.event("failed", notes[-1][1])
-            tracker.finish(rec["state"])
+            tracker.finish(rec.state.value)
             return rec
-        if ctl.running(wid, job_id=job_id, note=f"{job.kind} starting")["state"] != "RUNNING":
+        if ctl.running(wid, job_id=job_id, note=f"{job.kind} starting").state is not State.RUNNING:
             continue  # preempted or cancelled between admission and start: wait again
         attempts += 1
         config = dict(job.config)
@@ -549,8 +550,8 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
         crash = attempts <= job.fault.crash_times
         out = _attempt(ctl, wid, job, config, rec["placement"], crash=crash, poll_s=poll_s)
         wall = time.time() - t0
-        state = ctl.status(wid)["state"]
-        if state == "CANCELLED":
+        state = ctl.status(wid).state
+        if state is State.CANCELLED:
             tracker.event("cancelled", f"cancelled during attempt {attempts}")
             tracker.finish("KILLED")
             return ctl.status(wid)
@@ -559,12 +560,12 @@ def _drive(ctl, wid: str, spec: Dict[str, Any], job: OneShot, *, job_id, trackin
             tracker.event("finished", detail)
             tracker.finish("FINISHED")
             say(f"{wid} finished: {detail}")
-            return ctl.release(wid, "finished", state="SUCCEEDED", detail=detail)
-        if out.stopped or state in ("PREEMPTING", "PENDING"):
+            return ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, detail=detail)
+        if out.stopped or state in (State.PREEMPTING, State.PENDING):
             how = "stopped" if out.stopped else "stopped by force"
             tracker.event("preempted", f"{how} after {wall:.0f}s; reruns from the start")
             say(f"{wid} preempted ({how}); releasing the lease")
-            ctl.release(wid, "yielded")
+            ctl.release(wid, Outcome.YIELDED)
             retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
             continue
         fatal = fatal_cause(out.error)

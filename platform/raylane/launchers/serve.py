@@ -54,6 +54,9 @@ import ray
 from raylane import entrypoints, metrics
 from raylane.config.loader import MISSING, load_spec_from_dict
 from raylane.config.serve import ServeModelSpec
+from raylane.control.api import EndState, Outcome
+from raylane.control.journal import Kind
+from raylane.control.records import TERMINAL, State
 from raylane.control.state import GiB
 from raylane.errors import RetryableError, ValidationError
 from raylane.launchers.autoscale import Autoscaling, ReplicaScaler, pick_release
@@ -62,7 +65,6 @@ __all__ = ["run_serving", "ServingDriver", "ReplicaLease", "slot_resource", "loa
 
 log = logging.getLogger("raylane.serve")
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 GRACEFUL_SHUTDOWN_S = 10.0
 MAX_STEP_FAILURES = 20
 _TRANSIENT = (RetryableError, ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError)
@@ -194,7 +196,7 @@ class ServingDriver:
     def run(self, stop: Optional[threading.Event] = None) -> Dict[str, Any]:
         """Deploy, then follow the traffic until ``stop`` is set or the app's workload is cancelled."""
         stop = stop or threading.Event()
-        final = "SUCCEEDED"
+        final: Optional[EndState] = EndState.SUCCEEDED
         try:
             self.start()
             next_status = 0.0
@@ -217,13 +219,13 @@ class ServingDriver:
                         break
                 stop.wait(self.poll_s)
         except BaseException:
-            final = "FAILED"
+            final = EndState.FAILED
             raise
         finally:
             self.shutdown(final)
         return self.result()
 
-    def shutdown(self, final: Optional[str]) -> None:
+    def shutdown(self, final: Optional[EndState]) -> None:
         """Delete the Serve app, give every lease back, close the slots, end the app's record with ``final``."""
         try:
             from ray import serve
@@ -238,7 +240,7 @@ class ServingDriver:
                     self.ctl.cancel(l.wid)
                     l.state = "cancelled"
                 elif l.state == "held":
-                    self.ctl.release(l.wid, "finished", state="SUCCEEDED", detail="serving app shut down")
+                    self.ctl.release(l.wid, Outcome.FINISHED, state=EndState.SUCCEEDED, detail="serving app shut down")
                     l.state, l.released_at = "released", now
             except Exception as exc:  # noqa: BLE001 - keep giving the others back
                 log.warning("giving back %s: %s", l.wid, exc)
@@ -246,12 +248,12 @@ class ServingDriver:
         self._gauges()
         if self.app_id and final:
             detail = self._summary()
-            self.ctl.release(self.app_id, "finished" if final == "SUCCEEDED" else "failed", state=final,
-                 detail=detail)
+            self.ctl.release(self.app_id, Outcome.FINISHED if final is EndState.SUCCEEDED else Outcome.FAILED,
+                             state=final, detail=detail)
             self.say(f"{self.app} shut down: {detail}")
 
     def result(self) -> Dict[str, Any]:
-        rec = self.ctl.status(self.app_id) if self.app_id else {"id": None, "state": "FAILED"}
+        rec = self.ctl.status(self.app_id) if self.app_id else {"id": None, "state": State.FAILED.value}
         return {"id": rec["id"], "state": rec["state"], "preemptions": rec.get("preemptions", 0),
                 "restarts": self.restarts, "url": self.url, "leases": [l.as_dict() for l in self.leases]}
 
@@ -310,7 +312,7 @@ class ServingDriver:
             # job watch. Pending leases carry none: cancelling one must not stop the job.
             reply = self.ctl.running(l.wid, job_id=self.job_id,
                          note=f"replica of {self.app}: GPU handed to Ray Serve")
-            if reply["state"] != "RUNNING":
+            if reply["state"] != State.RUNNING:
                 continue
             l.state, l.node, l.granted_at = "held", rec["placement"][0], time.time()
             self._find_victims(l)
@@ -323,7 +325,7 @@ class ServingDriver:
         """The workloads the core preempted or shrank for ``lease`` (their journal names it), with the GPUs each
         gave: a whole gang's at the size it ran at, or the workers an elastic gang shrank by."""
         for row in self.ctl.queue():
-            if not (row.get("preemptions") or row.get("resizes") or row.get("state") == "RESIZING") \
+            if not (row.get("preemptions") or row.get("resizes") or row.get("state") == State.RESIZING) \
                     or row["id"] == lease.wid:
                 continue
             st = self.ctl.explain(row["id"])
@@ -407,8 +409,8 @@ class ServingDriver:
         lease = next(l for l in self.leases if l.wid == wid)
         self._releasing -= 1
         self.slots.close(node)
-        self.ctl.release(wid, "finished", state="SUCCEEDED",
-             detail=f"replica scaled down after {now - lease.granted_at:.0f}s")
+        self.ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED,
+                         detail=f"replica scaled down after {now - lease.granted_at:.0f}s")
         lease.state, lease.released_at = "released", now
         self._event(f"replica lease {wid} given back after {now - lease.granted_at:.0f}s")
 
@@ -567,11 +569,11 @@ def _gpus_given(view: Dict[str, Any], wid: str) -> float:
     mark, workers, given = f"{wid} (", 0, 0.0
     for e in view.get("journal") or ():
         kind = e["kind"]
-        if kind in ("admitted", "resized"):
+        if kind in (Kind.ADMITTED, Kind.RESIZED):
             workers = len(e.get("placement") or ())
-        elif kind == "preempting" and f"preempted: {mark}" in (e.get("note") or ""):
+        elif kind == Kind.PREEMPTING and f"preempted: {mark}" in (e.get("note") or ""):
             given += workers * per
-        elif kind == "resizing" and e["to_workers"] < e["from_workers"] and f"for {mark}" in e.get("reason", ""):
+        elif kind == Kind.RESIZING and e["to_workers"] < e["from_workers"] and f"for {mark}" in e.get("reason", ""):
             given += (e["from_workers"] - e["to_workers"]) * per
     return given
 

@@ -46,6 +46,9 @@ from typing import Any, Dict, List, Optional
 
 from raylane.config.loader import load_spec_from_dict
 from raylane.config.models import NAME_MAX
+from raylane.control.api import EndState, Outcome
+from raylane.control.journal import Kind
+from raylane.control.records import TERMINAL, State
 from raylane.errors import FatalError, RetryableError, ValidationError
 from raylane.ids import new_id
 
@@ -55,7 +58,6 @@ log = logging.getLogger("raylane.sweep")
 
 STATE_FILE = "raylane_sweep.json"
 SLOT_SUFFIX = "-slot-{i}"
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
 
 def _say(msg: str) -> None:
@@ -177,7 +179,7 @@ class SlotManager(threading.Thread):
         try:
             return self.ctl.status(wid, timeout=10)
         except FatalError:
-            return {"state": "CANCELLED"}
+            return {"state": State.CANCELLED.value}
         except Exception as exc:  # noqa: BLE001 - Ray errors while the actor restarts
             raise RetryableError(str(exc)) from exc
 
@@ -191,19 +193,19 @@ class SlotManager(threading.Thread):
             if slot.phase == "done":
                 continue
             rec = self._status(slot.wid)
-            state = rec["state"]
-            if state in TERMINAL:
+            state = State(rec["state"])
+            if state.terminal:
                 if slot.phase != "done":
-                    log.info("sweep %s: slot %s is %s", self.sweep_id, slot.wid, state)
+                    log.info("sweep %s: slot %s is %s", self.sweep_id, slot.wid, state.value)
                 slot.phase, slot.trial = "done", None
-            elif slot.phase == "waiting" and state == "ADMITTED":
+            elif slot.phase == "waiting" and state is State.ADMITTED:
                 if self.ctl.wait_admission(slot.wid, 0.01)["ready"]:
                     r = self.ctl.running(slot.wid, job_id=self.job_id,
                              note=f"slot taken by sweep {self.sweep_id}")
-                    if r["state"] == "RUNNING":
+                    if r["state"] == State.RUNNING:
                         slot.phase = "active"
                         _say(f"{self.sweep_id}: slot {slot.wid} granted")
-            elif slot.phase == "active" and state == "PREEMPTING":
+            elif slot.phase == "active" and state is State.PREEMPTING:
                 slot.phase = "reclaiming"
                 self.state.preemptions += 1
                 why = self._preempt_reason(slot.wid)
@@ -211,7 +213,7 @@ class SlotManager(threading.Thread):
                 if self.tracker is not None:
                     self.tracker.event("preempted", f"slot {slot.wid} reclaimed ({why}); a trial pauses with its "
                                                     f"checkpoint")
-            elif slot.phase in ("active", "reclaiming") and state == "PENDING":
+            elif slot.phase in ("active", "reclaiming") and state is State.PENDING:
                 # Released without us (stopped by force after the grace period): back to waiting.
                 slot.phase, slot.trial = "waiting", None
         self._publish()
@@ -223,7 +225,7 @@ class SlotManager(threading.Thread):
 
     def _preempt_reason(self, wid: str) -> str:
         journal = self.ctl.explain(wid)["journal"]
-        return next((e.get("reason") for e in reversed(journal) if e["kind"] == "preempting"), None) or "preempted"
+        return next((e.get("reason") for e in reversed(journal) if e["kind"] == Kind.PREEMPTING), None) or "preempted"
 
     def _publish(self) -> None:
         granted = sum(s.phase == "active" for s in self.slots)
@@ -250,7 +252,7 @@ class SlotManager(threading.Thread):
             else:
                 what = "no trial was running on it"
             self._note(slot, f"yielded: {what}")
-            self.ctl.release(slot.wid, "yielded", step=paused[0].step if paused else None)
+            self.ctl.release(slot.wid, Outcome.YIELDED, step=paused[0].step if paused else None)
             _say(f"{self.sweep_id}: slot {slot.wid} yielded ({what})")
             slot.phase, slot.trial = "waiting", None
             leased -= 1
@@ -276,7 +278,7 @@ class SlotManager(threading.Thread):
             if slot.phase == "waiting":
                 self.ctl.cancel(slot.wid)
             else:
-                self.ctl.release(slot.wid, "finished", state="SUCCEEDED",
+                self.ctl.release(slot.wid, Outcome.FINISHED, state=EndState.SUCCEEDED,
                      detail="no trial of the sweep left for this slot")
             self.events.append(f"{slot.wid}: given back (no trial left for it)")
             slot.phase, slot.trial = "done", None
@@ -348,17 +350,18 @@ class SlotManager(threading.Thread):
             self.state.save(self.state_path)
 
     # -- the end
-    def finish(self, state: str) -> None:
+    def finish(self, state: EndState) -> None:
         """Give every slot back: release active ones with ``state``, cancel queued ones."""
+        state = EndState(state)
         for slot in self.slots:
             try:
                 rec = self._status(slot.wid)
                 if rec["state"] in TERMINAL:
                     continue
-                self._final_detail(slot, f"sweep {state.lower()}")
-                if rec["state"] in ("RUNNING", "PREEMPTING"):
-                    self.ctl.release(slot.wid, "finished" if state == "SUCCEEDED" else "failed",
-                         state=state, detail=self.summary())
+                self._final_detail(slot, f"sweep {state.value.lower()}")
+                if rec["state"] in (State.RUNNING, State.PREEMPTING):
+                    self.ctl.release(slot.wid, Outcome.FINISHED if state is EndState.SUCCEEDED else Outcome.FAILED,
+                                     state=state, detail=self.summary())
                 else:
                     self.ctl.cancel(slot.wid)
             except Exception as exc:  # noqa: BLE001 - give back what we can
@@ -443,11 +446,11 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
         # Tune also returns when interrupted (SIGINT): trials left unfinished mean the sweep did not end.
         views = grant.trials()
         unfinished = sum(v.status in quota.UNFINISHED for v in views.values()) + max(0, sweep.trials - len(views))
-        outcome = ("CANCELLED" if grant.stop_requested or unfinished
-                   else "FAILED" if errored == len(results) else "SUCCEEDED")
+        outcome = (EndState.CANCELLED if grant.stop_requested or unfinished
+                   else EndState.FAILED if errored == len(results) else EndState.SUCCEEDED)
     except BaseException as exc:  # noqa: BLE001 - re-raised below, once the slots are back
         error = exc
-        outcome = "CANCELLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        outcome = EndState.CANCELLED if isinstance(exc, (KeyboardInterrupt, SystemExit)) else EndState.FAILED
     finally:
         manager.halt()
         manager.finish(outcome)
@@ -456,19 +459,19 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
     summary = summarize(tracker.client, experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,
                         sweep_id=state.sweep_id, parent_run_id=tracker.run_id, metric=sweep.metric, mode=sweep.mode,
                         budget_max=sweep.budget.max)
-    tracker.event("finished" if outcome == "SUCCEEDED" else outcome.lower(),
+    tracker.event("finished" if outcome is EndState.SUCCEEDED else outcome.value.lower(),
                   f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
                   f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
                   f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
-    tracker.finish(outcome)
+    tracker.finish(outcome.value)
     state.save(exp_dir / STATE_FILE)
     if error is not None:
         raise error
-    _say(f"sweep {state.sweep_id}: {outcome}: best {sweep.metric} {summary['best_metric']} (trial "
+    _say(f"sweep {state.sweep_id}: {outcome.value}: best {sweep.metric} {summary['best_metric']} (trial "
          f"{summary['best_trial_id']}); GPU-seconds {summary['gpu_seconds_used']:.1f}, "
          f"{summary['gpu_seconds_saved']:.1f} saved against the full budget")
     return {
-        "id": state.sweep_id, "state": outcome, "preemptions": state.preemptions, "restarts": state.restarts,
+        "id": state.sweep_id, "state": outcome.value, "preemptions": state.preemptions, "restarts": state.restarts,
         "slots": [s.wid for s in manager.slots], "trials": summary["trials"], "best": {
             "trial_id": summary["best_trial_id"], sweep.metric: summary["best_metric"],
             "config": summary["best_config"]},

@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, Optional
 
 from raylane.config import pipeline as ps
+from raylane.control.records import TERMINAL, State
 from raylane.errors import ValidationError
 from raylane.ids import new_id
 
@@ -120,10 +121,10 @@ def _drive_stage(ctl, pid, stage, wid, stage_spec, results, *, job_id, storage, 
         say(f"stage {stage} ({wid}) failed in its driver: {one_line(exc)}")
         if not ctl.status(wid).terminal:
             ctl.release(wid, Outcome.FAILED, state=EndState.FAILED, detail=f"driver error: {one_line(exc)}")
-        results[stage] = {"state": "FAILED"}
+        results[stage] = {"state": State.FAILED.value}
         return
     results[stage] = rec
-    if rec["state"] != "SUCCEEDED":
+    if rec["state"] != State.SUCCEEDED:
         return
     path = ps.output_location(stage_spec.get("kind", "train"), stage_spec, rec.get("checkpoints") or {})
     size = _size(path) if path else None
@@ -147,7 +148,7 @@ def _wait_end(ctl, pid: str, timeout: float = 30.0) -> Dict[str, Any]:
     deadline = time.time() + timeout
     while True:
         view = ctl.pipeline(pid)
-        if view["state"] != "RUNNING" or time.time() > deadline:
+        if view["state"] != State.RUNNING or time.time() > deadline:
             return view
         time.sleep(0.2)
 
@@ -222,6 +223,7 @@ def _finish(tracker, view: Dict[str, Any], storage: str, spec: ps.PipelineSpec) 
                "replans": float(len(view["replans"]))}
     tracker.client.log_batch(tracker.run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     tracker.set_tags({"raylane.pipeline.state": view["state"]})
-    tracker.finish({"SUCCEEDED": "FINISHED", "CANCELLED": "KILLED"}.get(view["state"], "FAILED"))
+    # Not ended when the wait gave up: the run failed.
+    tracker.finish(view["state"] if view["state"] in TERMINAL else State.FAILED.value)
     say(f"pipeline {view['id']}: {view['state']}; planned {view['makespan_h'] * 60:.1f} min, actual "
         f"{actual.makespan_h * 60:.1f} min, re-planned {len(view['replans'])}x")
