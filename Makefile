@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=10
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m "not slow"
+	$(BIN)/python -m pytest -q -ra -m "not ray and not slow"
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.run_all
