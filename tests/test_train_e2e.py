@@ -139,6 +139,9 @@ def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(
     # A holds all of team-a's quota (2 nominal + 2 borrowed) and checkpoints every 20 steps; Ray Train keeps the
     # newest 3, so step 40 is deleted long before A ends. B (team-a too, same class: no preemption) names step 40,
     # waits for it to be written, then for quota until A is done, and must start from exactly that checkpoint.
+    # A waits behind a workload that holds team-a's quota until B is queued: B must be submitted while step 40 is
+    # still ahead of A (A writes 300 steps in seconds, faster than B's driver starts on a busy machine).
+    hold = env["ctl"].submit(spec("hold-a", "team-a", "eval", gpu=4, cpu=0.1))
     src_cfg = dict(TRAIN, max_steps=300, checkpoint_every=20)
     a_job = submit_job(env, spec("src-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1, config=src_cfg), "src-a")
     a = record_of_job(env, a_job)["id"]
@@ -146,6 +149,7 @@ def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(
     b_cfg.pop("model")  # the shape comes from the checkpoint
     b_job = submit_job(env, spec("cons-b", "team-a", "pretrain", workers=1, gpu=2, cpu=1, config=b_cfg), "cons-b")
     b = record_of_job(env, b_job)["id"]
+    env["ctl"].cancel(hold.id)
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
     assert str(finished(env, b_job)).endswith("SUCCEEDED")
     runs = env["tmp"] / "runs"
