@@ -5,12 +5,13 @@ all work since they started (the worst case: no checkpoint), and go back to thei
 are carried out as the control actor does: growth at once, a shrink ``grace`` seconds later (the gang is kept whole,
 terminating, until then); a gang's duration is not changed by its size here. Workloads arrive at their
 submit time. ``run`` returns when nothing waits and nothing runs, and fails on a deadlock or after ``max_cycles``.
+Every change to the state goes through ``raylane.scheduling.lifecycle``, as in the control plane and the simulator.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional
 
-from raylane.scheduling import ClusterState, CycleResult, Snapshot, Workload, cycle
+from raylane.scheduling import ClusterState, CycleResult, Snapshot, Workload, cycle, lifecycle
 
 
 class Stuck(AssertionError):
@@ -47,20 +48,17 @@ class Driver:
         if self.check is not None:
             self.check(snap, res, self.now)
         for a in res.admitted:
-            self.state.start(a, self.now)
+            lifecycle.admit(self.state, a, self.now)
             self.ends[a.workload.id] = self.now + self.durations[a.workload.id]
             self.admissions += 1
         for rz in res.resized:
             self.resizes += 1
-            if rz.to_workers > rz.from_workers:
-                self.state.resize(rz, self.now)
-            else:
+            if lifecycle.begin_resize(self.state, rz, self.now) is None:  # a shrink: it stops first
                 self.shrunk += 1
-                self.state.mark_terminating(rz.workload.id)
                 self.shrinks[rz.workload.id] = (self.now + self.grace, rz)
         for p in res.preempted:
             for v in p.victims:
-                self.state.mark_terminating(v)
+                lifecycle.begin_stop(self.state, v)
                 self.ends.pop(v, None)
                 self.stops[v] = self.now + self.grace
                 self.preemptions += 1
@@ -77,18 +75,16 @@ class Driver:
         for wid, t in sorted(self.ends.items(), key=lambda kv: (kv[1], kv[0])):
             if t <= self.now:
                 del self.ends[wid]
-                self.state.finish(wid, self.now)
+                lifecycle.end(self.state, wid, self.now)
                 self.finished.append(wid)
         for wid, (t, rz) in sorted(self.shrinks.items(), key=lambda kv: (kv[1][0], kv[0])):
             if t <= self.now:
                 del self.shrinks[wid]
-                if wid in self.state.leases:  # not ended meanwhile
-                    self.state.resize(rz, self.now)
+                lifecycle.finish_shrink(self.state, rz, self.now)  # nothing if it ended meanwhile
         for wid, t in sorted(self.stops.items(), key=lambda kv: (kv[1], kv[0])):
             if t <= self.now:
                 del self.stops[wid]
-                lease = self.state.finish(wid, self.now)
-                self.state.requeue(lease, self.now)
+                lifecycle.end_and_requeue(self.state, wid, self.now)
         return True
 
     def done(self) -> bool:

@@ -76,6 +76,19 @@ def test_main_cli_has_sim():
     assert res.exit_code == 0 and "--preset" in res.stdout
 
 
+def test_the_sim_options_are_one_dataclass_with_the_flags_defaults():
+    """``_sim`` takes a ``SimArgs``: one field per parameter of the command, with the default its flag shows."""
+    import dataclasses
+    import inspect
+
+    from raylane.sim.cli import SimArgs, sim
+
+    params = inspect.signature(sim).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(SimArgs)}
+    assert list(params) == list(fields)
+    assert {name: p.default.default for name, p in params.items()} == fields
+
+
 def test_ctrl_c_keeps_partial_figures(tmp_path):
     """A real SIGINT to a long replay: it stops, prints the figures of what finished, marked partial, exit 130."""
     import os

@@ -1,11 +1,13 @@
 """Raylane's trace-driven simulator: the scheduling core driven by a simulated clock and simulated nodes.
 
 The simulator imports ``raylane.scheduling`` and has no copy of it: ``engine.Simulator`` keeps a ``ClusterState``,
-calls ``cycle`` on its snapshots and plays the executor (leases run until their work is done or they are stopped).
+calls ``cycle`` on its snapshots and plays the executor (leases run until their work is done or they are stopped),
+changing the state through ``raylane.scheduling.lifecycle`` as the control plane does.
 
-Modules: ``traces`` (Philly, Tiresias and generic CSV), ``cluster`` (cluster files and flags), ``engine`` (the event
-loop), ``outages`` (node failures and drains), ``presets`` (named policies), ``metrics`` (the figures), ``plots``
-(PNG), ``cli`` (``raylane sim``).
+Modules: ``traces`` (Philly, Tiresias and generic CSV), ``cluster`` (cluster files and flags), ``types`` (options,
+result, error), ``engine`` (jobs to workloads, the loop over instants), ``replay`` (one replay's world: events,
+jobs, outages, series), ``stranded`` (the stranded-GPU figure), ``outages`` (node failures and drains), ``presets``
+(named policies), ``metrics`` (the figures), ``plots`` (PNG), ``cli`` (``raylane sim``).
 """
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, SimulationError, Simulator, simulate

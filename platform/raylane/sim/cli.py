@@ -20,7 +20,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -41,7 +41,7 @@ from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
 
-__all__ = ["register", "sim", "app", "run_replays", "comparison_rows"]
+__all__ = ["register", "sim", "SimArgs", "app", "run_replays", "comparison_rows"]
 
 # Tables are wide: when the output is not a terminal, do not squeeze them into 80 columns.
 _out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
@@ -200,231 +200,344 @@ def _split(value: Optional[str]) -> List[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+@dataclass(frozen=True)
+class SimArgs:
+    """The options of ``raylane sim``, one field per flag as ``sim`` names them (its typer signature takes its
+    defaults from here). A field left None leaves the choice to the policy file, the preset or the simulator."""
+
+    trace_path: Optional[Path] = None
+    generate_mix: Optional[str] = None
+    jobs: int = 2000
+    load: float = 0.9
+    write_trace: Optional[Path] = None
+    format: Optional[str] = None
+    team_column: Optional[str] = None
+    start: Optional[str] = None
+    end: Optional[str] = None
+    limit: Optional[int] = None
+    cluster: Optional[Path] = None
+    nodes: Optional[int] = None
+    gpus_per_node: int = 8
+    cpus_per_node: float = 0.0
+    memory_per_node: float = 0.0
+    features: Optional[str] = None
+    policy: Optional[Path] = None
+    preset: Optional[List[str]] = None
+    ordering: Optional[str] = None
+    backfill: Optional[str] = None
+    preemption: Optional[str] = None
+    admission: Optional[str] = None
+    las_thresholds: Optional[str] = None
+    hysteresis_min_run: Optional[str] = None
+    hysteresis_fraction: Optional[float] = None
+    job_class: Optional[str] = None
+    checkpoint_every: Optional[str] = None
+    estimates: Optional[str] = None
+    noise_sigma: Optional[float] = None
+    seed: int = 0
+    stop_delay: Optional[float] = None
+    tick: Optional[float] = None
+    max_examined: Optional[int] = None
+    placement: Optional[List[str]] = None
+    fail: Optional[List[str]] = None
+    drain: Optional[List[str]] = None
+    node_events: Optional[Path] = None
+    mtbf: Optional[str] = None
+    repair: str = "1h"
+    drain_deadline: str = "0"
+    elastic_speedup: Optional[str] = None
+    resize_overhead: Optional[str] = None
+    out: Optional[Path] = None
+    as_json: bool = False
+    plots: bool = True
+    progress: bool = True
+
+
+_D = SimArgs  # the defaults of ``sim``'s flags
+
+
 def sim(
-    trace_path: Optional[Path] = typer.Argument(None, metavar="[TRACE]",
+    trace_path: Optional[Path] = typer.Argument(_D.trace_path, metavar="[TRACE]",
                                                 help="trace CSV (Philly, Tiresias or generic format); none with "
                                                      "--generate"),
-    generate_mix: Optional[str] = typer.Option(None, "--generate", help="replay a generated trace of this workload "
-                                               "mix instead of a file: " + ", ".join(MIXES) + " (drawn from --seed)"),
-    jobs: int = typer.Option(2000, "--jobs", help="with --generate: how many jobs"),
-    load: float = typer.Option(0.9, "--load", help="with --generate: GPU-time asked over the cluster's, over the "
-                                                   "submit span"),
-    write_trace: Optional[Path] = typer.Option(None, "--write-trace", help="with --generate: also write the trace "
-                                               "as a generic CSV"),
-    format: Optional[str] = typer.Option(None, "--format", help="trace format: " + ", ".join(FORMATS)
+    generate_mix: Optional[str] = typer.Option(_D.generate_mix, "--generate", help="replay a generated trace of "
+                                               "this workload mix instead of a file: " + ", ".join(MIXES)
+                                               + " (drawn from --seed)"),
+    jobs: int = typer.Option(_D.jobs, "--jobs", help="with --generate: how many jobs"),
+    load: float = typer.Option(_D.load, "--load", help="with --generate: GPU-time asked over the cluster's, over "
+                                                       "the submit span"),
+    write_trace: Optional[Path] = typer.Option(_D.write_trace, "--write-trace", help="with --generate: also write "
+                                               "the trace as a generic CSV"),
+    format: Optional[str] = typer.Option(_D.format, "--format", help="trace format: " + ", ".join(FORMATS)
                                          + " (default: recognised from the header)"),
-    team_column: Optional[str] = typer.Option(None, "--team-column",
+    team_column: Optional[str] = typer.Option(_D.team_column, "--team-column",
                                               help="column whose value is the job's team ('none': one team); "
                                                    "default: Philly's cluster, generic team or user"),
-    start: Optional[str] = typer.Option(None, help="keep jobs submitted from this date (or second) on"),
-    end: Optional[str] = typer.Option(None, help="keep jobs submitted before this date (or second)"),
-    limit: Optional[int] = typer.Option(None, help="keep only the first N jobs (after --start/--end)"),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (node groups)"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="cluster from flags: number of nodes"),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
-    cpus_per_node: float = typer.Option(0.0, "--cpus-per-node", help="0: CPUs not modelled"),
-    memory_per_node: float = typer.Option(0.0, "--memory-per-node", help="GiB; 0: not modelled"),
-    features: Optional[str] = typer.Option(None, "--features", help="comma-separated node tags"),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="policy YAML (policies/*.yaml format)"),
+    start: Optional[str] = typer.Option(_D.start, help="keep jobs submitted from this date (or second) on"),
+    end: Optional[str] = typer.Option(_D.end, help="keep jobs submitted before this date (or second)"),
+    limit: Optional[int] = typer.Option(_D.limit, help="keep only the first N jobs (after --start/--end)"),
+    cluster: Optional[Path] = typer.Option(_D.cluster, "--cluster", help="cluster YAML (node groups)"),
+    nodes: Optional[int] = typer.Option(_D.nodes, "--nodes", help="cluster from flags: number of nodes"),
+    gpus_per_node: int = typer.Option(_D.gpus_per_node, "--gpus-per-node"),
+    cpus_per_node: float = typer.Option(_D.cpus_per_node, "--cpus-per-node", help="0: CPUs not modelled"),
+    memory_per_node: float = typer.Option(_D.memory_per_node, "--memory-per-node", help="GiB; 0: not modelled"),
+    features: Optional[str] = typer.Option(_D.features, "--features", help="comma-separated node tags"),
+    policy: Optional[Path] = typer.Option(_D.policy, "--policy", help="policy YAML (policies/*.yaml format)"),
     preset: Optional[List[str]] = typer.Option(
-        None, "--preset", help="named policy (repeatable; 'compare' for all): " + ", ".join(PRESETS)),
-    ordering: Optional[str] = typer.Option(None, help="override the ordering policy"),
-    backfill: Optional[str] = typer.Option(None, help="override the backfill policy"),
-    preemption: Optional[str] = typer.Option(None, help="override the preemption policy"),
-    admission: Optional[str] = typer.Option(None, help="override the admission policy (quota | none)"),
-    las_thresholds: Optional[str] = typer.Option(None, help="LAS queue thresholds in GPU-time, e.g. '1h,10h'"),
+        _D.preset, "--preset", help="named policy (repeatable; 'compare' for all): " + ", ".join(PRESETS)),
+    ordering: Optional[str] = typer.Option(_D.ordering, help="override the ordering policy"),
+    backfill: Optional[str] = typer.Option(_D.backfill, help="override the backfill policy"),
+    preemption: Optional[str] = typer.Option(_D.preemption, help="override the preemption policy"),
+    admission: Optional[str] = typer.Option(_D.admission, help="override the admission policy (quota | none)"),
+    las_thresholds: Optional[str] = typer.Option(_D.las_thresholds,
+                                                 help="LAS queue thresholds in GPU-time, e.g. '1h,10h'"),
     hysteresis_min_run: Optional[str] = typer.Option(
-        None, help="ordering preemption (LAS, SRTF) stops no lease that ran less than this since its (re)start, "
-                   "e.g. 1h (0: off)"),
+        _D.hysteresis_min_run, help="ordering preemption (LAS, SRTF) stops no lease that ran less than this since "
+                                    "its (re)start, e.g. 1h (0: off)"),
     hysteresis_fraction: Optional[float] = typer.Option(
-        None, help="... nor one that ran less than this fraction of the time it had run before its (re)start"),
-    job_class: Optional[str] = typer.Option(None, "--class", help="policy class of jobs whose trace names none"),
-    checkpoint_every: Optional[str] = typer.Option(None, help="override the class's checkpoint interval, e.g. 5m"),
-    estimates: Optional[str] = typer.Option(None, help="runtime estimates the policy sees: " + ", ".join(ESTIMATES)),
-    noise_sigma: Optional[float] = typer.Option(None, help="log-normal sigma of noisy estimates"),
-    seed: int = typer.Option(0, help="seed of the noisy estimates, the drawn failures and --generate"),
-    stop_delay: Optional[float] = typer.Option(None, help="seconds from a preemption to the resources being free"),
-    tick: Optional[float] = typer.Option(None, help="seconds between clock-triggered cycles (default: 300 when "
-                                                    "preemption is on, else none)"),
-    max_examined: Optional[int] = typer.Option(None, help="workloads a cycle looks at, at most"),
+        _D.hysteresis_fraction, help="... nor one that ran less than this fraction of the time it had run before "
+                                     "its (re)start"),
+    job_class: Optional[str] = typer.Option(_D.job_class, "--class",
+                                            help="policy class of jobs whose trace names none"),
+    checkpoint_every: Optional[str] = typer.Option(_D.checkpoint_every,
+                                                   help="override the class's checkpoint interval, e.g. 5m"),
+    estimates: Optional[str] = typer.Option(_D.estimates, help="runtime estimates the policy sees: "
+                                                               + ", ".join(ESTIMATES)),
+    noise_sigma: Optional[float] = typer.Option(_D.noise_sigma, help="log-normal sigma of noisy estimates"),
+    seed: int = typer.Option(_D.seed, help="seed of the noisy estimates, the drawn failures and --generate"),
+    stop_delay: Optional[float] = typer.Option(_D.stop_delay,
+                                               help="seconds from a preemption to the resources being free"),
+    tick: Optional[float] = typer.Option(_D.tick, help="seconds between clock-triggered cycles (default: 300 when "
+                                                       "preemption is on, else none)"),
+    max_examined: Optional[int] = typer.Option(_D.max_examined, help="workloads a cycle looks at, at most"),
     placement: Optional[List[str]] = typer.Option(
-        None, "--placement", help="placement of jobs whose trace names none (default pack); repeatable: one run per "
-                                  "placement, to compare them (e.g. on stranded GPUs)"),
-    fail: Optional[List[str]] = typer.Option(None, "--fail", help="a node failure, NODE@TIME[+DOWN], e.g. "
+        _D.placement, "--placement", help="placement of jobs whose trace names none (default pack); repeatable: one "
+                                          "run per placement, to compare them (e.g. on stranded GPUs)"),
+    fail: Optional[List[str]] = typer.Option(_D.fail, "--fail", help="a node failure, NODE@TIME[+DOWN], e.g. "
                                              "node-003@2h+30m (repeatable; without +DOWN it never comes back)"),
-    drain: Optional[List[str]] = typer.Option(None, "--drain", help="a drain, NODE@TIME[+FOR]: no new leases from "
-                                              "TIME, its leases preempted, back in service after FOR (repeatable)"),
-    node_events: Optional[Path] = typer.Option(None, "--node-events",
+    drain: Optional[List[str]] = typer.Option(_D.drain, "--drain", help="a drain, NODE@TIME[+FOR]: no new leases "
+                                              "from TIME, its leases preempted, back in service after FOR "
+                                              "(repeatable)"),
+    node_events: Optional[Path] = typer.Option(_D.node_events, "--node-events",
                                                help="CSV of outages: time,node,event (fail|drain),duration"),
-    mtbf: Optional[str] = typer.Option(None, "--mtbf", help="mean time between failures of each node, e.g. 30d "
+    mtbf: Optional[str] = typer.Option(_D.mtbf, "--mtbf", help="mean time between failures of each node, e.g. 30d "
                                        "(failures drawn with --seed)"),
-    repair: str = typer.Option("1h", "--repair", help="time a node drawn to fail by --mtbf stays down"),
-    drain_deadline: str = typer.Option("0", "--drain-deadline", help="how long a drain lets leases run before "
-                                       "preempting them (0: at once; none: wait for them to end)"),
+    repair: str = typer.Option(_D.repair, "--repair", help="time a node drawn to fail by --mtbf stays down"),
+    drain_deadline: str = typer.Option(_D.drain_deadline, "--drain-deadline", help="how long a drain lets leases "
+                                       "run before preempting them (0: at once; none: wait for them to end)"),
     elastic_speedup: Optional[str] = typer.Option(
-        None, "--elastic-speedup", help="speedup curve of elastic jobs whose trace names none: linear or amdahl:P "
-                                        "(serial fraction P), for all classes or per class, e.g. "
-                                        "'pretrain=amdahl:0.05,linear' (default linear)"),
+        _D.elastic_speedup, "--elastic-speedup", help="speedup curve of elastic jobs whose trace names none: linear "
+                                                      "or amdahl:P (serial fraction P), for all classes or per "
+                                                      "class, e.g. 'pretrain=amdahl:0.05,linear' (default linear)"),
     resize_overhead: Optional[str] = typer.Option(
-        None, "--resize-overhead", help="time an elastic job makes no progress after each resize (its restart), "
-                                        "e.g. 1m (default 60s)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="directory for summary.json, table.txt and PNG plots"),
-    as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of the table"),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots into --out"),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar (on stderr)"),
+        _D.resize_overhead, "--resize-overhead", help="time an elastic job makes no progress after each resize (its "
+                                                      "restart), e.g. 1m (default 60s)"),
+    out: Optional[Path] = typer.Option(_D.out, "--out", help="directory for summary.json, table.txt and PNG plots"),
+    as_json: bool = typer.Option(_D.as_json, "--json", help="print the JSON report instead of the table"),
+    plots: bool = typer.Option(_D.plots, "--plots/--no-plots", help="write PNG plots into --out"),
+    progress: bool = typer.Option(_D.progress, "--progress/--no-progress", help="show a progress bar (on stderr)"),
 ) -> None:
     """Replay a job trace through the scheduling core on a simulated cluster and report JCT, queueing delay,
     makespan, utilization, fairness and preemptions. Ctrl-C stops a long replay and keeps its partial figures."""
     try:
-        _sim(**locals())
+        _sim(SimArgs(**locals()))
     except FatalError as exc:
         _fail(exc)
 
 
-def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_column, start, end, limit, cluster,
-         nodes, gpus_per_node, cpus_per_node, memory_per_node, features, policy, preset, ordering, backfill,
-         preemption, admission, las_thresholds, hysteresis_min_run, hysteresis_fraction, job_class, checkpoint_every,
-         estimates, noise_sigma, seed, stop_delay, tick, max_examined, placement, fail, drain, node_events, mtbf, repair, drain_deadline, elastic_speedup, resize_overhead, out, as_json, plots, progress) -> None:
-    flag_errors = []
-    if format is not None and format not in FORMATS:
-        flag_errors.append(("--format", format, "one of " + ", ".join(FORMATS)))
-    if estimates is not None and estimates not in ESTIMATES:
-        flag_errors.append(("--estimates", estimates, "one of " + ", ".join(ESTIMATES)))
-    if (cluster is None) == (nodes is None):
-        flag_errors.append(("--cluster/--nodes", cluster or nodes, "exactly one of --cluster FILE or --nodes N"))
-    if (trace_path is None) == (generate_mix is None):
-        flag_errors.append(("TRACE/--generate", trace_path or generate_mix,
-                            "exactly one of a trace file or --generate MIX"))
-    if generate_mix is not None and generate_mix not in MIXES:
-        flag_errors.append(("--generate", generate_mix, "one of " + ", ".join(MIXES)))
-    if generate_mix is not None and jobs < 1:
-        flag_errors.append(("--jobs", jobs, "an integer >= 1"))
-    if generate_mix is not None and not (math.isfinite(load) and 0 < load <= 10):
-        flag_errors.append(("--load", load, "a number > 0 and <= 10"))
-    if generate_mix is None and write_trace is not None:
-        flag_errors.append(("--write-trace", str(write_trace), "only with --generate MIX"))
-    hysteresis: Dict[str, float] = {}
-    if hysteresis_min_run is not None:
-        try:
-            hysteresis["hysteresis_min_run_s"] = parse_duration(hysteresis_min_run)
-        except ValueError:
-            flag_errors.append(("--hysteresis-min-run", hysteresis_min_run, "a duration >= 0 like 0, 30m or 1h"))
-    if hysteresis_fraction is not None:
-        if not (math.isfinite(hysteresis_fraction) and 0 <= hysteresis_fraction <= 100):
-            flag_errors.append(("--hysteresis-fraction", hysteresis_fraction, "a number >= 0 and <= 100, like 0.5"))
-        else:
-            hysteresis["hysteresis_service_fraction"] = hysteresis_fraction
-    names: List[str] = []
-    for p in preset or []:
-        names += COMPARISON if p == "compare" else [p]
-    for p in names:
-        if p not in PRESETS:
-            flag_errors.append(("--preset", p, "one of " + ", ".join(PRESETS) + ", or compare"))
-    thresholds = None
-    if las_thresholds is not None:
-        try:
-            thresholds = tuple(parse_duration(v) for v in _split(las_thresholds))
-        except ValueError:
-            flag_errors.append(("--las-thresholds", las_thresholds, "comma-separated durations like 1h,10h"))
-    ckpt = None
-    if checkpoint_every is not None:
-        try:
-            ckpt = parse_duration(checkpoint_every)
-        except ValueError:
-            flag_errors.append(("--checkpoint-every", checkpoint_every, "a duration like 300, 5m or 1h"))
-    from raylane.scheduling import PLACEMENTS
+@dataclass
+class _Parsed:
+    """What the flags say once checked: the presets to run, the overrides of the policy and of the replay options,
+    the checkpoint interval and the outages (``Outages`` fields)."""
 
-    for p in placement or []:
-        if p not in PLACEMENTS:
-            flag_errors.append(("--placement", p, "one of " + ", ".join(PLACEMENTS.names())))
-    outage_kw = _outage_flags(fail, drain, mtbf, repair, drain_deadline, flag_errors)
-    overhead = None
-    if resize_overhead is not None:
-        try:
-            overhead = parse_duration(resize_overhead)
-        except ValueError:
-            flag_errors.append(("--resize-overhead", resize_overhead, "a duration >= 0 like 0, 60 or 2m"))
-    if elastic_speedup is not None:
-        try:
-            speedup_table(elastic_speedup)
-        except FatalError:
-            flag_errors.append(("--elastic-speedup", elastic_speedup, ELASTIC_SPEEDUP_ALLOWED))
-    if flag_errors:
-        raise ValidationError("flags", flag_errors)
+    names: List[str]
+    config: Dict[str, Any]
+    options: Dict[str, Any]
+    checkpoint_s: Optional[float]
+    outages: Dict[str, Any]
 
-    # The cluster, the trace, the policy, the outages.
-    spec = load_cluster(cluster) if cluster is not None else cluster_from_flags(
-        nodes, gpus_per_node, cpus_per_node=cpus_per_node, memory_per_node=memory_per_node,
-        features=_split(features))
-    if node_events is not None:
-        more_failures, more_drains = load_node_events(node_events)
-        outage_kw["failures"] += more_failures
-        outage_kw["drains"] += more_drains
-    outages = Outages(**{k: tuple(v) if isinstance(v, list) else v for k, v in outage_kw.items()})
-    outages.check_nodes(n.id for n in spec.nodes())
-    if generate_mix is not None:
-        trace = generate(generate_mix, seed=seed, jobs=jobs, cluster_gpus=spec.total_gpus, load=load)
-        if write_trace is not None:
-            write_csv(trace, write_trace)
-            _err.print(f"wrote the generated trace to {write_trace}", markup=False)
-    else:
-        trace = load_trace(trace_path, format=format, team_column=team_column, start=start, end=end, limit=limit)
-    if not trace.jobs:
-        raise ValidationError(str(trace_path), [("(rows)", 0, "at least one job in the chosen window")])
 
-    teams: Dict[str, Team] = {}
-    classes: Dict[str, WorkloadClass] = {}
-    default_class = DEFAULT_CLASS
-    if policy is not None:
-        from raylane.config.loader import load_policy
-
-        pol = load_policy(policy)
-        base = pol.to_scheduler_config()
-        teams = pol.core_teams()
-        classes = {name: pol.workload_class(name) for name in pol.classes}
-        missing = [t for t in trace.teams if t not in teams]
-        if missing:
-            _err.print(f"note: {len(missing)} trace team(s) not in {policy} run with no quota: "
-                       + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""), markup=False)
-        if job_class is not None:
-            default_class = pol.workload_class(job_class)
-    else:
-        base = SchedulerConfig(admission="none")
-        if job_class is not None:
-            raise ValidationError("flags", [("--class", job_class, "a class of the --policy file (no policy given)")])
-    if ckpt is not None:
-        default_class = replace(default_class, checkpoint_interval_s=ckpt)
-        classes = {k: replace(c, checkpoint_interval_s=ckpt) for k, c in classes.items()}
-
-    base_opts = SimOptions(seed=seed, outages=outages)
-    overrides = {k: v for k, v in dict(ordering=ordering, backfill=backfill, preemption=preemption,
-                                       admission=admission, las_thresholds=thresholds).items() if v is not None}
-    overrides.update(hysteresis)
-    opt_overrides = {k: v for k, v in dict(estimates=estimates, noise_sigma=noise_sigma, stop_delay_s=stop_delay,
-                                           tick_s=tick, max_examined=max_examined, elastic_speedup=elastic_speedup,
-                                           resize_overhead_s=overhead).items() if v is not None}
-    runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
-    for name in names or [None]:
-        for place in placement or [None]:
-            cfg, opts = (base, base_opts) if name is None else apply_preset(get_preset(name), base, base_opts)
-            cfg, opts = replace(cfg, **overrides), replace(opts, **opt_overrides)
-            label = name or (f"{cfg.ordering}/{cfg.backfill}/{cfg.preemption}" if policy is None else policy.stem)
-            if place is not None:
-                opts = replace(opts, placement=place)
-                if len(placement) > 1:
-                    label += f" {place}"
-            runs.append((label, cfg, opts))
-    _check_names(runs)
-
+def _sim(a: SimArgs) -> None:
+    # 1. Check every flag (all errors at once), 2. the cluster, the trace and the outages, 3. the policy,
+    # 4. one run per preset and placement, 5. replay them and report.
+    flags = _parse(a)
+    spec = load_cluster(a.cluster) if a.cluster is not None else cluster_from_flags(
+        a.nodes, a.gpus_per_node, cpus_per_node=a.cpus_per_node, memory_per_node=a.memory_per_node,
+        features=_split(a.features))
+    outages = _outages(a, flags, spec)
+    trace = _trace(a, spec)
+    base, teams, classes, default_class = _policy(a, trace, flags.checkpoint_s)
+    runs = _runs(a, flags, base, SimOptions(seed=a.seed, outages=outages))
     _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
                f"{trace.gpu_seconds() / 3600:,.0f} GPU-hours over {_hours(trace.span())}; "
                f"load {trace.gpu_seconds() / max(trace.span() * spec.total_gpus, 1e-9):.2f} on {spec.describe()}",
                markup=False)
     t0 = time.perf_counter()
     results = run_replays(trace, spec, runs, teams=teams, classes=classes, default_class=default_class,
-                          show_progress=progress and sys.stderr.isatty())
+                          show_progress=a.progress and sys.stderr.isatty())
+    _report(a, trace, spec, results, t0)
+    if any(r.partial for _, r in results):
+        raise typer.Exit(130)
+
+
+def _parse(a: SimArgs) -> _Parsed:
+    """The flags checked and parsed; ValidationError naming every bad one with what is allowed."""
+    errors = []
+    if a.format is not None and a.format not in FORMATS:
+        errors.append(("--format", a.format, "one of " + ", ".join(FORMATS)))
+    if a.estimates is not None and a.estimates not in ESTIMATES:
+        errors.append(("--estimates", a.estimates, "one of " + ", ".join(ESTIMATES)))
+    if (a.cluster is None) == (a.nodes is None):
+        errors.append(("--cluster/--nodes", a.cluster or a.nodes, "exactly one of --cluster FILE or --nodes N"))
+    if (a.trace_path is None) == (a.generate_mix is None):
+        errors.append(("TRACE/--generate", a.trace_path or a.generate_mix,
+                       "exactly one of a trace file or --generate MIX"))
+    if a.generate_mix is not None and a.generate_mix not in MIXES:
+        errors.append(("--generate", a.generate_mix, "one of " + ", ".join(MIXES)))
+    if a.generate_mix is not None and a.jobs < 1:
+        errors.append(("--jobs", a.jobs, "an integer >= 1"))
+    if a.generate_mix is not None and not (math.isfinite(a.load) and 0 < a.load <= 10):
+        errors.append(("--load", a.load, "a number > 0 and <= 10"))
+    if a.generate_mix is None and a.write_trace is not None:
+        errors.append(("--write-trace", str(a.write_trace), "only with --generate MIX"))
+    config: Dict[str, Any] = {}
+    if a.hysteresis_min_run is not None:
+        try:
+            config["hysteresis_min_run_s"] = parse_duration(a.hysteresis_min_run)
+        except ValueError:
+            errors.append(("--hysteresis-min-run", a.hysteresis_min_run, "a duration >= 0 like 0, 30m or 1h"))
+    if a.hysteresis_fraction is not None:
+        if not (math.isfinite(a.hysteresis_fraction) and 0 <= a.hysteresis_fraction <= 100):
+            errors.append(("--hysteresis-fraction", a.hysteresis_fraction, "a number >= 0 and <= 100, like 0.5"))
+        else:
+            config["hysteresis_service_fraction"] = a.hysteresis_fraction
+    names: List[str] = []
+    for p in a.preset or []:
+        names += COMPARISON if p == "compare" else [p]
+    for p in names:
+        if p not in PRESETS:
+            errors.append(("--preset", p, "one of " + ", ".join(PRESETS) + ", or compare"))
+    thresholds = None
+    if a.las_thresholds is not None:
+        try:
+            thresholds = tuple(parse_duration(v) for v in _split(a.las_thresholds))
+        except ValueError:
+            errors.append(("--las-thresholds", a.las_thresholds, "comma-separated durations like 1h,10h"))
+    ckpt = None
+    if a.checkpoint_every is not None:
+        try:
+            ckpt = parse_duration(a.checkpoint_every)
+        except ValueError:
+            errors.append(("--checkpoint-every", a.checkpoint_every, "a duration like 300, 5m or 1h"))
+    from raylane.scheduling import PLACEMENTS
+
+    for p in a.placement or []:
+        if p not in PLACEMENTS:
+            errors.append(("--placement", p, "one of " + ", ".join(PLACEMENTS.names())))
+    outage_kw = _outage_flags(a.fail, a.drain, a.mtbf, a.repair, a.drain_deadline, errors)
+    overhead = None
+    if a.resize_overhead is not None:
+        try:
+            overhead = parse_duration(a.resize_overhead)
+        except ValueError:
+            errors.append(("--resize-overhead", a.resize_overhead, "a duration >= 0 like 0, 60 or 2m"))
+    if a.elastic_speedup is not None:
+        try:
+            speedup_table(a.elastic_speedup)
+        except FatalError:
+            errors.append(("--elastic-speedup", a.elastic_speedup, ELASTIC_SPEEDUP_ALLOWED))
+    if errors:
+        raise ValidationError("flags", errors)
+    config = {**{k: v for k, v in dict(ordering=a.ordering, backfill=a.backfill, preemption=a.preemption,
+                                       admission=a.admission, las_thresholds=thresholds).items() if v is not None},
+              **config}
+    options = {k: v for k, v in dict(estimates=a.estimates, noise_sigma=a.noise_sigma, stop_delay_s=a.stop_delay,
+                                     tick_s=a.tick, max_examined=a.max_examined, elastic_speedup=a.elastic_speedup,
+                                     resize_overhead_s=overhead).items() if v is not None}
+    return _Parsed(names, config, options, ckpt, outage_kw)
+
+
+def _outages(a: SimArgs, flags: _Parsed, spec: ClusterSpec) -> Outages:
+    """The outages of the flags and of ``--node-events``, checked against the cluster's node ids."""
+    kw = flags.outages
+    if a.node_events is not None:
+        more_failures, more_drains = load_node_events(a.node_events)
+        kw["failures"] += more_failures
+        kw["drains"] += more_drains
+    outages = Outages(**{k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()})
+    outages.check_nodes(n.id for n in spec.nodes())
+    return outages
+
+
+def _trace(a: SimArgs, spec: ClusterSpec) -> Trace:
+    """The trace file's jobs in the window, or a generated mix sized against ``spec`` (also written, if asked)."""
+    if a.generate_mix is not None:
+        trace = generate(a.generate_mix, seed=a.seed, jobs=a.jobs, cluster_gpus=spec.total_gpus, load=a.load)
+        if a.write_trace is not None:
+            write_csv(trace, a.write_trace)
+            _err.print(f"wrote the generated trace to {a.write_trace}", markup=False)
+    else:
+        trace = load_trace(a.trace_path, format=a.format, team_column=a.team_column, start=a.start, end=a.end,
+                           limit=a.limit)
+    if not trace.jobs:
+        raise ValidationError(str(a.trace_path), [("(rows)", 0, "at least one job in the chosen window")])
+    return trace
+
+
+def _policy(a: SimArgs, trace: Trace, checkpoint_s: Optional[float]):
+    """(scheduler config, teams, classes, default class) from ``--policy``, or one shared cluster with no quotas;
+    ``--class`` and ``--checkpoint-every`` applied."""
+    teams: Dict[str, Team] = {}
+    classes: Dict[str, WorkloadClass] = {}
+    default_class = DEFAULT_CLASS
+    if a.policy is not None:
+        from raylane.config.loader import load_policy
+
+        pol = load_policy(a.policy)
+        base = pol.to_scheduler_config()
+        teams = pol.core_teams()
+        classes = {name: pol.workload_class(name) for name in pol.classes}
+        missing = [t for t in trace.teams if t not in teams]
+        if missing:
+            _err.print(f"note: {len(missing)} trace team(s) not in {a.policy} run with no quota: "
+                       + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""), markup=False)
+        if a.job_class is not None:
+            default_class = pol.workload_class(a.job_class)
+    else:
+        base = SchedulerConfig(admission="none")
+        if a.job_class is not None:
+            raise ValidationError("flags", [("--class", a.job_class, "a class of the --policy file (no policy given)")])
+    if checkpoint_s is not None:
+        default_class = replace(default_class, checkpoint_interval_s=checkpoint_s)
+        classes = {k: replace(c, checkpoint_interval_s=checkpoint_s) for k, c in classes.items()}
+    return base, teams, classes, default_class
+
+
+def _runs(a: SimArgs, flags: _Parsed, base: SchedulerConfig,
+          base_opts: SimOptions) -> List[Tuple[str, SchedulerConfig, SimOptions]]:
+    """One (label, config, options) per preset (or the policy alone) and per ``--placement``; the policy names
+    checked."""
+    runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
+    for name in flags.names or [None]:
+        for place in a.placement or [None]:
+            cfg, opts = (base, base_opts) if name is None else apply_preset(get_preset(name), base, base_opts)
+            cfg, opts = replace(cfg, **flags.config), replace(opts, **flags.options)
+            label = name or (f"{cfg.ordering}/{cfg.backfill}/{cfg.preemption}" if a.policy is None else a.policy.stem)
+            if place is not None:
+                opts = replace(opts, placement=place)
+                if len(a.placement) > 1:
+                    label += f" {place}"
+            runs.append((label, cfg, opts))
+    _check_names(runs)
+    return runs
+
+
+def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str, SimResult]], t0: float) -> None:
+    """The table (or the JSON report with ``--json``) on stdout, what was left out on stderr, the files of
+    ``--out``. ``t0``: when the replays began (the report's wall time counts from it)."""
     summaries = {label: summarize(r) for label, r in results}
-    meta = {"trace": trace.source, "format": trace.format, "window": {"start": start, "end": end, "limit": limit},
+    meta = {"trace": trace.source, "format": trace.format, "window": {"start": a.start, "end": a.end,
+                                                                      "limit": a.limit},
             "cluster": spec.describe(), "wall_s": time.perf_counter() - t0}
     report = report_json(summaries, meta)
     table = render_table(summaries)
@@ -432,34 +545,37 @@ def _sim(*, trace_path, generate_mix, jobs, load, write_trace, format, team_colu
         if r.rejected:
             _err.print(f"{label}: {len(r.rejected)} job(s) can never run on this cluster and were left out; "
                        f"first: {r.rejected[0][0].id}: {r.rejected[0][1]}", markup=False)
-    if as_json:
+    if a.as_json:
         _out.print_json(json.dumps(report))
     else:
         _out.print(table)
         for label, r in results:
-            lat = summaries[label]["replay"]
-            _out.print(f"{label}: replayed {len(r.jobs)} jobs in {r.wall_s:.1f}s wall ({r.cycles} cycles; each "
-                       f"p50 {lat['cycle_ms']['p50']:.2f} ms, p99 {lat['cycle_ms']['p99']:.2f} ms, max "
-                       f"{lat['cycle_ms']['max']:.2f} ms wall; up to {lat['pending_max']} pending)"
-                       + (" [partial: stopped early]" if r.partial else ""), markup=False)
-            worst = summaries[label]["preemptions"]["per_hour"]["worst"]
-            if worst is not None:
-                _out.print(f"{label}: most preempted per hour of runtime: job {worst['id']}, "
-                           f"{worst['preemptions']} preemption(s) in {worst['runtime_h']:.2f} h "
-                           f"({worst['preemptions'] / worst['runtime_h']:.2f}/h)", markup=False)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
-        with (out / "table.txt").open("w") as f:
+            _print_run_lines(label, r, summaries[label])
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        with (a.out / "table.txt").open("w") as f:
             Console(file=f, width=240, highlight=False).print(table)
         written = ["summary.json", "table.txt"]
-        if plots:
+        if a.plots:
             from raylane.sim.plots import write_plots
 
-            written += [p.name for p in write_plots(results, out)]
-        _err.print(f"wrote {', '.join(written)} to {out}", markup=False)
-    if any(r.partial for _, r in results):
-        raise typer.Exit(130)
+            written += [p.name for p in write_plots(results, a.out)]
+        _err.print(f"wrote {', '.join(written)} to {a.out}", markup=False)
+
+
+def _print_run_lines(label: str, r: SimResult, s: Dict[str, Any]) -> None:
+    """Under the table: the run's replay and cycle times, and its job preempted most per hour of runtime."""
+    lat = s["replay"]
+    _out.print(f"{label}: replayed {len(r.jobs)} jobs in {r.wall_s:.1f}s wall ({r.cycles} cycles; each "
+               f"p50 {lat['cycle_ms']['p50']:.2f} ms, p99 {lat['cycle_ms']['p99']:.2f} ms, max "
+               f"{lat['cycle_ms']['max']:.2f} ms wall; up to {lat['pending_max']} pending)"
+               + (" [partial: stopped early]" if r.partial else ""), markup=False)
+    worst = s["preemptions"]["per_hour"]["worst"]
+    if worst is not None:
+        _out.print(f"{label}: most preempted per hour of runtime: job {worst['id']}, "
+                   f"{worst['preemptions']} preemption(s) in {worst['runtime_h']:.2f} h "
+                   f"({worst['preemptions'] / worst['runtime_h']:.2f}/h)", markup=False)
 
 
 def _outage_flags(fail, drain, mtbf, repair, drain_deadline, errors: list) -> Dict[str, Any]:

@@ -190,13 +190,75 @@ def summarize(r: SimResult) -> Dict[str, Any]:
     lost_gpu_s = sum(r.lost_work[j] * jobs[j].gpus for j in range(n))
     util = gpu_s_used / (r.total_gpus * span) if span > 0 and r.total_gpus else math.nan
     pre = [r.preemptions[j] for j in done]
-    per_hour = thrash(r, done)
+    return {
+        "partial": r.partial,
+        "trace": r.trace_source,
+        "cluster": r.cluster_name,
+        "total_gpus": r.total_gpus,
+        **_setup(r),
+        "jobs": {
+            "total": n, "finished": len(done), "started": len(started), "unfinished": n - len(done),
+            "rejected": len(r.rejected),
+        },
+        "jct": _dist(jct),
+        "queueing": _dist(queueing),
+        "wait": _dist(wait),
+        "makespan_s": span,
+        "end_time_s": r.end_time,
+        "utilization": {"mean": util, "goodput": (gpu_s_used - lost_gpu_s) / (r.total_gpus * span)
+                        if span > 0 and r.total_gpus else math.nan,
+                        "gpu_s_used": gpu_s_used, "gpu_s_lost": lost_gpu_s},
+        "preemptions": {
+            "total": sum(r.preemptions),
+            "per_job": sum(pre) / len(pre) if pre else math.nan,
+            "max": max(pre, default=0),
+            "fraction_preempted": sum(1 for p in pre if p) / len(pre) if pre else math.nan,
+            "per_hour": thrash(r, done),
+        },
+        "resizes": {
+            "total": sum(r.resizes),
+            "per_job": sum(r.resizes[j] for j in done) / len(done) if done and r.resizes else math.nan,
+            "jobs_resized": sum(1 for k in r.resizes if k),
+            "overhead_gpu_hours": r.resize_overhead_gpu_s / 3600.0,
+        },
+        "fairness": _fairness(r, done),
+        "fragmentation": _fragmentation(r, t0, t1),
+        "outages": _outages(r),
+        "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s, **cycle_latency(r)},
+    }
 
-    # Fairness, per team.
+
+def _setup(r: SimResult) -> Dict[str, Any]:
+    """The policy and the options the replay ran with."""
+    cfg, opts = r.config, r.options
+    return {
+        "policy": {
+            "ordering": cfg.ordering, "admission": cfg.admission, "backfill": cfg.backfill,
+            "preemption": cfg.preemption, "las_thresholds": list(cfg.las_thresholds),
+            "max_admissions_per_cycle": cfg.max_admissions_per_cycle,
+            "hysteresis_min_run_s": cfg.hysteresis_min_run_s,
+            "hysteresis_service_fraction": cfg.hysteresis_service_fraction,
+        },
+        "options": {
+            "estimates": opts.estimates, "noise_sigma": opts.noise_sigma, "seed": opts.seed,
+            "stop_delay_s": opts.stop_delay_s, "tick_s": r.tick_s, "max_examined": opts.max_examined,
+            "placement": opts.placement,
+            "elastic_speedup": opts.elastic_speedup, "resize_overhead_s": opts.resize_overhead_s,
+            "outages": {"failures": len(opts.outages.failures), "drains": len(opts.outages.drains),
+                        "mtbf_s": opts.outages.mtbf_s, "repair_s": opts.outages.repair_s,
+                        "drain_deadline_s": opts.outages.drain_deadline_s},
+        },
+    }
+
+
+def _fairness(r: SimResult, done: Sequence[int]) -> Dict[str, Any]:
+    """Per team: jobs, GPU-seconds used, its share of them, of the demand and of the entitlement (nominal GPU quotas,
+    else team weights), and finish-time fairness over its finished jobs ``done``; then the spread of the latter."""
+    jobs = r.jobs
     teams = sorted({job.team for job in jobs})
     demand = {t: 0.0 for t in teams}
     slow: Dict[str, List[float]] = {t: [] for t in teams}
-    for j, job in enumerate(jobs):
+    for job in jobs:
         demand[job.team] += job.duration * job.gpus
     for j in done:
         slow[jobs[j].team].append((r.finish[j] - jobs[j].submit) / jobs[j].duration)
@@ -224,79 +286,39 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "ftf": ftf,
         }
     ftfs = [v["ftf"] for v in per_team.values() if not math.isnan(v["ftf"])]
-    stranded_mean = _integral(r.times, r.stranded, t0, t1) / span if span > 0 and r.stranded else math.nan
-    drain_times = [end - start for _, start, end in r.drains if end is not None]
     jain = (sum(ftfs) ** 2 / (len(ftfs) * sum(x * x for x in ftfs))) if ftfs else math.nan
-
     return {
-        "partial": r.partial,
-        "trace": r.trace_source,
-        "cluster": r.cluster_name,
-        "total_gpus": r.total_gpus,
-        "policy": {
-            "ordering": r.config.ordering, "admission": r.config.admission, "backfill": r.config.backfill,
-            "preemption": r.config.preemption, "las_thresholds": list(r.config.las_thresholds),
-            "max_admissions_per_cycle": r.config.max_admissions_per_cycle,
-            "hysteresis_min_run_s": r.config.hysteresis_min_run_s,
-            "hysteresis_service_fraction": r.config.hysteresis_service_fraction,
-        },
-        "options": {
-            "estimates": r.options.estimates, "noise_sigma": r.options.noise_sigma, "seed": r.options.seed,
-            "stop_delay_s": r.options.stop_delay_s, "tick_s": r.tick_s, "max_examined": r.options.max_examined,
-            "placement": r.options.placement,
-            "elastic_speedup": r.options.elastic_speedup, "resize_overhead_s": r.options.resize_overhead_s,
-            "outages": {"failures": len(r.options.outages.failures), "drains": len(r.options.outages.drains),
-                        "mtbf_s": r.options.outages.mtbf_s, "repair_s": r.options.outages.repair_s,
-                        "drain_deadline_s": r.options.outages.drain_deadline_s},
-        },
-        "jobs": {
-            "total": n, "finished": len(done), "started": len(started), "unfinished": n - len(done),
-            "rejected": len(r.rejected),
-        },
-        "jct": _dist(jct),
-        "queueing": _dist(queueing),
-        "wait": _dist(wait),
-        "makespan_s": span,
-        "end_time_s": r.end_time,
-        "utilization": {"mean": util, "goodput": (gpu_s_used - lost_gpu_s) / (r.total_gpus * span)
-                        if span > 0 and r.total_gpus else math.nan,
-                        "gpu_s_used": gpu_s_used, "gpu_s_lost": lost_gpu_s},
-        "preemptions": {
-            "total": sum(r.preemptions),
-            "per_job": sum(pre) / len(pre) if pre else math.nan,
-            "max": max(pre, default=0),
-            "fraction_preempted": sum(1 for p in pre if p) / len(pre) if pre else math.nan,
-            "per_hour": per_hour,
-        },
-        "resizes": {
-            "total": sum(r.resizes),
-            "per_job": sum(r.resizes[j] for j in done) / len(done) if done and r.resizes else math.nan,
-            "jobs_resized": sum(1 for k in r.resizes if k),
-            "overhead_gpu_hours": r.resize_overhead_gpu_s / 3600.0,
-        },
-        "fairness": {
-            "teams": per_team,
-            "ftf_max": max(ftfs, default=math.nan),
-            "ftf_spread": (max(ftfs) / min(ftfs)) if ftfs else math.nan,
-            "ftf_jain": jain,
-        },
-        "fragmentation": {
-            "stranded_mean": stranded_mean,
-            "stranded_p95": time_weighted_quantile(r.times, r.stranded, t0, t1, 95) if r.stranded else math.nan,
-            "stranded_max": max(r.stranded, default=math.nan),
-            "stranded_share": stranded_mean / r.total_gpus if r.total_gpus else math.nan,
-        },
-        "outages": {
-            "failures": len(r.failures),
-            "drains": len(r.drains),
-            "drains_unfinished": sum(1 for d in r.drains if d[2] is None),
-            "requeues": dict(r.requeues),
-            "lost_gpu_hours": {c: v / 3600.0 for c, v in r.lost_gpu_s.items()},
-            "drain_time": {"mean": sum(drain_times) / len(drain_times) if drain_times else math.nan,
-                           "max": max(drain_times, default=math.nan)},
-            "down_gpu_hours": r.down_gpu_s / 3600.0,
-        },
-        "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s, **cycle_latency(r)},
+        "teams": per_team,
+        "ftf_max": max(ftfs, default=math.nan),
+        "ftf_spread": (max(ftfs) / min(ftfs)) if ftfs else math.nan,
+        "ftf_jain": jain,
+    }
+
+
+def _fragmentation(r: SimResult, t0: float, t1: float) -> Dict[str, Any]:
+    """Stranded GPUs over ``[t0, t1]``: time-weighted mean and p95, the largest, the mean's share of the cluster."""
+    span = t1 - t0
+    stranded_mean = _integral(r.times, r.stranded, t0, t1) / span if span > 0 and r.stranded else math.nan
+    return {
+        "stranded_mean": stranded_mean,
+        "stranded_p95": time_weighted_quantile(r.times, r.stranded, t0, t1, 95) if r.stranded else math.nan,
+        "stranded_max": max(r.stranded, default=math.nan),
+        "stranded_share": stranded_mean / r.total_gpus if r.total_gpus else math.nan,
+    }
+
+
+def _outages(r: SimResult) -> Dict[str, Any]:
+    """Failures and drains played, requeues and work lost by cause, drain times, capacity down."""
+    drain_times = [end - start for _, start, end in r.drains if end is not None]
+    return {
+        "failures": len(r.failures),
+        "drains": len(r.drains),
+        "drains_unfinished": sum(1 for d in r.drains if d[2] is None),
+        "requeues": dict(r.requeues),
+        "lost_gpu_hours": {c: v / 3600.0 for c, v in r.lost_gpu_s.items()},
+        "drain_time": {"mean": sum(drain_times) / len(drain_times) if drain_times else math.nan,
+                       "max": max(drain_times, default=math.nan)},
+        "down_gpu_hours": r.down_gpu_s / 3600.0,
     }
 
 

@@ -1,0 +1,512 @@
+"""One replay in progress: the simulated world that ``Simulator.run`` steps through, instant by instant.
+
+This module owns what changes while a trace replays: the clock's event queue, each job's true remaining work and
+attempts (``Jobs``), what preemptions, failures and drains cost, the time series, and the ``ClusterState`` the
+core's ``cycle`` decides on. It changes that state only through ``raylane.scheduling.lifecycle`` (and, for what
+only a simulated world does, through the state's node, checkpoint and decay methods), and plays the executor:
+a lease runs until its work is done or it is told to stop. The words (*instant*, *work*, *service*, *tick*,
+*outage*, *elastic job*, *resize*) are those of ``raylane.sim.engine``.
+
+Events on the heap are ``(time, kind, job index, attempt)``: an event of an attempt that has since been stopped,
+resized or finished is stale and skipped. Node events carry an index into ``node_events`` instead of a job's.
+
+Speed: a cycle runs only after an instant that changed something; checkpoints of running leases are told to the
+state lazily, just before a cycle, and only when preemption is on (the core reads them only to price victims).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from raylane.scheduling import lifecycle
+from raylane.scheduling.gcpace import gc_paused
+from raylane.scheduling.state import ClusterState
+from raylane.scheduling.types import Admit, Lease, LeaseState, Node, Resize, Workload
+from raylane.sim.outages import next_failure, node_rng
+from raylane.sim.stranded import StrandedShapes
+from raylane.sim.traces import Speedup, TraceJob
+from raylane.sim.types import CAUSES, DEFAULT_TICK_S, SimResult, SimulationError
+
+if TYPE_CHECKING:
+    from raylane.sim.engine import Simulator
+
+__all__ = ["Jobs", "Replay"]
+
+# Kinds of heap events, in the order they are applied at one time.
+_FINISH, _STOPPED, _NODE = 0, 1, 3
+
+heappush, heappop = heapq.heappush, heapq.heappop
+
+
+class Jobs:
+    """Each trace job's life in the replay, one list per field, indexed like the simulator's ``jobs``. Columns, not
+    an object per job: tens of thousands of small objects would slow every garbage collection during the replay
+    (+0.3 s, 2%, on a month of Philly)."""
+
+    __slots__ = ("job", "w", "gang0", "gpus", "ckpt_every", "curve", "shape", "remaining", "held", "rate", "ovh",
+                 "start_at", "stop_req", "stop_cause", "first_start", "finish", "preemptions", "lost", "attempt",
+                 "resizes")
+
+    def __init__(self, jobs: List[TraceJob], workloads: List[Workload], curves: List[Speedup], shapes: List[int]):
+        n = len(workloads)
+        self.job = jobs
+        self.w = list(workloads)  # each workload as the state knows it (queued, or as its last resize left it)
+        self.gang0 = [w.gang for w in workloads]  # the gang as submitted: what a requeue goes back to
+        self.gpus = [w.gang.total.gpu for w in workloads]  # the queued gang's GPUs: what ``quiet`` counts
+        self.ckpt_every = [w.cls.checkpoint_interval_s for w in workloads]
+        self.curve = curves
+        self.shape = shapes  # each job's shape in ``StrandedShapes``
+        self.remaining = [job.duration for job in jobs]  # seconds of work at the requested size (*elastic job*)
+        # The running lease's GPUs, work per second, and seconds of no progress from ``start_at`` (a resize's
+        # restart; 0 for an attempt's start).
+        self.held = list(self.gpus)
+        self.rate = [1.0] * n
+        self.ovh = [0.0] * n
+        # -1: not (yet).
+        self.start_at = [-1.0] * n
+        self.stop_req = [-1.0] * n
+        self.first_start = [-1.0] * n
+        self.finish = [-1.0] * n
+        self.stop_cause = ["preemption"] * n
+        self.preemptions = [0] * n
+        self.lost = [0.0] * n  # seconds of work lost to requeues
+        self.attempt = [0] * n
+        self.resizes = [0] * n
+
+
+class Replay:
+    """The world of one replay of ``sim``'s jobs on ``state``, deciding with ``cycle`` (the core's, as the engine
+    names it). ``Simulator.run`` steps it: ``next_instant``, ``apply_instant``, ``settle``, ``sample``; ``result``."""
+
+    def __init__(self, sim: "Simulator", state: ClusterState, cycle: Callable):
+        opts, cfg = sim.options, sim.config
+        self.sim, self.state, self.cycle, self.opts = sim, state, cycle, opts
+        self.stranded = StrandedShapes(sim.workloads, sim.nodes, cfg.admission)
+        self.jobs = Jobs(sim.jobs, sim.workloads, sim.curves, self.stranded.shape_of)
+        self.index = {w.id: j for j, w in enumerate(sim.workloads)}
+        self.n = len(sim.workloads)
+        self.submits = [w.submit_time for w in sim.workloads]
+        self.order = sorted(range(self.n), key=self.submits.__getitem__)  # arrivals, in submit order
+        self.arrived = 0
+
+        self.can_preempt = cfg.preemption != "none"
+        self.tick = opts.tick_s if opts.tick_s is not None else (DEFAULT_TICK_S if self.can_preempt else 0.0)
+        self.budget = cfg.max_admissions_per_cycle
+        self.decay_every = cfg.fair_share_half_life_s / 100.0
+        self.last_decay = -math.inf
+        self.tick_at = math.inf
+
+        self.events: List[Tuple[float, int, int, int]] = []
+        self.ckpts: List[Tuple[float, int, int]] = []  # (due, job, attempt), kept only when preemption is on
+        self.pending_gpus: Dict[float, int] = {}  # queued gang GPUs -> pending workloads of that size
+        self.busy = 0.0  # GPUs held by leases
+        self.nrunning = self.elastic_running = self.done = self.cycles = self.instants = 0
+        self.partial = False
+        self.team_gpu_s: Dict[str, float] = {t: 0.0 for t in sim.teams}
+        self.requeues = {c: 0 for c in CAUSES}
+        self.lost_gpu_s = {c: 0.0 for c in CAUSES}
+        self.resize_overhead_gpu_s = 0.0
+        # Sampled after every instant (see ``SimResult``), and each cycle's wall time and pending workloads.
+        self.times: List[float] = []
+        self.busy_s: List[float] = []
+        self.queued_s: List[int] = []
+        self.running_s: List[int] = []
+        self.stranded_s: List[float] = []
+        self.stranded_now = 0.0
+        self.cycle_wall: List[float] = []
+        self.cycle_pending: List[int] = []
+        self._init_outages()
+
+    def _init_outages(self) -> None:
+        outages, nodes = self.opts.outages, self.sim.nodes
+        self.outages = outages
+        self.base_nodes = {nd.id: nd for nd in nodes}
+        self.present_gpus = self.sim.total_gpus  # capacity of the nodes that are up
+        self.node_events: List[Tuple[str, str, object]] = []  # (kind, node id, argument); heap entries index this
+        self.down: Dict[str, float] = {}  # failed node -> since
+        self.cordoned: Dict[str, int] = {}  # draining node -> its drain (index in ``drains``)
+        self.drains: List[List] = []  # [node, start, drained at]
+        self.failures: List[Tuple[str, float]] = []
+        self.down_gpu_s = 0.0
+        self.rngs = {}
+        self.redraw: set = set()  # nodes whose drawn failure came while they were down
+        self.on_node = {"fail": self._fail, "up": self._up, "drain": self._drain, "deadline": self._deadline,
+                        "undrain": self._undrain}
+        for f in outages.failures:
+            self._push_node(f.at, "fail", f.node, (f.down_for, False))
+        for d in outages.drains:
+            self._push_node(d.at, "drain", d.node, d.down_for)
+        if outages.mtbf_s:
+            for nd in nodes:
+                self.rngs[nd.id] = node_rng(self.opts.seed, nd.id)
+                self._push_node(next_failure(self.rngs[nd.id], 0.0, outages.mtbf_s), "fail", nd.id,
+                                (outages.repair_s, True))
+
+    # ------------------------------------------------------------------------------------------------ instants
+    def next_instant(self) -> Optional[float]:
+        """The time of the next instant (``math.inf``: nothing runs and nothing arrives); None once all is done
+        (outages still to come change nothing)."""
+        i, events, tick_at = self.arrived, self.events, self.tick_at
+        if i >= self.n:
+            if not self.nrunning and not self.state.pending_count():
+                return None
+            t_arr = math.inf
+        else:
+            t_arr = self.submits[self.order[i]]
+        t_ev = events[0][0] if events else math.inf
+        t = t_arr if t_arr < t_ev else t_ev
+        if t == math.inf:
+            return t
+        return tick_at if t > tick_at else t
+
+    def apply_instant(self, t: float) -> bool:
+        """Apply the tick, the arrivals and the events at ``t``; whether anything changed."""
+        changed = False
+        if t == self.tick_at:
+            self.tick_at = math.inf
+            changed = self.state.pending_count() > 0
+        order, submits, n, i = self.order, self.submits, self.n, self.arrived
+        while i < n and submits[order[i]] == t:
+            self._arrive(order[i])
+            i += 1
+            changed = True
+        self.arrived = i
+        events, c = self.events, self.jobs
+        while events and events[0][0] == t:
+            _, kind, j, a = heappop(events)
+            if kind == _NODE:
+                kind, nid, arg = self.node_events[j]
+                self.on_node[kind](nid, arg, t)
+                changed = True
+                continue
+            if a != c.attempt[j] or c.finish[j] >= 0:
+                continue  # an event of an attempt that was stopped since
+            if kind == _FINISH:
+                self._finished(j, t)
+            else:
+                self._stopped(j, t)
+            changed = True
+        return changed
+
+    def settle(self, t: float) -> None:
+        """After a change at ``t``: cycles until quiet, drains that emptied their node, the stranded GPUs."""
+        self._run_cycles(t)
+        if self.cordoned:
+            self._check_drained(t)
+        self.stranded_now = self.stranded.measure(self.state, self.present_gpus - self.busy)
+
+    def sample(self, t: float) -> None:
+        """Record the instant ``t``, and the next tick while work is pending."""
+        self.instants += 1
+        pending = self.state.pending_count()
+        self.times.append(t)
+        self.busy_s.append(self.busy)
+        self.stranded_s.append(self.stranded_now)
+        self.queued_s.append(pending)
+        self.running_s.append(self.nrunning)
+        tick = self.tick
+        if tick > 0 and pending and self.tick_at == math.inf:
+            self.tick_at = (math.floor(t / tick) + 1) * tick
+
+    # ------------------------------------------------------------------------------------------------- cycles
+    def _quiet(self) -> bool:
+        # A cycle can change nothing with no work pending, nor, without preemption, when the smallest pending
+        # gang needs more GPUs than are free in all (an admission takes its whole gang's GPUs now).
+        if self.elastic_running and self.present_gpus - self.busy > 1e-9:
+            return False  # a running elastic gang may grow into the free GPUs
+        if not self.state.pending_count():
+            return True
+        if self.can_preempt:
+            return False
+        smallest = min((g for g, c in self.pending_gpus.items() if c), default=0.0)
+        return smallest > self.present_gpus - self.busy + 1e-9
+
+    def _run_cycles(self, now: float) -> None:
+        state, max_examined = self.state, self.opts.max_examined
+        for _ in range(self.opts.max_cycles_per_instant):
+            if self._quiet():
+                return
+            if self.can_preempt:
+                self._tell_checkpoints(now)
+            if now - self.last_decay >= self.decay_every:
+                state.decay(now)
+                self.last_decay = now
+            snap = state.snapshot(limit=max_examined)
+            pending_now = state.pending_count()
+            c0 = time.perf_counter()
+            with gc_paused():  # as the control actor runs it: no collection inside a cycle
+                result = self.cycle(snap, now, max_examined=max_examined)
+            self.cycle_wall.append(time.perf_counter() - c0)
+            self.cycle_pending.append(pending_now)
+            self.cycles += 1
+            if not self._apply(result, now):
+                return
+        raise SimulationError(
+            f"the cycles at t={now:.0f}s did not settle after {self.opts.max_cycles_per_instant} rounds "
+            f"(admissions and preemptions keep undoing each other)")
+
+    def _apply(self, result, now: float) -> bool:
+        """Carry out a cycle's decisions; whether to cycle again at this instant: the cycle may have left work
+        undone (it stopped leases, resized, used its whole admission budget, or admitted and then ran out of
+        workloads to examine)."""
+        for adm in result.admitted:
+            self._start(adm, now)
+        for rz in result.resized:
+            self._resize(rz, now)
+        stops: List[int] = []
+        c = self.jobs
+        for p in result.preempted:
+            for vid in p.victims:
+                j = self.index[vid]
+                if c.stop_req[j] >= 0 or c.start_at[j] < 0:
+                    continue
+                self._stop(j, now, "preemption", stops)
+        for j in stops:
+            self._stopped(j, now)
+        admitted = len(result.admitted)
+        return bool(stops or result.resized or admitted >= self.budget
+                    or (admitted and admitted + len(result.pending) >= self.opts.max_examined))
+
+    def _tell_checkpoints(self, now: float) -> None:
+        """Tell the state the last checkpoint of each running lease that has taken one since the last cycle."""
+        ckpts, c = self.ckpts, self.jobs
+        while ckpts and ckpts[0][0] <= now:
+            _, j, a = heappop(ckpts)
+            if a != c.attempt[j] or c.stop_req[j] >= 0 or c.finish[j] >= 0:
+                continue
+            every = c.ckpt_every[j]
+            base = c.start_at[j] + c.ovh[j]
+            # 1e-9: (now - start) / every just short of a whole number at a checkpoint due now must count it, or
+            # the same checkpoint is queued again at now forever.
+            last = base + math.floor((now - base) / every + 1e-9) * every
+            self.state.checkpointed(c.w[j].id, last)
+            heappush(ckpts, (last + every, j, a))
+
+    # --------------------------------------------------------------------------------------------- job events
+    def _arrive(self, j: int) -> None:
+        c = self.jobs
+        self.state.enqueue(c.w[j])
+        self.pending_gpus[c.gpus[j]] = self.pending_gpus.get(c.gpus[j], 0) + 1
+        self.stranded.queued(c.shape[j], 1)
+
+    def _start(self, adm: Admit, now: float) -> None:
+        j = self.index[adm.workload.id]
+        c = self.jobs
+        # The size is the lease's, as the state booked it: the gang as queued, at the size admitted.
+        g = lifecycle.admit(self.state, adm, now).workload.gang
+        self.pending_gpus[c.gpus[j]] -= 1
+        self.stranded.queued(c.shape[j], -1)
+        c.start_at[j] = now
+        c.stop_req[j] = -1.0
+        if c.first_start[j] < 0:
+            c.first_start[j] = now
+        c.attempt[j] += 1
+        c.held[j], c.ovh[j] = g.total.gpu, 0.0
+        c.rate[j] = c.curve[j].rate(g.workers, c.gang0[j].workers)
+        heappush(self.events, (now + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
+        if self.can_preempt and c.ckpt_every[j] > 0:
+            heappush(self.ckpts, (now + c.ckpt_every[j], j, c.attempt[j]))
+        self.busy += c.held[j]
+        self.nrunning += 1
+        if g.elastic:
+            self.elastic_running += 1
+
+    def _resize(self, rz: Resize, now: float) -> None:
+        """Apply a ``Resize`` at once: keep the work done, take the lease again at the new size and placement, then
+        no progress for the restart overhead (see *resize*)."""
+        j, c = self.index.get(rz.workload.id), self.jobs
+        if j is None or c.start_at[j] < 0 or c.stop_req[j] >= 0:
+            raise SimulationError(f"resize of {rz.workload.id} at t={now:.0f}s: allowed only for a running "
+                                  "lease that is not stopping")
+        try:
+            # The state checks the sizes and keeps the gang's service so far (what it held, for how long).
+            w2 = lifecycle.resize(self.state, rz, now).workload
+        except ValueError as e:
+            raise SimulationError(f"at t={now:.0f}s: {e}") from None
+        overhead = self.opts.resize_overhead_s
+        run = now - c.start_at[j]
+        c.remaining[j] = max(0.0, c.remaining[j] - max(0.0, run - c.ovh[j]) * c.rate[j])
+        self.team_gpu_s[c.job[j].team] += c.held[j] * run
+        c.w[j] = w2
+        self.busy += w2.gang.total.gpu - c.held[j]
+        c.held[j], c.ovh[j] = w2.gang.total.gpu, overhead
+        c.rate[j] = c.curve[j].rate(rz.to_workers, c.gang0[j].workers)
+        self.resize_overhead_gpu_s += overhead * c.held[j]
+        c.resizes[j] += 1
+        c.start_at[j] = now
+        c.attempt[j] += 1  # the old finish and checkpoint events no longer hold
+        heappush(self.events, (now + overhead + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
+        if self.can_preempt and c.ckpt_every[j] > 0:
+            heappush(self.ckpts, (now + overhead + c.ckpt_every[j], j, c.attempt[j]))
+
+    def _finished(self, j: int, now: float) -> None:
+        c = self.jobs
+        lifecycle.end(self.state, c.w[j].id, now)
+        self._ended(j, now)
+        c.remaining[j] = 0.0
+        c.finish[j] = now
+        c.start_at[j] = -1.0
+        self.done += 1
+
+    def _ended(self, j: int, now: float) -> None:
+        """Job ``j``'s lease ended at ``now`` (the state already gave its resources back)."""
+        c = self.jobs
+        self.busy -= c.held[j]
+        self.nrunning -= 1
+        self.team_gpu_s[c.job[j].team] += c.held[j] * (now - c.start_at[j])
+        if c.w[j].gang.elastic:
+            self.elastic_running -= 1
+
+    def _stop(self, j: int, now: float, cause: str, stops: List[int]) -> None:
+        """Tell job ``j``'s lease to stop; it stops after the stop delay (now: appended to ``stops``)."""
+        c = self.jobs
+        lifecycle.begin_stop(self.state, c.w[j].id)
+        c.stop_req[j] = now
+        c.stop_cause[j] = cause
+        if self.opts.stop_delay_s > 0:
+            heappush(self.events, (now + self.opts.stop_delay_s, _STOPPED, j, c.attempt[j]))
+        else:
+            stops.append(j)
+
+    def _stopped(self, j: int, now: float) -> None:
+        """Job ``j``'s lease, told to stop, has stopped: it ends and goes back to its queue."""
+        c = self.jobs
+        lease = lifecycle.end(self.state, c.w[j].id, now)
+        self._ended(j, now)
+        self._back(j, lease, now, c.stop_req[j], c.stop_cause[j])
+
+    def _back(self, j: int, lease: Lease, now: float, until: float, cause: str) -> None:
+        """Requeue job ``j``, whose lease (ended at ``now``) did its work until ``until`` (a stop's request, or a
+        failure), keeping the work up to its last checkpoint (the checkpoints of a resized lease count from the end
+        of its restart overhead)."""
+        c = self.jobs
+        every = c.ckpt_every[j]
+        prog = max(0.0, until - c.start_at[j] - c.ovh[j])  # seconds of progress, at ``c.rate[j]``
+        # 1e-9: a run that ends on a checkpoint keeps it, though float sums of the times fall just short.
+        kept = math.floor(prog / every + 1e-9) * every if every > 0 else 0.0
+        kept = min(max(kept, 0.0), c.remaining[j] / c.rate[j], prog)
+        c.lost[j] += prog - kept
+        self.lost_gpu_s[cause] += (prog - kept) * c.held[j]
+        self.requeues[cause] += 1
+        c.remaining[j] -= kept * c.rate[j]
+        if cause == "preemption":
+            c.preemptions[j] += 1
+        c.attempt[j] += 1
+        w = lease.workload
+        if w.gang is not c.gang0[j]:
+            w = replace(w, gang=c.gang0[j])  # back in its queue at its requested size
+        if w.runtime_estimate_s is not None:
+            # The lost work must be done again: the runtime still needed is the estimate plus what was lost, so
+            # that estimate minus service received stays the remaining time.
+            w = replace(w, runtime_estimate_s=w.runtime_estimate_s + prog - kept)
+        # Its service counts until it stopped working (a stop's request), lost work included (see *service*).
+        c.w[j] = lifecycle.requeue(self.state, lease, now, lifecycle.attained_gpu_s(lease, until), w)
+        self.pending_gpus[c.gpus[j]] += 1
+        self.stranded.queued(c.shape[j], 1)
+        c.start_at[j] = c.stop_req[j] = -1.0
+
+    # -------------------------------------------------------------------------------------------- node events
+    def _push_node(self, at: float, kind: str, nid: str, arg: object = None) -> None:
+        self.node_events.append((kind, nid, arg))
+        heappush(self.events, (at, _NODE, len(self.node_events) - 1, 0))
+
+    def _fail(self, nid: str, arg, now: float) -> None:
+        down_for, drawn = arg
+        if nid in self.down:
+            if drawn:
+                self.redraw.add(nid)  # draw its next failure once it is back
+            return  # already down: this failure changes nothing
+        c = self.jobs
+        for lease in lifecycle.lose_node(self.state, nid, now):
+            j = self.index[lease.id]
+            self._ended(j, now)
+            self._back(j, lease, now, c.stop_req[j] if c.stop_req[j] >= 0 else now, "failure")
+        self.down[nid] = now
+        self.present_gpus -= self.base_nodes[nid].capacity.gpu
+        self.failures.append((nid, now))
+        if down_for is not None:
+            self._push_node(now + down_for, "up", nid, drawn)
+
+    def _up(self, nid: str, drawn, now: float) -> None:
+        base = self.base_nodes[nid]
+        cap = base.capacity.gpu
+        self.down_gpu_s += cap * (now - self.down.pop(nid))
+        self.state.add_node(replace(base, free=base.capacity, schedulable=nid not in self.cordoned))
+        self.present_gpus += cap
+        mtbf = self.outages.mtbf_s
+        if (drawn or nid in self.redraw) and mtbf:
+            self.redraw.discard(nid)
+            self._push_node(next_failure(self.rngs[nid], now, mtbf), "fail", nid, (self.outages.repair_s, True))
+
+    def _drain(self, nid: str, drain_for, now: float) -> None:
+        if nid in self.cordoned:
+            return  # already draining
+        d = self.cordoned[nid] = len(self.drains)
+        self.drains.append([nid, now, None])
+        if nid in self.state.nodes:
+            self.state.set_schedulable(nid, False)
+        deadline = self.outages.drain_deadline_s
+        if deadline == 0:
+            self._evict(nid, now)
+        elif deadline is not None:
+            self._push_node(now + deadline, "deadline", nid, d)
+        if drain_for is not None:
+            self._push_node(now + drain_for, "undrain", nid, d)
+
+    def _deadline(self, nid: str, d: int, now: float) -> None:
+        if self.cordoned.get(nid) == d and self.drains[d][2] is None:
+            self._evict(nid, now)
+
+    def _undrain(self, nid: str, d: int, now: float) -> None:
+        if self.cordoned.get(nid) == d:
+            del self.cordoned[nid]
+            if nid in self.state.nodes:
+                self.state.set_schedulable(nid, True)
+
+    def _evict(self, nid: str, now: float) -> None:
+        """Stop every running lease on node ``nid`` (a drain)."""
+        stops: List[int] = []
+        for lease in list(self.state.leases.values()):
+            if nid in lease.placement and lease.state is LeaseState.RUNNING:
+                self._stop(self.index[lease.id], now, "drain", stops)
+        for j in stops:
+            self._stopped(j, now)
+
+    def _check_drained(self, now: float) -> None:
+        for nid, d in self.cordoned.items():
+            if self.drains[d][2] is None:
+                nd = self.state.nodes.get(nid)
+                if nd is None or _empty(nd):
+                    self.drains[d][2] = now
+
+    # ------------------------------------------------------------------------------------------------- result
+    def result(self, t: float, wall_s: float) -> SimResult:
+        """What the replay leaves behind, stopped at ``t``: leases still running and nodes still down are counted
+        to ``t``."""
+        c = self.jobs
+        for j in range(self.n):  # leases still running when the replay stopped
+            if c.start_at[j] >= 0:
+                self.team_gpu_s[c.job[j].team] += c.held[j] * (t - c.start_at[j])
+        for nid, since in self.down.items():  # nodes still down
+            self.down_gpu_s += self.base_nodes[nid].capacity.gpu * max(0.0, t - since)
+        sim = self.sim
+        return SimResult(
+            jobs=sim.jobs, config=sim.config, options=self.opts, teams=dict(self.state.teams),
+            total_gpus=sim.total_gpus, first_start=c.first_start, finish=c.finish,
+            preemptions=c.preemptions, lost_work=c.lost, team_gpu_s=self.team_gpu_s,
+            times=self.times, busy=self.busy_s, queued=self.queued_s, running=self.running_s,
+            rejected=list(sim.rejected), cycles=self.cycles, instants=self.instants, wall_s=wall_s,
+            partial=self.partial, cycle_wall=self.cycle_wall, cycle_pending=self.cycle_pending, end_time=t,
+            cluster_name=sim.cluster_name, trace_source=sim.trace.source, tick_s=self.tick,
+            stranded=self.stranded_s, requeues=self.requeues, lost_gpu_s=self.lost_gpu_s, failures=self.failures,
+            drains=[tuple(d) for d in self.drains], down_gpu_s=self.down_gpu_s,
+            resizes=c.resizes, resize_overhead_gpu_s=self.resize_overhead_gpu_s,
+        )
+
+
+def _empty(node: Node) -> bool:
+    f, c = node.free, node.capacity
+    return f.gpu >= c.gpu - 1e-9 and f.cpu >= c.cpu - 1e-9 and f.memory >= c.memory - 1e-9

@@ -1,0 +1,154 @@
+"""The simulator's words for a replay's inputs and outputs: its options (``SimOptions``), its result
+(``SimResult``), its error, the default class of trace jobs and the speedup curves of elastic jobs.
+
+``raylane.sim.engine`` re-exports every name here; the words themselves (*work*, *estimate*, *service*, *tick*,
+*outage*, *elastic job*, *resize*) are defined in its docstring.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from raylane.errors import FatalError
+from raylane.scheduling import PLACEMENTS
+from raylane.scheduling.cycle import MAX_EXAMINED
+from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
+from raylane.sim.outages import Outages
+from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, TraceJob, parse_speedup
+
+__all__ = ["ESTIMATES", "DEFAULT_CLASS", "DEFAULT_RESIZE_OVERHEAD_S", "DEFAULT_TICK_S", "CAUSES",
+           "ELASTIC_SPEEDUP_ALLOWED", "SimOptions", "SimResult", "SimulationError", "speedup_table"]
+
+ESTIMATES = ("none", "exact", "noisy", "declared")
+
+# The class of trace jobs that name none: preemptible training with a checkpoint every 5 minutes, whose elastic
+# jobs (min_workers < max_workers) may be resized.
+DEFAULT_CLASS = WorkloadClass("train", priority=100, preemptible=True, min_runtime_s=0.0, checkpoint_interval_s=300.0,
+                              grace_period_s=0.0, resizable=True)
+
+# Seconds an elastic job makes no progress after a resize (its restart at the new size), by default.
+DEFAULT_RESIZE_OVERHEAD_S = 60.0
+
+# Seconds between clock-triggered cycles when preemption is on and ``tick_s`` is left to the simulator.
+DEFAULT_TICK_S = 300.0
+
+# Why a lease went back to its queue.
+CAUSES = ("preemption", "drain", "failure")
+
+
+class SimulationError(FatalError):
+    """The replay cannot go on (e.g. the cycles at one instant never settle)."""
+
+
+ELASTIC_SPEEDUP_ALLOWED = ("a curve for every class, or CLASS=CURVE entries separated by commas with at most one "
+                           "bare CURVE for the other classes (like amdahl:0.05 or pretrain=amdahl:0.05,linear); "
+                           f"a curve is {SPEEDUP_ALLOWED}")
+
+
+def speedup_table(text: str) -> Tuple[Speedup, Dict[str, Speedup]]:
+    """(the default curve, class -> curve) from ``SimOptions.elastic_speedup``; FatalError naming the bad part."""
+    default, by_class = None, {}
+    for part in (p.strip() for p in (text or "").split(",")):
+        cls, sep, curve = part.rpartition("=") if "=" in part else ("", "", part)
+        try:
+            s = parse_speedup(curve)
+        except ValueError:
+            raise FatalError(f"elastic speedup {text!r}: {part!r} is not a curve; allowed: "
+                             f"{ELASTIC_SPEEDUP_ALLOWED}") from None
+        if sep:
+            if not cls.strip() or cls.strip() in by_class:
+                raise FatalError(f"elastic speedup {text!r}: {part!r}: allowed: {ELASTIC_SPEEDUP_ALLOWED} (each "
+                                 "class once)")
+            by_class[cls.strip()] = s
+        elif default is not None:
+            raise FatalError(f"elastic speedup {text!r}: two curves for the other classes; allowed: "
+                             f"{ELASTIC_SPEEDUP_ALLOWED}")
+        else:
+            default = s
+    return default or Speedup(), by_class
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    estimates: str = "none"
+    # Sigma of the log-normal factor of ``noisy`` estimates (0.5: half of them within about x0.7..x1.4).
+    noise_sigma: float = 0.5
+    seed: int = 0
+    # Seconds from a preemption decision to the victim's resources being free (the sim's stand-in for the grace).
+    stop_delay_s: float = 0.0
+    # Seconds between clock-triggered cycles; None: DEFAULT_TICK_S when preemption is on, else none.
+    tick_s: Optional[float] = None
+    max_examined: int = MAX_EXAMINED
+    # A guard against cycles that never settle at one instant (that would be a bug in a policy).
+    max_cycles_per_instant: int = 10_000
+    # Node failures and drains to play (none by default).
+    outages: Outages = Outages()
+    # The placement strategy of jobs whose trace names none.
+    placement: str = "pack"
+    # Speedup curves of elastic jobs whose trace row names none: one curve, or per class (``speedup_table``).
+    elastic_speedup: str = "linear"
+    # Seconds of no progress after each resize (the restart at the new size; see the module's *resize*).
+    resize_overhead_s: float = DEFAULT_RESIZE_OVERHEAD_S
+
+    def __post_init__(self):
+        if self.estimates not in ESTIMATES:
+            raise FatalError(f"estimates {self.estimates!r}: allowed: {', '.join(ESTIMATES)}")
+        if self.placement not in PLACEMENTS:
+            raise FatalError(f"placement {self.placement!r}: allowed: {', '.join(PLACEMENTS.names())}")
+        speedup_table(self.elastic_speedup)
+        o = self.resize_overhead_s
+        if not (isinstance(o, (int, float)) and math.isfinite(o) and o >= 0):
+            raise FatalError(f"resize overhead {o!r}: allowed: seconds >= 0")
+
+
+@dataclass
+class SimResult:
+    """What a replay leaves behind: per-job outcomes (lists indexed like ``jobs``) and the time series."""
+
+    jobs: List[TraceJob]
+    config: SchedulerConfig
+    options: SimOptions
+    teams: Mapping[str, Team]
+    total_gpus: float
+    first_start: List[float]
+    finish: List[float]
+    preemptions: List[int]
+    # Seconds of work lost to preemptions (multiply by the job's GPUs for GPU-seconds).
+    lost_work: List[float]
+    # GPU-seconds each team's leases held (useful and lost work alike).
+    team_gpu_s: Dict[str, float]
+    # Sampled after every instant: time, GPUs held by leases, pending workloads, running leases.
+    times: List[float]
+    busy: List[float]
+    queued: List[int]
+    running: List[int]
+    rejected: List[Tuple[TraceJob, str]] = field(default_factory=list)
+    cycles: int = 0
+    instants: int = 0
+    wall_s: float = 0.0
+    # Wall seconds of each scheduling cycle (the core's ``cycle()``, timed as the control actor times it for
+    # ``raylane_cycle_seconds``), and the pending workloads in the snapshot it was given.
+    cycle_wall: List[float] = field(default_factory=list)
+    cycle_pending: List[int] = field(default_factory=list)
+    partial: bool = False
+    # Simulated time the replay stopped at (the last completion, or where it was interrupted).
+    end_time: float = 0.0
+    cluster_name: str = ""
+    trace_source: str = ""
+    # The tick the replay used (``options.tick_s`` resolved).
+    tick_s: float = 0.0
+    # Stranded GPUs after each instant (beside ``times``).
+    stranded: List[float] = field(default_factory=list)
+    # Requeues and GPU-seconds of work lost, by cause (CAUSES).
+    requeues: Dict[str, int] = field(default_factory=lambda: {c: 0 for c in CAUSES})
+    lost_gpu_s: Dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
+    # Outages: each failure (node, time); each drain (node, start, drained at: None when it never emptied).
+    failures: List[Tuple[str, float]] = field(default_factory=list)
+    drains: List[Tuple[str, float, Optional[float]]] = field(default_factory=list)
+    # GPU-seconds of capacity that was down (failed and not yet repaired).
+    down_gpu_s: float = 0.0
+    # Resizes of each job (beside ``jobs``), and the GPU-seconds their restart overheads held without progress.
+    resizes: List[int] = field(default_factory=list)
+    resize_overhead_gpu_s: float = 0.0
+
