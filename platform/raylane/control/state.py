@@ -47,10 +47,10 @@ from raylane.control.records import Record, State
 from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, month_start
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.ids import new_id
-from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle
+from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle, lifecycle
 from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.gcpace import gc_paused
-from raylane.scheduling.types import LeaseState, Resize, Resources
+from raylane.scheduling.types import Resize, Resources
 
 log = logging.getLogger("raylane.control")
 
@@ -265,10 +265,10 @@ class ControlState(PipelineCalls):
                 # A gang handed over to Ray Train runs in Train's own group (its reservation was removed then).
                 if not recovering or rec.pg_name in existing or rec.job_id or rec.state is not State.ADMITTED:
                     # The devices journaled with the admission (none in older journals: Ray's rule again).
-                    self.state.start(Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or self.clock())
+                    lifecycle.admit(self.state, Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or self.clock())
                     if rec.state is State.PREEMPTING or (
                             rec.state is State.RESIZING and rec.resize["to_workers"] < rec.resize["from_workers"]):
-                        self.state.mark_terminating(rec.id)  # a shrink keeps the whole gang booked until it stops
+                        lifecycle.begin_stop(self.state, rec.id)  # a shrink keeps the whole gang booked until it stops
                 else:
                     self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s,
                                  note="reservation lost while the control plane was down; back in the queue")
@@ -354,18 +354,18 @@ class ControlState(PipelineCalls):
         its submit time; its gang is stopped (an all-or-nothing gang cannot go on short of a worker) and resumes
         from its last checkpoint wherever the core places it next."""
         self._node_event(node_id, "lost", reason="Ray reports the node dead")
-        lost = self.state.remove_node(node_id, now) if node_id in self.state.nodes else []
+        lost = lifecycle.lose_node(self.state, node_id, now)
         self._node_ids.discard(node_id)
         for lease in lost:
             rec = self.records[lease.id]
-            attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
+            attained = lifecycle.attained_gpu_s(lease, now)
             # Its gang is stopped and its reservation removed (one not handed over yet still holds bundles on the
             # nodes left) before the requeue clears its name, and before this tick may admit it again under it.
             self._kill_gang(rec)
             self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=rec.step, lost_node=node_id,
                          note=f"node {node_id[:12]} was lost; back in the queue, resumes from its last checkpoint")
             self._lost_capacity.add(rec.id)
-            self.state.requeue(lease, now, attained)
+            lifecycle.requeue(self.state, lease, now, attained)
             self._preemptor_cls.pop(rec.id, None)
         self._replan_for_node(node_id, now)
         self._poke()
@@ -533,7 +533,7 @@ class ControlState(PipelineCalls):
                      devices=[list(d) for d in a.devices],
                      note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
                           + (" (borrowing)" if a.borrowing else ""))
-        self.state.start(a, now)
+        lifecycle.admit(self.state, a, now)
         w = a.workload
         metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())
         metrics.QUEUE_WAIT.observe(max(0.0, now - (rec.queued_since or rec.submit_time)), team=w.team,
@@ -563,9 +563,9 @@ class ControlState(PipelineCalls):
 
     def _rollback(self, rec: Record, why: str) -> None:
         if rec.id in self.state.leases:
-            lease = self.state.finish(rec.id, self.clock())
+            lease = lifecycle.end(self.state, rec.id, self.clock())
             self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s, note=f"admission rolled back: {why}")
-            self.state.requeue(lease, self.clock(), rec.attained_gpu_s)
+            lifecycle.requeue(self.state, lease, self.clock(), rec.attained_gpu_s)
         self._poke()
 
     def _preempt(self, wid: str, reason: str, now: float, preemptor_class: str = "") -> None:
@@ -579,8 +579,7 @@ class ControlState(PipelineCalls):
             # Stopping already for a resize: it now stops for good (back to the queue), keeping its deadline.
             grace = max(0.0, (rec.stop_deadline or now + grace) - now)
         self._append(Kind.PREEMPTING, rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
-        if self.state.leases[wid].state is not LeaseState.TERMINATING:
-            self.state.mark_terminating(wid)
+        lifecycle.begin_stop(self.state, wid)
         if not started:
             # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
             self._release_lease(rec, now, outcome="preempted before start")
@@ -605,10 +604,9 @@ class ControlState(PipelineCalls):
             return
         grow = rz.to_workers > rz.from_workers
         attained = rec.attained_gpu_s
-        if grow:
-            attained = self.state.resize(rz, now).workload.attained_gpu_s
-        else:
-            self.state.mark_terminating(rec.id)
+        grown = lifecycle.begin_resize(self.state, rz, now)  # a shrink keeps the whole gang booked until it stops
+        if grown is not None:
+            attained = grown.workload.attained_gpu_s
         self._append(Kind.RESIZING, rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
                      placement=list(rz.placement), devices=[list(d) for d in rz.devices], reason=rz.reason,
                      deadline=now + grace, attained_gpu_s=attained, note=f"resizing: {rz.reason}")
@@ -618,11 +616,10 @@ class ControlState(PipelineCalls):
         """The gang stopped for its resize: the lease goes on at the new size on the nodes the core chose (a new
         reservation, handed over to Ray Train as at an admission); the driver restarts the gang from its checkpoint."""
         rz = rec.resize
-        lease = self.state.leases[rec.id]
-        if rz["to_workers"] < lease.workload.gang.workers:
-            lease = self.state.resize(Resize(lease.workload, lease.workload.gang.workers, rz["to_workers"],
-                                             tuple(rz["placement"]), tuple(tuple(d) for d in rz["devices"]),
-                                             rz["reason"]), now)
+        lease = self.state.leases[rec.id]  # fails loudly if the lease is gone
+        lease = lifecycle.finish_shrink(self.state, Resize(
+            lease.workload, lease.workload.gang.workers, rz["to_workers"], tuple(rz["placement"]),
+            tuple(tuple(d) for d in rz["devices"]), rz["reason"]), now)
         self._confirmed.discard(rec.id)
         self._remove_pg(rec)
         self._append(Kind.RESIZED, rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
@@ -656,15 +653,15 @@ class ControlState(PipelineCalls):
         """A preempted lease is over: free it and put the workload back at its original place."""
         if rec.id not in self.state.leases:
             return
-        lease = self.state.finish(rec.id, now)
+        lease = lifecycle.end(self.state, rec.id, now)
         metrics.PREEMPTIONS.inc(team=rec.team, workload_class=rec.cls,
                                 preemptor_class=self._preemptor_cls.pop(rec.id, ""),
                                 outcome="forced" if "by force" in outcome else "graceful")
-        attained = rec.attained_gpu_s + lease.workload.gang.total.gpu * max(0.0, now - lease.start_time)
+        attained = lifecycle.attained_gpu_s(lease, now)
         self._remove_pg(rec)
         self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
                      note=f"back in the queue ({outcome})")
-        self.state.requeue(lease, now, attained)
+        lifecycle.requeue(self.state, lease, now, attained)
         self._poke()
 
     def _remove_pg(self, rec: Record) -> None:
@@ -893,7 +890,7 @@ class ControlState(PipelineCalls):
         if self.state.is_pending(rec.id):
             self.state.dequeue(rec.id)
         elif rec.id in self.state.leases:
-            self.state.finish(rec.id, self.clock())
+            lifecycle.end(self.state, rec.id, self.clock())
             self._remove_pg(rec)
         self._append(Kind.CANCELLED, rec, by=by, note=note, job_stop_at=job_stop_at, close_run=True)
         self._kill_gang(rec)
@@ -914,7 +911,7 @@ class ControlState(PipelineCalls):
             self._release_lease(rec, now, outcome=f"yielded at step {step}", step=step)
         else:
             if wid in self.state.leases:
-                self.state.finish(wid, now)
+                lifecycle.end(self.state, wid, now)
             self._remove_pg(rec)
             self._append(Kind.FINISHED, rec, state=state, outcome=outcome, step=step,
                          note=f"{state.lower()}: {detail or outcome}")
@@ -974,7 +971,7 @@ class ControlState(PipelineCalls):
             if job is ends.JobState.GONE and now - rec.submit_time < JOB_SUBMIT_GRACE_S:
                 continue  # `raylane submit` queues the workload first, then submits the job that drives it
             if rec.id in self.state.leases:
-                self.state.finish(rec.id, now)
+                lifecycle.end(self.state, rec.id, now)
             elif self.state.is_pending(rec.id):
                 self.state.dequeue(rec.id)
             self._remove_pg(rec)
