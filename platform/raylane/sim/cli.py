@@ -207,6 +207,7 @@ class SimArgs:
 
     trace_path: Optional[Path] = None
     generate_mix: Optional[str] = None
+    from_journal: Optional[Path] = None
     jobs: int = 2000
     load: float = 0.9
     write_trace: Optional[Path] = None
@@ -263,6 +264,9 @@ def sim(
     generate_mix: Optional[str] = typer.Option(_D.generate_mix, "--generate", help="replay a generated trace of "
                                                "this workload mix instead of a file: " + ", ".join(MIXES)
                                                + " (drawn from --seed)"),
+    from_journal: Optional[Path] = typer.Option(_D.from_journal, "--from-journal", help="replay a Raylane control "
+                                                "plane's own journal (its submissions, nodes and node losses) "
+                                                "instead of a trace file; --policy: the policy to try on it"),
     jobs: int = typer.Option(_D.jobs, "--jobs", help="with --generate: how many jobs"),
     load: float = typer.Option(_D.load, "--load", help="with --generate: GPU-time asked over the cluster's, over "
                                                        "the submit span"),
@@ -361,12 +365,17 @@ def _sim(a: SimArgs) -> None:
     # 1. Check every flag (all errors at once), 2. the cluster, the trace and the outages, 3. the policy,
     # 4. one run per preset and placement, 5. replay them and report.
     flags = _parse(a)
-    spec = load_cluster(a.cluster) if a.cluster is not None else cluster_from_flags(
-        a.nodes, a.gpus_per_node, cpus_per_node=a.cpus_per_node, memory_per_node=a.memory_per_node,
-        features=_split(a.features))
-    outages = _outages(a, flags, spec)
-    trace = _trace(a, spec)
-    base, teams, classes, default_class = _policy(a, trace, flags.checkpoint_s)
+    journal = _journal(a) if a.from_journal is not None else None
+    if journal is not None and a.cluster is None and a.nodes is None:
+        spec = journal.cluster()
+    else:
+        spec = load_cluster(a.cluster) if a.cluster is not None else cluster_from_flags(
+            a.nodes, a.gpus_per_node, cpus_per_node=a.cpus_per_node, memory_per_node=a.memory_per_node,
+            features=_split(a.features))
+    outages = _outages(a, flags, spec, journal.outages if journal is not None else None)
+    trace = journal.trace if journal is not None else _trace(a, spec)
+    base, teams, classes, default_class = _policy(a, trace, flags.checkpoint_s,
+                                                  journal.policy if journal is not None else None)
     runs = _runs(a, flags, base, SimOptions(seed=a.seed, outages=outages))
     _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
                f"{trace.gpu_seconds() / 3600:,.0f} GPU-hours over {_hours(trace.span())}; "
@@ -387,11 +396,12 @@ def _parse(a: SimArgs) -> _Parsed:
         errors.append(("--format", a.format, "one of " + ", ".join(FORMATS)))
     if a.estimates is not None and a.estimates not in ESTIMATES:
         errors.append(("--estimates", a.estimates, "one of " + ", ".join(ESTIMATES)))
-    if (a.cluster is None) == (a.nodes is None):
-        errors.append(("--cluster/--nodes", a.cluster or a.nodes, "exactly one of --cluster FILE or --nodes N"))
-    if (a.trace_path is None) == (a.generate_mix is None):
-        errors.append(("TRACE/--generate", a.trace_path or a.generate_mix,
-                       "exactly one of a trace file or --generate MIX"))
+    if a.cluster is not None and a.nodes is not None or a.cluster is None and a.nodes is None and not a.from_journal:
+        errors.append(("--cluster/--nodes", a.cluster or a.nodes, "exactly one of --cluster FILE or --nodes N (with "
+                                                                  "--from-journal: the journal's nodes by default)"))
+    if sum(x is not None for x in (a.trace_path, a.generate_mix, a.from_journal)) != 1:
+        errors.append(("TRACE/--generate/--from-journal", a.trace_path or a.generate_mix or a.from_journal,
+                       "exactly one of a trace file, --generate MIX or --from-journal JOURNAL"))
     if a.generate_mix is not None and a.generate_mix not in MIXES:
         errors.append(("--generate", a.generate_mix, "one of " + ", ".join(MIXES)))
     if a.generate_mix is not None and a.jobs < 1:
@@ -457,9 +467,21 @@ def _parse(a: SimArgs) -> _Parsed:
     return _Parsed(names, config, options, ckpt, outage_kw)
 
 
-def _outages(a: SimArgs, flags: _Parsed, spec: ClusterSpec) -> Outages:
-    """The outages of the flags and of ``--node-events``, checked against the cluster's node ids."""
+def _journal(a: SimArgs):
+    """``--from-journal``: the journal's trace, nodes, outages and (without ``--policy``) its last policy."""
+    from raylane.config.loader import load_policy
+    from raylane.sim.journal import trace_from_journal
+
+    return trace_from_journal(str(a.from_journal), load_policy(a.policy) if a.policy is not None else None)
+
+
+def _outages(a: SimArgs, flags: _Parsed, spec: ClusterSpec, journal: Optional[Outages] = None) -> Outages:
+    """The outages of the flags, of ``--node-events`` and of the journal replayed, checked against the cluster's
+    node ids."""
     kw = flags.outages
+    if journal is not None:
+        kw["failures"] += list(journal.failures)
+        kw["drains"] += list(journal.drains)
     if a.node_events is not None:
         more_failures, more_drains = load_node_events(a.node_events)
         kw["failures"] += more_failures
@@ -484,16 +506,17 @@ def _trace(a: SimArgs, spec: ClusterSpec) -> Trace:
     return trace
 
 
-def _policy(a: SimArgs, trace: Trace, checkpoint_s: Optional[float]):
-    """(scheduler config, teams, classes, default class) from ``--policy``, or one shared cluster with no quotas;
-    ``--class`` and ``--checkpoint-every`` applied."""
+def _policy(a: SimArgs, trace: Trace, checkpoint_s: Optional[float], journal_policy=None):
+    """(scheduler config, teams, classes, default class) from ``--policy`` (or the replayed journal's policy), or one
+    shared cluster with no quotas; ``--class`` and ``--checkpoint-every`` applied."""
     teams: Dict[str, Team] = {}
     classes: Dict[str, WorkloadClass] = {}
     default_class = DEFAULT_CLASS
-    if a.policy is not None:
-        from raylane.config.loader import load_policy
+    if a.policy is not None or journal_policy is not None:
+        from raylane.config.loader import load_policy, load_policy_from_dict
 
-        pol = load_policy(a.policy)
+        pol = load_policy(a.policy) if a.policy is not None else load_policy_from_dict(journal_policy,
+                                                                                       "the journal's policy")
         base = pol.to_scheduler_config()
         teams = pol.core_teams()
         classes = {name: pol.workload_class(name) for name in pol.classes}
