@@ -200,7 +200,8 @@ def test_bad_generate_and_hysteresis_flags_are_all_reported():
                               "--hysteresis-min-run", "soon", "--hysteresis-fraction", "-1"])
     assert res.exit_code == 1
     err = res.stderr
-    assert "TRACE/--generate" in err and "exactly one of a trace file or --generate MIX" in err
+    assert "TRACE/--generate/--from-journal" in err
+    assert "exactly one of a trace file, --generate MIX or --from-journal JOURNAL" in err
     assert "--generate: got 'long-tail'; one of heavy-tail, shared-burst, big-gangs" in err
     assert "--jobs: got 0; an integer >= 1" in err and "--load: got 0.0; a number > 0" in err
     assert "--hysteresis-min-run: got 'soon'" in err and "--hysteresis-fraction: got -1.0" in err
