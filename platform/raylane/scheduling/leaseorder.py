@@ -64,6 +64,13 @@ class SortedLeases:
         del self._leases[i]
         self._frozen = None
 
+    def copy(self) -> "SortedLeases":
+        """An independent copy (the leases, which are immutable, are shared)."""
+        out = SortedLeases()
+        out._keys, out._leases, out._key_of = list(self._keys), list(self._leases), dict(self._key_of)
+        out._frozen = self._frozen
+        return out
+
     def frozen(self) -> Tuple[Tuple[Key, ...], Tuple[Lease, ...]]:
         """The order now, as tuples (copied only after a change)."""
         if self._frozen is None:

@@ -69,6 +69,28 @@ class ClusterState:
         self._seq_cache: Optional[Dict[str, int]] = None  # copied for snapshots only when a lease comes or goes
         self._elastic: Dict[str, Lease] = {}  # the leases of elastic gangs, in table order
 
+    def copy(self) -> "ClusterState":
+        """An independent copy: a forecast or a what-if drives it forward and this state never sees it. Nodes,
+        leases, workloads and teams are immutable values and are shared; every container is copied, so the cost
+        grows with the number of workloads and leases (a few hundred microseconds for a thousand of each)."""
+        out = ClusterState.__new__(ClusterState)
+        out.config, out._order = self.config, self._order
+        out.nodes, out.teams, out.leases, out.usage = dict(self.nodes), dict(self.teams), dict(self.leases), \
+            dict(self.usage)
+        out._queues = {team: list(q) for team, q in self._queues.items()}
+        out._where = dict(self._where)
+        out._queue_cache = {team: dict(c) for team, c in self._queue_cache.items()}
+        out._leases_cache = self._leases_cache
+        out._team_leases = {team: dict(ls) for team, ls in self._team_leases.items()}
+        out._team_leases_cache = dict(self._team_leases_cache)
+        out._nodes_cache = self._nodes_cache
+        out._decayed_at = self._decayed_at
+        out._orders, out._seq, out._seq_of = self._orders, self._seq, dict(self._seq_of)
+        out._by_end, out._by_settle = self._by_end.copy(), self._by_settle.copy()
+        out._order_cache, out._seq_cache = self._order_cache, self._seq_cache
+        out._elastic = dict(self._elastic)
+        return out
+
     # -- nodes ---------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> None:
         self.nodes[node.id] = _with_devices(node)
