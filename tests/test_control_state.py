@@ -748,3 +748,34 @@ def test_a_token_expires_by_the_injected_clock(make):
     h.clock.advance(120)
     with pytest.raises(AuthenticationError):
         h.call("whoami", short)
+
+
+# ------------------------------------------------------------------------------------------------ queue ETA
+def test_a_pending_workload_gets_an_eta_after_the_lease_it_waits_for(make):
+    # Team A fills the cluster with a 4-GPU gang estimated at 10 minutes; team A's next one waits for it: its forecast
+    # start is that gang's end, shown in the queue and explained; the metric exports the wait.
+    from raylane import metrics
+
+    h = make()
+    big = spec("big", "team-a", "pretrain", workers=2, gpu=2)
+    big["runtime_estimate"] = "10m"
+    first = h.call("submit", spec=big)["id"]
+    h.tick()
+    run(h, first)
+    h.clock.advance(60)
+    nxt = spec("next", "team-a", "pretrain", workers=1, gpu=2)
+    nxt["runtime_estimate"] = "5m"
+    second = h.call("submit", spec=nxt)["id"]
+    h.tick()
+    start = h.cs.records[first].admitted_at
+    (row,) = [r for r in h.call("queue") if r["id"] == second]
+    assert row["eta_start"] == pytest.approx(start + 600) and row["eta_finish"] == pytest.approx(start + 900)
+    out = h.call("explain", workload_id=second)
+    assert out["eta_start"] == pytest.approx(start + 600) and first in out["eta_text"]
+    waits = {dict(k[1])["team"]: v for k, v in metrics.snapshot("raylane_queue_eta_wait_seconds").items()
+             if dict(k[1]).get("workload_class") == "pretrain"}
+    assert waits["team-a"] == pytest.approx(start + 600 - h.clock())
+    # Recomputed at most every ETA_EVERY_S: a cancel of the lease it waits for shows once the cache is old.
+    h.call("cancel", workload_id=first)
+    h.tick()
+    assert [r for r in h.call("queue") if r["id"] == second][0]["state"] == "ADMITTED"

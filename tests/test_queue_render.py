@@ -1,6 +1,7 @@
 """`raylane queue`'s rendering (no Ray): a drawn table for a short queue, plain aligned columns for a long one, the
 same cells either way, a pipeline's stages under it."""
 import io
+import time
 
 from rich.console import Console
 
@@ -13,7 +14,7 @@ def row(wid, position=None, reason="", **kw):
 
 
 ROWS = [
-    row("solo-1", 1, "team team-a uses 4 of 2 GPU nominal; this gang needs 2"),
+    row("solo-1", 1, "team team-a uses 4 of 2 GPU nominal; this gang needs 2", eta_start=time.time() + 725),
     row("stage-b", 3, pipeline="pipe-1", stage="finetune"),
     row("pipe-1", None, kind="pipeline", state="RUNNING"),
     row("stage-a", None, pipeline="pipe-1", stage="pretrain", state="RUNNING"),
@@ -24,8 +25,8 @@ ROWS = [
 def test_cells_put_each_pipelines_stages_under_it_in_their_order():
     cells = queue_cells(ROWS)
     assert [c[0] for c in cells] == ["solo-1", "pipe-1", " └ finetune (stage-b)", " └ pretrain (stage-a)", "other"]
-    assert cells[0][5:] == ("3s", "1", "team team-a uses 4 of 2 GPU nominal; this gang needs 2")
-    assert cells[-1][6:] == ("2", "waits for its input")
+    assert cells[0][5:] == ("3s", "1", "~12m", "team team-a uses 4 of 2 GPU nominal; this gang needs 2")
+    assert cells[-1][6:] == ("2", "-", "waits for its input")
     assert all(len(c) == len(QUEUE_COLUMNS) for c in cells)
 
 
@@ -45,3 +46,10 @@ def test_the_drawn_table_holds_the_same_cells():
     for cells in queue_cells(ROWS):
         for cell in cells:
             assert cell.strip() in text
+
+
+def test_the_eta_cell_says_in_how_long_the_forecast_start_is():
+    from raylane.cli_cluster import eta_cell
+
+    assert [eta_cell(None, 0), eta_cell(30, 0), eta_cell(600, 0), eta_cell(5400, 0), eta_cell(2 * 86400, 0)] == [
+        "-", "now", "~10m", "~1.5h", "~2.0d"]

@@ -316,7 +316,7 @@ def stranded_footer(info) -> str:
             + " — free but unusable by any waiting gang")
 
 
-QUEUE_COLUMNS = ("ID", "TEAM", "CLASS", "STATE", "RESOURCES", "WAITED", "POS", "REASON")
+QUEUE_COLUMNS = ("ID", "TEAM", "CLASS", "STATE", "RESOURCES", "WAITED", "POS", "ETA", "REASON")
 # Up to this many rows `raylane queue` draws a table; past it, plain aligned columns (drawing a table measures and
 # wraps every cell: 7 s for 10,000 rows here, against 0.03 s for the columns).
 QUEUE_TABLE_ROWS = 500
@@ -331,9 +331,12 @@ def queue_cells(rows) -> List[Tuple[str, ...]]:
             stages.setdefault(r["pipeline"], []).append(r)
     pipelines = {r["id"] for r in rows if r.get("kind") == "pipeline"}
 
+    now = time.time()
+
     def cells(r, name: str) -> Tuple[str, ...]:
         return (name, r["team"], r["class"], r["state"], r["resources"], f"{r['waited_s']:.0f}s",
-                str(r["position"] or "-"), "; ".join(x for x in (r["reason"], r.get("detail")) if x))
+                str(r["position"] or "-"), eta_cell(r.get("eta_start"), now),
+                "; ".join(x for x in (r["reason"], r.get("detail")) if x))
 
     out = []
     for r in rows:
@@ -343,6 +346,21 @@ def queue_cells(rows) -> List[Tuple[str, ...]]:
         for s in stages.get(r["id"], []) if r.get("kind") == "pipeline" else []:
             out.append(cells(s, f" └ {s['stage']} ({s['id']})"))
     return out
+
+
+def eta_cell(start: Optional[float], now: float) -> str:
+    """A pending workload's estimated start (raylane.forecast) as the queue shows it: ``-`` when none was
+    forecast, ``now``, else in how long (``~12m``, ``~1.5h``, ``~2.0d``)."""
+    if start is None:
+        return "-"
+    s = start - now
+    if s < 60:
+        return "now"
+    if s < 3600:
+        return f"~{s / 60:.0f}m"
+    if s < 86400:
+        return f"~{s / 3600:.1f}h"
+    return f"~{s / 86400:.1f}d"
 
 
 def queue_table(rows) -> Table:
@@ -376,6 +394,8 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
         console.print("  (another team's workload: its spec, config, owner and journal are shown to its team only)")
     if out.get("reason"):
         console.print(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
+    if out.get("eta_text"):
+        console.print(f"  forecast: {out['eta_text']}", highlight=False)
     for r, q in (out.get("team_quota") or {}).items():
         console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")

@@ -39,6 +39,8 @@ __all__ = [
     "LEASES_RUNNING",
     "GPUS_HELD",
     "QUEUE_WAIT",
+    "QUEUE_ETA_WAIT",
+    "ETA_SECONDS",
     "CYCLE_SECONDS",
     "COST",
     "IDLE_COST",
@@ -218,6 +220,16 @@ CYCLE_SECONDS = Metric(
     "paused inside it).",
     (),
     (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0))
+QUEUE_ETA_WAIT = Metric(
+    "raylane_queue_eta_wait_seconds", "gauge",
+    "The longest forecast wait, from now to its estimated start, of a pending workload (raylane.forecast; -1: none "
+    "pending, or the forecast was not run: more pending than it is run for). Labels: team, workload_class.",
+    ("team", "workload_class"))
+ETA_SECONDS = Metric(
+    "raylane_eta_forecast_seconds", "histogram",
+    "Wall seconds of one queue forecast in the control actor (raylane.forecast; run at most every 10 s).",
+    (),
+    (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 
 # ------------------------------------------------------------------------------------------------- nodes
 NODE_STATE = Metric(
@@ -271,6 +283,7 @@ ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
     QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT, CYCLE_SECONDS,
+    QUEUE_ETA_WAIT, ETA_SECONDS,
     NODE_STATE, NODE_QUARANTINES, NODE_PROBES, STRANDED_GPUS,
     COST, IDLE_COST, TEAM_SPEND, TEAM_BUDGET,
 )

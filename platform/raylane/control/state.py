@@ -67,6 +67,11 @@ JOB_WATCH_S = 5.0
 COST_EXPORT_TICKS = 15
 # A tick that takes longer is logged with the time each of its parts took (ControlState.tick).
 SLOW_TICK_S = 0.25
+# Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, and
+# only while at most ETA_MAX_PENDING workloads are pending: a forecast runs about one scheduling cycle per workload
+# it sees start (a few ms each), in the actor's loop (docs/eta.md).
+ETA_EVERY_S = 10.0
+ETA_MAX_PENDING = 200
 
 
 class Host:
@@ -173,6 +178,8 @@ class ControlState(PipelineCalls):
         self._preemptor_cls: Dict[str, str] = {}
         self._jobs_checked = 0.0
         self._reason_of: Dict[str, Any] = {}  # pending workload id -> the core's reason its record shows (tick)
+        self._etas: Dict[str, Any] = {}  # pending workload id -> its raylane.forecast.Eta (``etas``)
+        self._etas_at: Optional[float] = None
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
         self._waiting: set = set()
         self._started = self.clock()
@@ -439,6 +446,8 @@ class ControlState(PipelineCalls):
         if full:
             self._export_gauges()
             lap("gauges")
+            self._export_etas()
+            lap("etas")
             self._export_costs(now)
             lap("costs")
         total = sum(took.values())
@@ -1060,6 +1069,7 @@ class ControlState(PipelineCalls):
     def _api_queue(self, p: Principal, req: api.Queue) -> List[Dict[str, Any]]:
         include_done = req.include_done
         now = self.clock()
+        etas = self.etas()
         rows = []
         for rec in self.records.values():
             if rec.state.terminal and not include_done:
@@ -1070,6 +1080,7 @@ class ControlState(PipelineCalls):
                 "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
                 "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
+                **self._eta_fields(etas.get(rec.id)),
             })
             got = self.pipes.stage_of(rec.id)
             if got is not None:
@@ -1093,6 +1104,44 @@ class ControlState(PipelineCalls):
             })
         return rows
 
+    def etas(self) -> Dict[str, Any]:
+        """The queue's ETAs (``raylane.forecast``) from the live state: recomputed at most every ``ETA_EVERY_S``,
+        and none while more than ``ETA_MAX_PENDING`` workloads are pending."""
+        now = self.clock()
+        if self._etas_at is not None and now - self._etas_at < ETA_EVERY_S:
+            return self._etas
+        self._etas_at = now
+        if not 0 < self.state.pending_count() <= ETA_MAX_PENDING:
+            self._etas = {}
+            return self._etas
+        from raylane.forecast import forecast
+
+        t0 = perf_counter()
+        self._etas = forecast(self.state, now, stopping_ends={
+            wid: self.records[wid].stop_deadline for wid in self.state.leases
+            if wid in self.records and self.records[wid].stop_deadline is not None})
+        metrics.ETA_SECONDS.observe(perf_counter() - t0)
+        return self._etas
+
+    def _export_etas(self) -> None:
+        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none)."""
+        now = self.clock()
+        longest: Dict[tuple, float] = {}
+        for wid, eta in self.etas().items():
+            rec = self.records.get(wid)
+            if rec is None or eta.start is None:
+                continue
+            key = (rec.team, rec.cls)
+            longest[key] = max(longest.get(key, 0.0), max(0.0, eta.start - now))
+        for (team, cls), v in self._gauge_keys(longest, "_last_eta").items():
+            metrics.QUEUE_ETA_WAIT.set(v if (team, cls) in longest else -1, team=team, workload_class=cls)
+
+    @staticmethod
+    def _eta_fields(eta) -> Dict[str, Any]:
+        if eta is None:
+            return {}
+        return {"eta_start": eta.start, "eta_finish": eta.finish}
+
     def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
         wid = req.workload_id
         rec = self._get(wid)
@@ -1100,6 +1149,13 @@ class ControlState(PipelineCalls):
         if self.gate.may_read(p, rec.team):
             out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)
                               if e.kind != Kind.AUDIT]
+        if rec.state is State.PENDING:
+            from raylane.forecast import describe
+
+            eta = self.etas().get(wid)
+            if eta is not None:
+                out.update(self._eta_fields(eta))
+                out["eta_text"] = describe(eta, self.clock())
         team = self.state.teams.get(rec.team)
         if team is not None:
             used = self.state.usage.get(rec.team, Resources())
