@@ -211,6 +211,9 @@ def test_the_queue_follows_a_submit_and_a_cancel_without_a_reload(alice, env):
     expect(waiting.locator(".state")).to_have_text("PENDING", timeout=UPDATE_S)
     expect(waiting.locator(".pos")).to_have_text("1")
     expect(waiting.locator(".reason")).to_contain_text("team-a", timeout=UPDATE_S)
+    # Its forecast start: when the first one is expected to end (the class default runtime, 10 minutes), within
+    # the control plane's forecast cadence (10 s).
+    expect(waiting.locator(".eta")).to_have_text(re.compile(r"^~(9|10)m$"), timeout=UPDATE_S + 10_000)
     theirs = env["bob"].submit(spec("bob-finetune", "team-b", "finetune", workers=1, gpu=1)).id
     expect(alice.locator(f'#queue tr[data-id="{theirs}"] .owner')).to_have_text("hidden", timeout=UPDATE_S)
     shot(alice, "queue")

@@ -79,6 +79,16 @@ function setLive(state, at) {
   l.textContent = state === "live" ? `live · ${fmtTime(at)}` : state;
 }
 
+// A pending workload's forecast start (raylane.forecast), as `raylane queue` shows it: in how long.
+function fmtEta(start) {
+  if (start === null || start === undefined) return "-";
+  const s = start - Date.now() / 1000;
+  if (s < 60) return "now";
+  if (s < 3600) return `~${Math.round(s / 60)}m`;
+  if (s < 86400) return `~${(s / 3600).toFixed(1)}h`;
+  return `~${(s / 86400).toFixed(1)}d`;
+}
+
 // ---------------------------------------------------------------------------------------------------- views
 const VIEWS = {};
 
@@ -93,6 +103,7 @@ VIEWS.queue = function (snap) {
     el("td", {}, el("span", {class: "state", "data-state": r.state, text: r.state})),
     el("td", {text: r.resources}),
     el("td", {class: "num", text: fmtWait(r.waited_s)}),
+    el("td", {class: "num eta", title: r.eta_start ? `forecast start ${fmtTime(r.eta_start)}` : null, text: fmtEta(r.eta_start)}),
     el("td", {class: "owner", title: r.redacted ? "another team's workload: its owner, spec and journal are shown to its team only" : null,
               text: r.redacted ? "hidden" : (r.owner || "-")}),
     el("td", {class: "reason", text: [r.reason, r.detail].filter(Boolean).join("; ")})));
@@ -101,7 +112,7 @@ VIEWS.queue = function (snap) {
       el("span", {id: "counts", text: counts}),
       el("label", {}, el("input", {type: "checkbox", id: "show-done", checked: snap.include_done ? "" : null}),
          " show finished, cancelled and rejected")),
-    rows.length ? table(["Pos", "Workload", "Team", "Class", "State", "Resources", "Waited", "Owner", "Reason"], rows,
+    rows.length ? table(["Pos", "Workload", "Team", "Class", "State", "Resources", "Waited", "ETA", "Owner", "Reason"], rows,
                         {id: "queue", class: "grid"})
                 : el("p", {class: "empty", id: "queue-empty", text: "The queue is empty."}),
   ];
