@@ -779,3 +779,16 @@ def test_a_pending_workload_gets_an_eta_after_the_lease_it_waits_for(make):
     h.call("cancel", workload_id=first)
     h.tick()
     assert [r for r in h.call("queue") if r["id"] == second][0]["state"] == "ADMITTED"
+
+
+def test_a_workload_queued_since_the_last_forecast_gets_one_within_a_second(make):
+    h = make()
+    first = submit(h, "big", "team-a", "pretrain", workers=2, gpu=2)
+    h.tick()
+    run(h, first)
+    assert h.cs.etas() == {}  # nothing pending: nothing forecast, and that answer is kept a while
+    h.clock.advance(0.5)
+    second = submit(h, "next", "team-a", "pretrain", workers=1, gpu=2)
+    assert second not in h.cs.etas()  # within a second of the last forecast: kept
+    h.clock.advance(0.6)
+    assert h.cs.etas()[second].start == pytest.approx(h.cs.records[first].admitted_at + 600)  # 10m class default

@@ -1105,13 +1105,18 @@ class ControlState(PipelineCalls):
         return rows
 
     def etas(self) -> Dict[str, Any]:
-        """The queue's ETAs (``raylane.forecast``) from the live state: recomputed at most every ``ETA_EVERY_S``,
-        and none while more than ``ETA_MAX_PENDING`` workloads are pending."""
+        """The queue's ETAs (``raylane.forecast``) from the live state: recomputed every ``ETA_EVERY_S`` (sooner,
+        at most once a second, when a workload queued since has none), and none while more than
+        ``ETA_MAX_PENDING`` workloads are pending."""
         now = self.clock()
-        if self._etas_at is not None and now - self._etas_at < ETA_EVERY_S:
+        n = self.state.pending_count()
+        if self._etas_at is not None and now - self._etas_at < ETA_EVERY_S and not (
+                # A workload queued since the last forecast has none yet: forecast again, at most once a second.
+                now - self._etas_at >= 1.0 and n <= ETA_MAX_PENDING
+                and any(w.id not in self._etas for w in self.state.pending())):
             return self._etas
         self._etas_at = now
-        if not 0 < self.state.pending_count() <= ETA_MAX_PENDING:
+        if not 0 < n <= ETA_MAX_PENDING:
             self._etas = {}
             return self._etas
         from raylane.forecast import forecast
