@@ -13,17 +13,19 @@ def row(wid, position=None, reason="", **kw):
             "waited_s": 3.4, "position": position, "reason": reason, "detail": None, **kw}
 
 
-ROWS = [
-    row("solo-1", 1, "team team-a uses 4 of 2 GPU nominal; this gang needs 2", eta_start=time.time() + 725),
-    row("stage-b", 3, pipeline="pipe-1", stage="finetune"),
-    row("pipe-1", None, kind="pipeline", state="RUNNING"),
-    row("stage-a", None, pipeline="pipe-1", stage="pretrain", state="RUNNING"),
-    row("other", 2, "", detail="waits for its input"),
-]
+def rows():
+    """The rows, made when a test runs: the ETA cell counts from now."""
+    return [
+        row("solo-1", 1, "team team-a uses 4 of 2 GPU nominal; this gang needs 2", eta_start=time.time() + 725),
+        row("stage-b", 3, pipeline="pipe-1", stage="finetune"),
+        row("pipe-1", None, kind="pipeline", state="RUNNING"),
+        row("stage-a", None, pipeline="pipe-1", stage="pretrain", state="RUNNING"),
+        row("other", 2, "", detail="waits for its input"),
+    ]
 
 
 def test_cells_put_each_pipelines_stages_under_it_in_their_order():
-    cells = queue_cells(ROWS)
+    cells = queue_cells(rows())
     assert [c[0] for c in cells] == ["solo-1", "pipe-1", " └ finetune (stage-b)", " └ pretrain (stage-a)", "other"]
     assert cells[0][5:] == ("3s", "1", "~12m", "team team-a uses 4 of 2 GPU nominal; this gang needs 2")
     assert cells[-1][6:] == ("2", "-", "waits for its input")
@@ -31,19 +33,19 @@ def test_cells_put_each_pipelines_stages_under_it_in_their_order():
 
 
 def test_plain_columns_align_and_keep_every_cell_whole():
-    lines = queue_text(ROWS).splitlines()
+    lines = queue_text(rows()).splitlines()
     assert lines[0].split() == list(QUEUE_COLUMNS)
     starts = [lines[0].index(col) for col in QUEUE_COLUMNS]
-    for line, cells in zip(lines[1:], queue_cells(ROWS)):
+    for line, cells in zip(lines[1:], queue_cells(rows())):
         for start, cell in zip(starts, cells):
             assert line[start:start + len(cell)] == cell, (line, cell)
 
 
 def test_the_drawn_table_holds_the_same_cells():
     out = io.StringIO()
-    Console(file=out, width=400).print(queue_table(ROWS))
+    Console(file=out, width=400).print(queue_table(rows()))
     text = out.getvalue()
-    for cells in queue_cells(ROWS):
+    for cells in queue_cells(rows()):
         for cell in cells:
             assert cell.strip() in text
 
