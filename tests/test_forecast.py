@@ -202,3 +202,31 @@ def test_bad_arguments_are_all_named():
     with pytest.raises(ValueError) as e:
         forecast(st, NOW, horizon_s=0, resolution=1.5)
     assert "horizon_s=0" in str(e.value) and "resolution=1.5" in str(e.value)
+
+
+def test_a_reason_shared_by_many_is_read_once_and_each_gets_its_wait(monkeypatch):
+    """A cycle hands one reason object to every workload of a shape it told the same: the forecast reads each once per
+    cycle, and every one of those workloads still gets the wait, with its own start."""
+    import raylane.forecast as fc
+
+    st = make_state(nodes(2), (team("nlp", gpu=8, borrow=0),), [running(wl("a").gpus(8).est(1000), on=["n1"])],
+                    [wl(f"b{i}").gpus(8).est(500).at(i) for i in range(4)], ordering="fifo")
+    reads, cycles, real_wait, real_cycle = [], [], fc._wait_of, fc.cycle
+
+    def wait_of(r):
+        reads.append(r)
+        return real_wait(r)
+
+    def counted(*a, **kw):
+        out = real_cycle(*a, **kw)
+        cycles.append(([id(p.reason) for p in out.pending]))
+        return out
+
+    monkeypatch.setattr(fc, "_wait_of", wait_of)
+    monkeypatch.setattr(fc, "cycle", counted)
+    etas = forecast(st, NOW)
+    assert [_r(etas[f"b{i}"].start) for i in range(4)] == [1000, 1500, 2000, 2500]
+    assert etas["b1"].waits_for == (QuotaWait("nlp", "gpu", 8, 1500, ("a", "b0")),)
+    assert etas["b3"].waits_for == (QuotaWait("nlp", "gpu", 8, 2500, ("b1", "b2")),)
+    # read once per distinct reason of a cycle, not once per workload told it
+    assert len(reads) == sum(len(set(ids)) for ids in cycles) < sum(len(ids) for ids in cycles)

@@ -67,7 +67,6 @@ from raylane.scheduling.types import (
     Displaced,
     Lease,
     NoCapacity,
-    Pending,
     QuotaExceeded,
     Reserved,
     Resources,
@@ -215,6 +214,7 @@ _END, _STOP = 0, 1
 _OPEN = ("open",)
 # The kind of a ``QueueWait``.
 _TURN = ("turn",)
+_UNREAD = object()
 
 
 class _Run:
@@ -346,10 +346,18 @@ class _Run:
                 blocked = self._blocked()  # quota and room filled: fewer shapes may start, fewer to look at
         if result is not None:
             targets, start = self.targets, self.start
+            # A cycle hands one reason object to every workload of a shape it told the same (its caches): read each
+            # once. (The result holds the reasons, so their ids are not reused meanwhile.)
+            waits: Dict[int, Optional[Tuple[Tuple, Wait]]] = {}
             for p in result.pending:
                 w = p.workload
                 if w.id in targets and w.id not in start and _shape(w) not in blocked:
-                    self._log_own(p, t)
+                    r = p.reason
+                    got = waits.get(id(r), _UNREAD)
+                    if got is _UNREAD:
+                        got = waits[id(r)] = _wait_of(r)
+                    if got is not None:
+                        self._log_own(w.id, got, t)
 
     def _apply(self, result: CycleResult, t: float) -> List[str]:
         """Carry out a cycle's decisions on the copy; returns the victims stopped at once (no grace period)."""
@@ -452,11 +460,8 @@ class _Run:
         if not log or log[-1][1] != kind:
             log.append((t, kind, why[1] if why is not None else None))
 
-    def _log_own(self, p: Pending, t: float) -> None:
-        got = _wait_of(p)
-        if got is None:
-            return
-        log = self.own_log.setdefault(p.workload.id, [])
+    def _log_own(self, wid: str, got: Tuple[Tuple, Wait], t: float) -> None:
+        log = self.own_log.setdefault(wid, [])
         if not log or log[-1][1] != got[0]:
             log.append((t, got[0], got[1]))
 
@@ -595,9 +600,8 @@ def _open_queues(queues: Mapping[str, Tuple[Workload, ...]], blocked: Mapping[Tu
     return out
 
 
-def _wait_of(p: Pending) -> Optional[Tuple[Tuple, Wait]]:
-    """(its kind, the wait) for a cycle's reason; None for a reason that says nothing new (not reached)."""
-    r = p.reason
+def _wait_of(r) -> Optional[Tuple[Tuple, Wait]]:
+    """(its kind, the wait) for a cycle's reason ``r``; None for a reason that says nothing new (not reached)."""
     if isinstance(r, QuotaExceeded):
         room = max(0.0, r.nominal + r.borrowable - r.used)
         return ("quota", r.team, r.resource), QuotaWait(r.team, r.resource, max(0.0, r.needed - room), 0.0)
