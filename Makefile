@@ -19,15 +19,21 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# Test modules run TEST_WORKERS at a time (pytest-xdist; a module's tests stay together on one worker, as its Ray
+# cluster is shared by them): 2 fits a 2-core machine, whose Ray tests spend much of their time waiting on
+# processes. `make test TEST_WORKERS=1` runs them one after another.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 # promtool (from Debian's prometheus package) checks and unit-tests the alerting rules in deploy/prometheus.
 # Chromium (from Debian's chromium package) runs the web console's browser tests.
 test: $(STAMP)
 	bash deploy/prometheus/install_promtool.sh
 	bash deploy/console/install_chromium.sh
-	$(BIN)/python -m pytest -q -ra --durations=10
+	$(BIN)/python -m pytest -q -ra --durations=10 $(XDIST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m "not ray and not slow"
+	$(BIN)/python -m pytest -q -ra -m "not ray and not slow" $(XDIST)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.run_all

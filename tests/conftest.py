@@ -33,6 +33,17 @@ import pytest
 LEFTOVER_GRACE_S = 20.0
 
 
+def _module_weight(item) -> int:
+    return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("ray") else 2
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules that start Ray Train gangs first, then the other Ray modules, then the pure ones (each module's
+    tests in their own order): `make test` hands whole modules to its workers (pytest-xdist, ``--dist loadfile``)
+    in this order, so the longest run while the short ones fill the gaps, and no long module starts last."""
+    items.sort(key=_module_weight)  # stable: modules and tests keep their order within a weight
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     # Lets fixtures see whether the test failed (item.rep_call), to print diagnostics such as Ray job logs.

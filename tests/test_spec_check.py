@@ -588,3 +588,17 @@ def test_spec_check_runs_the_checks_of_the_kinds_launcher(tmp_path, name, change
     assert_clean(result)
     assert result.exit_code == 1 and path in error_lines(result), result.output
     assert why in error_lines(result)[path], result.output
+
+
+def test_a_bound_reads_the_same_whichever_equal_type_python_made_first():
+    # typing caches Annotated types by equality: Annotated[float, Gt(0)] made first is handed back for Gt(0.0)
+    # (seen: the same check read "> 0" in one test process and "> 0.0" in another, by the order tests ran in).
+    import typing
+
+    import annotated_types
+
+    first = loader._describe(typing.Annotated[float, annotated_types.Gt(0), annotated_types.Le(1)])
+    again = loader._describe(typing.Annotated[float, annotated_types.Gt(0.0), annotated_types.Le(1.0)])
+    fresh = loader._describe(typing.Annotated[float, annotated_types.Gt(0.0), annotated_types.Le(1.5)])
+    assert first == again == "a number > 0 <= 1"
+    assert fresh == "a number > 0 <= 1.5"

@@ -416,6 +416,12 @@ _BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"), (a
            (annotated_types.Lt, "lt", "<"))
 
 
+def _bound(v: Any) -> Any:
+    """A bound as written in a phrase: 0.0 and 0 alike as ``0``. (Python's typing cache hands back the first of two
+    equal ``Annotated`` types it made, ``Gt(0)`` for ``Gt(0.0)``: the phrase must not depend on which came first.)"""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def _describe(tp: Any) -> Optional[str]:
     """A human phrase for what a value of type ``tp`` may be, e.g. "an integer >= 1" or "a number >= 0 or null"."""
     if tp is None:
@@ -447,7 +453,7 @@ def _describe(tp: Any) -> Optional[str]:
         for m in meta:
             for cls, attr, sym in _BOUNDS:
                 if isinstance(m, cls):
-                    text += f" {sym} {getattr(m, attr)}"
+                    text += f" {sym} {_bound(getattr(m, attr))}"
             if isinstance(m, annotated_types.MinLen) and m.min_length > 0:
                 unit = "character" if bare is str else "entry"
                 text += f" with at least {m.min_length} {unit}{'s' if m.min_length > 1 else ''}"
