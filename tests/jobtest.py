@@ -21,6 +21,14 @@ JOB_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.
            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
+def job_env(env, **more: str) -> Dict[str, str]:
+    """``JOB_ENV`` for a job of ``env``'s cluster, with its address: Ray Train's placement-group cleaner (an actor of
+    the job) asks Ray's state API about its controller, which finds the cluster by address, and with two clusters on
+    the machine (`make test` runs two modules at once) and no address it fails ("Found multiple active Ray
+    instances") and stops watching."""
+    return {**JOB_ENV, "RAY_ADDRESS": env["cluster"].address, **more}
+
+
 def start_env(tmp, *, policy: Optional[dict] = None, gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]),), gpus: int = 4,
               cpus: int = 4) -> Dict[str, Any]:
     """Cluster, control actor and jobs client; stop with ``stop_env``."""
@@ -77,7 +85,7 @@ def submit_job(env, s: dict, name: str, *, working_dir: Optional[str] = None, en
     from raylane.jobs import with_credential
 
     path = write_spec(env, s, name)
-    runtime_env: Dict[str, Any] = {"env_vars": {**JOB_ENV, **(env_vars or {})}}
+    runtime_env: Dict[str, Any] = {"env_vars": job_env(env, **(env_vars or {}))}
     if working_dir:
         runtime_env["working_dir"] = str(working_dir)
     runtime_env = with_credential(runtime_env, token if token is not None else operator_token(env))
@@ -152,7 +160,7 @@ def print_job_logs_on_failure(request, env) -> None:
     env["jobs"].clear()
 
 
-__all__ = ["JOB_ENV", "start_env", "module_env", "stop_env", "write_spec", "submit_job", "operator_token",
+__all__ = ["JOB_ENV", "job_env", "start_env", "module_env", "stop_env", "write_spec", "submit_job", "operator_token",
            "record_of_job", "finished", "mlflow_run", "metric_history", "print_job_logs_on_failure", "local_policy",
            "wait_for"]
 

@@ -123,6 +123,51 @@ def test_admission_is_ready_only_once_the_reservation_is_placed(make):
     assert not h.cs.awaits_admission(wid)
 
 
+@pytest.mark.parametrize("examined, admitted_at_once", [(2, False), (3, True)])
+def test_a_cycle_between_full_ticks_looks_at_the_head_of_the_queue_only(make, monkeypatch, examined,
+                                                                        admitted_at_once):
+    # A release runs a cycle at once; past CHANGE_EXAMINED workloads, what it freed waits for the next full tick.
+    from raylane.control import state as control_state
+
+    monkeypatch.setattr(control_state, "CHANGE_EXAMINED", examined)
+    policy = local_policy()
+    policy["teams"] = {"team-a": {"quotas": {"gpu": {"nominal": 4}}}}
+    h = make(policy)
+    held = [submit(h, f"{f}{i}", "team-a", "pretrain", features=[f]) for f in ("nvlink", "ssd") for i in range(2)]
+    h.tick()
+    heads = [submit(h, f"x{i}", "team-a", "pretrain", features=["nvlink"]) for i in range(2)]  # gpu-a only
+    deep = submit(h, "y", "team-a", "pretrain")  # fits on gpu-b, third in the queue
+    h.tick()
+    before = h.record(deep).reason
+    assert before and h.record(deep).state is State.PENDING
+    h.call("release", workload_id=held[2], outcome="finished", state="SUCCEEDED")  # one GPU free on gpu-b
+    h.tick(full=False)
+    assert h.record(deep).state is (State.ADMITTED if admitted_at_once else State.PENDING)
+    assert all(h.record(x).state is State.PENDING for x in heads)
+    if not admitted_at_once:
+        assert h.record(deep).reason == before  # not looked at: it keeps the reason shown
+        h.tick()
+        assert h.record(deep).state is State.ADMITTED and h.record(deep).placement == (B,)
+
+
+def test_readiness_reads_rays_table_of_groups_only_for_a_reservation_made_before_a_restart(make):
+    # Drivers ask for their admission again and again while it is placed; the table lists every group in Ray.
+    h = make(placing="later")
+    reads = []
+    table = h.host.placement_groups
+    h.host.placement_groups = lambda: reads.append(1) or table()
+    wid = submit(h, "asked", "team-a", "pretrain")
+    h.tick()
+    h.host.pgs[f"raylane-{wid}"] = "CREATED"  # placed in Ray, not reported to the control plane yet
+    assert h.call("wait_admission", workload_id=wid, timeout_s=0.0)["ready"] is False
+    assert h.cs.awaits_admission(wid) and reads == []
+    h.place(f"raylane-{wid}")
+    assert h.call("wait_admission", workload_id=wid)["ready"] is True and reads == []
+    h.restart()  # made before the restart: only Ray's table tells
+    h.host.placement_groups = lambda: reads.append(1) or table()
+    assert h.call("wait_admission", workload_id=wid)["ready"] is True and reads
+
+
 def test_a_reservation_that_cannot_be_placed_is_rolled_back_to_the_queue(make):
     h = make(placing="fail")
     wid = submit(h, "unlucky", "team-a", "pretrain")
@@ -716,6 +761,24 @@ def test_a_restart_keeps_the_queue_and_the_leases_whose_groups_exist(make):
     h.call("cancel", workload_id=kept)
     h.tick()
     assert h.record(waiting).state is State.ADMITTED
+
+
+def test_a_restart_removes_the_groups_whose_removal_was_journaled_but_not_carried_out(make):
+    # The actor removes groups on threads of its own after the commit: it may go down in between.
+    h = make()
+    done, handed, kept = (submit(h, f"g{i}", "team-a", "pretrain") for i in range(3))
+    h.tick()
+    h.call("release", workload_id=done, outcome="finished", state="SUCCEEDED")
+    run(h, handed)
+    left = {f"raylane-{done}", f"raylane-{handed}"}
+    for name in left:
+        h.host.pgs[name] = "CREATED"  # the removals the effects asked for never reached Ray
+    h.host.pgs["raylane-someone-else"] = "CREATED"  # not a reservation of this control plane
+    h.take()
+    h.restart()
+    assert set(h.take(fx.RemoveReservation)) == {fx.RemoveReservation(n) for n in left}
+    assert h.host.pgs == {f"raylane-{kept}": "CREATED", "raylane-someone-else": "CREATED"}
+    assert h.record(kept).state is State.ADMITTED and h.call("wait_admission", workload_id=kept)["ready"] is True
 
 
 def test_a_restart_keeps_a_started_gang_that_has_no_job_id(make):

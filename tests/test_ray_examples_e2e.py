@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
-from tests.jobtest import (JOB_ENV, finished, metric_history, mlflow_run, module_env,  # noqa: E402
+from tests.jobtest import (finished, job_env, metric_history, mlflow_run, module_env,  # noqa: E402
                            operator_token, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
@@ -47,7 +47,7 @@ def cli_submit(env, s: dict, name: str, *, working_dir=None, wait: bool = False)
     operator's job credential as a ``py_modules`` entry. ``wait``: the CLI follows the job to its end; returns the
     finished process. Otherwise returns the submission id."""
     path = write_spec(env, s, name)
-    runtime_env = {"env_vars": dict(JOB_ENV)}
+    runtime_env = {"env_vars": job_env(env)}
     if working_dir:
         runtime_env["working_dir"] = str(working_dir)
     runtime_env = with_credential(runtime_env, operator_token(env))

@@ -18,7 +18,7 @@ from raylane.control.client import State  # noqa: E402
 from raylane.errors import (AuthenticationError, NotFoundError, PermissionDeniedError,  # noqa: E402
                             ValidationError)
 from raylane.jobs import submit_job as submit_ray_job, with_credential  # noqa: E402
-from tests.jobtest import JOB_ENV, finished, module_env, record_of_job  # noqa: E402
+from tests.jobtest import finished, job_env, module_env, record_of_job  # noqa: E402
 from tests.raytest import REPO, spec, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -200,7 +200,7 @@ def _submit(env, client, *, token, name, steps=20):
     s["gang"] = {"workers": 1, "resources": {"gpu": 1, "cpu": 1}}
     path = env["tmp"] / f"{name}.json"
     path.write_text(json.dumps(s))
-    runtime_env = with_credential({"env_vars": dict(JOB_ENV), "working_dir": str(DIGITS)}, token)
+    runtime_env = with_credential({"env_vars": job_env(env), "working_dir": str(DIGITS)}, token)
     job = submit_ray_job(env["client"], entrypoint=f"{sys.executable} -m raylane.run --spec-json "
                                                    f"{shlex.quote(json.dumps(s))} --storage-path {env['storage']} "
                                                    f"--tracking-uri {env['uri']}",

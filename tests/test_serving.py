@@ -53,6 +53,7 @@ def env(tmp_path_factory):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     client = JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
     yield {"ctl": ctl, "client": client, "tmp": tmp, "port": port, "checkpoint": hooks.latest_checkpoint(),
+           "address": cluster.address,
            "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs")}
     for job in client.list_jobs():
         if job.submission_id and not job.status.is_terminal():
@@ -90,7 +91,8 @@ def submit_job(env, s, name):
     return env["client"].submit_job(
         entrypoint=f"{sys.executable} -m raylane.run {path} --storage-path {env['storage']} "
                    f"--tracking-uri {env['uri']}",
-        runtime_env=with_credential({"env_vars": ENV}, env["ctl"].credential.token))
+        runtime_env=with_credential({"env_vars": {**ENV, "RAY_ADDRESS": env["address"]}},
+                                    env["ctl"].credential.token))
 
 
 def record_of_job(env, job_id):

@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
-from tests.jobtest import (finished, metric_history, module_env, operator_token, record_of_job,  # noqa: E402
-                           reference_losses, submit_job, write_spec)
+from tests.jobtest import (finished, job_env, metric_history, module_env, operator_token,  # noqa: E402
+                           record_of_job, reference_losses, submit_job, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -43,8 +43,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     a_spec = spec("pre-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
                   config=dict(TRAIN, max_steps=400, fault={"hold_at_step": 150}))
     # Submitted with the plain `ray job submit` command line; its credential travels as a py_modules entry.
-    runtime_env = with_credential({"env_vars": {"RAY_AUTH_MODE": "disabled",
-                                                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}}, operator_token(env))
+    runtime_env = with_credential({"env_vars": job_env(env)}, operator_token(env))
     out = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit", "--address", env["dash"],
          "--no-wait", "--runtime-env-json", json.dumps(runtime_env), "--",

@@ -15,9 +15,13 @@ Phases, in order (each client is a thread of this driver with a ``ControlClient`
 3. churn: the queue topped up to ``--backlog`` pending workloads, then for ``--churn-s`` seconds ``--clients``
    releasers take the live workloads in the order the control plane admits them (submit time: one team, one class),
    wait for each one's reservation to be placed (``wait_admission``) and release it, so that GPUs free and the control
-   plane admits from the backlog. Printed: admissions/s (the fall of ``info()["pending"]`` over the window, nothing
-   being submitted meanwhile) and reservations placed and released per second; then, once settled, the placement
-   groups Ray holds in state CREATED against the leases the control plane reports (they must be equal);
+   plane admits from the backlog. The releasers are drivers: each a Ray actor, a process of its own at the drivers'
+   CPU priority (``--releasers processes``, ``--drivers`` at once in each), not threads of this process (``--releasers
+   threads``, the measurement before: their calls shared one interpreter with the monitor). Each waits for an answer
+   before its next call, so the rate is at most the releasers at once over two round trips. Printed: admissions/s
+   (the fall of ``info()["pending"]`` over the window, nothing being submitted meanwhile) and reservations placed and
+   released per second; then, once settled, the placement groups Ray holds in state CREATED against the leases the
+   control plane reports (they must be equal);
 4. a burst of ``--burst`` submissions from ``--clients`` clients: the rate over the burst and over its first and last
    10% (how it falls as the queue grows), and the count: every id answered is in ``queue()``, ``queue()`` holds
    exactly the live workloads, ``info()`` counts as many, and no call failed;
@@ -27,7 +31,8 @@ Phases, in order (each client is a thread of this driver with a ``ControlClient`
    and joining Ray included). Then the placement groups against the leases once more.
 
 Phases 3 and 4 also print the CPU time the actor's process used (``time.process_time`` in the actor), so that its
-own work shows apart from waiting for a CPU on a busy machine. Through them a monitor calls ``info`` every 50 ms and
+own work shows apart from waiting for a CPU on a busy machine (phase 3 also this process's, the releasers' when they
+are threads). Through them a monitor calls ``info`` every 50 ms and
 records each answer's latency: the longest is the actor's longest stall (it includes this driver's own delay, which
 on a busy machine is not nothing); its pending counts also tell when a churn's backlog ran dry, and admissions/s is
 taken up to then. Printed beside the figures: the issue's goals and the baseline measured before the work on it, on
@@ -36,7 +41,7 @@ the same shape of cluster (a reference table, not measured here), with ratios. T
 issue's sizes:
 
     python -m tests.bench.bench_live [--nodes 9 --gpus 8] [--single N] [--multi N] [--clients 8]
-        [--backlog 3000] [--churn-s S] [--burst 10000] [--profile]
+        [--backlog 3000] [--churn-s S] [--releasers processes|threads] [--drivers 1] [--burst 10000] [--profile]
 
 ``--profile``: cProfile runs inside the control actor (on its event loop's thread) through phases 3 and 4, and its
 top functions by own time are printed (the profiler slows the actor: that run's figures are low). The cluster, the
@@ -233,46 +238,123 @@ class Churned:
         return len(self.released) / max(self.seconds, 1e-9)
 
 
-def churn(clients, order: List[str], window_s: float, info: Callable[[], dict]) -> Churned:
-    """Release, for ``window_s`` seconds, each workload of ``order`` once its reservation is placed, taking them in
-    that order (the control plane's admission order), one releaser per client."""
+def release_each(ctl, take: Callable[[], Optional[str]], stop_at: float, released: Callable[[str], None],
+                 failed: Callable[[str], None]) -> None:
+    """One releaser, as a driver does it: each workload that ``take`` hands out is waited for (``wait_admission``)
+    until its reservation is placed, then released (FINISHED, SUCCEEDED); until ``stop_at`` (``time.time()``)."""
     from raylane.control.client import EndState, Outcome
 
+    while time.time() < stop_at and (wid := take()) is not None:
+        while (left := stop_at - time.time()) > 0:
+            try:
+                view = ctl.wait_admission(wid, timeout_s=min(2.0, max(0.1, left)))
+                if view.ready:
+                    ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, detail="bench_live churn")
+                    released(wid)
+                    break
+                if view.terminal:
+                    break
+            except Exception as exc:  # noqa: BLE001 - counted and shown
+                failed(f"{wid}: {type(exc).__name__}: {exc}"[:300])
+                break
+
+
+def _releaser_actor():
+    """The Ray actor class of ``churn``'s releasers in processes of their own, as drivers are: ``num_cpus=0``, at
+    the drivers' CPU priority (Ray starts its workers at nice 15), this module travelling to them by value (it is
+    not importable on a Ray worker)."""
+    import ray
+    import ray.cloudpickle
+
+    if __name__ != "__main__":
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    @ray.remote(num_cpus=0, max_restarts=0, runtime_env={"env_vars": {"RAY_worker_niceness": "0"}})
+    class Releaser:
+        def __init__(self, ctl):
+            self.ctl = ctl
+            self.ctl.info()  # joined: the control actor found and called once before the window opens
+
+        def run(self, ids: List[str], stop_at: float, drivers: int) -> Tuple[List[str], List[str], float]:
+            """``drivers`` releasers at once (threads), each taking the next of ``ids``."""
+            lock = threading.Lock()
+            it = iter(ids)
+            released: List[str] = []
+            errors: List[str] = []
+
+            def take() -> Optional[str]:
+                with lock:
+                    return next(it, None)
+
+            threads = [threading.Thread(target=release_each, args=(self.ctl, take, stop_at, released.append,
+                                                                   errors.append), daemon=True)
+                       for _ in range(drivers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=max(0.0, stop_at - time.time()) + 90)
+            return released, errors, time.time()
+
+    return Releaser
+
+
+def churn(clients, order: List[str], window_s: float, info: Callable[[], dict], processes: bool = True,
+          drivers: int = 1) -> Churned:
+    """Release, for ``window_s`` seconds, each workload of ``order`` once its reservation is placed, taking them in
+    that order (the control plane's admission order). ``processes``: one Ray actor per client, actor *k* taking
+    ``order[k::n]`` with ``drivers`` releasers (threads) at once, as drivers are processes of their own and each
+    running workload has one; else one releaser per client, a thread of this process, all taking the next from one
+    shared cursor (their calls then share this process's one interpreter lock with the monitor, and the bench's own
+    client can be what limits the rate). A releaser waits for each answer before its next call, so the rate is at
+    most the releasers at once over two calls' round trip: with few of them it measures the calls' latency, not the
+    control plane's throughput."""
+    import ray
+
     lock = threading.Lock()
-    nxt = [0]
     released: List[str] = []
     errors: List[str] = []
+    ends: List[float] = []
+    if processes:
+        Releaser = _releaser_actor()
+        actors = [Releaser.remote(c) for c in clients]
+        ray.get([a.__ray_ready__.remote() for a in actors], timeout=120)
     pending_before = info()["pending"]
     t0 = time.perf_counter()
-    stop_at = t0 + window_s
-    ends: List[float] = []
+    stop_at = time.time() + window_s
+    if processes:
+        try:
+            out = ray.get([a.run.remote(order[k::len(actors)], stop_at, drivers) for k, a in enumerate(actors)],
+                          timeout=window_s + 120)
+        finally:
+            for a in actors:
+                ray.kill(a)
+        for done, failed, _ in out:
+            released += done
+            errors += failed
+        # Each releaser's end, on this process's clock (perf_counter and time.time() differ by a constant here).
+        ends = [t - time.time() + time.perf_counter() for _, _, t in out]
+    else:
+        nxt = [0]
 
-    def work(ctl) -> None:
-        while time.perf_counter() < stop_at:
+        def take() -> Optional[str]:
             with lock:
                 if nxt[0] >= len(order):
-                    break
-                wid = order[nxt[0]]
+                    return None
                 nxt[0] += 1
-            while (left := stop_at - time.perf_counter()) > 0:
-                try:
-                    view = ctl.wait_admission(wid, timeout_s=min(2.0, max(0.1, left)))
-                    if view.ready:
-                        ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, detail="bench_live churn")
-                        with lock:
-                            released.append(wid)
-                        break
-                    if view.terminal:
-                        break
-                except Exception as exc:  # noqa: BLE001 - counted and shown
-                    with lock:
-                        errors.append(f"{wid}: {type(exc).__name__}: {exc}"[:300])
-                    break
-        with lock:
-            ends.append(time.perf_counter())
+                return order[nxt[0] - 1]
 
-    _run_threads([lambda c=c: work(c) for c in clients], window_s + 120, "releasers")
+        def work(ctl) -> None:
+            release_each(ctl, take, stop_at, lambda w: _locked(lock, released.append, w),
+                         lambda e: _locked(lock, errors.append, e))
+            _locked(lock, ends.append, time.perf_counter())
+
+        _run_threads([lambda c=c: work(c) for c in clients], window_s + 120, "releasers")
     return Churned(t0, max(ends) if ends else time.perf_counter(), pending_before, info()["pending"], released, errors)
+
+
+def _locked(lock: threading.Lock, fn: Callable, *args) -> None:
+    with lock:
+        fn(*args)
 
 
 def placement_groups_vs_leases(ctl, timeout_s: float = 60.0) -> Tuple[int, int, int, bool]:
@@ -463,9 +545,10 @@ def phase_churn(args, clients, ctl, mon: Monitor, live: Dict[str, float]) -> Chu
     if top_up:
         _submitted(f"3. backlog topped up with {top_up}", submit_many(clients, top_up, "backlog-", args.phase_timeout),
                    live)
-    cpu0 = actor_cpu_s(ctl.handle)
-    ch = churn(clients, sorted(live, key=lambda w: (live[w], w)), args.churn_s, ctl.info)
-    cpu1 = actor_cpu_s(ctl.handle)
+    cpu0, own0 = actor_cpu_s(ctl.handle), time.process_time()
+    ch = churn(clients, sorted(live, key=lambda w: (live[w], w)), args.churn_s, ctl.info,
+               processes=args.releasers == "processes", drivers=args.drivers)
+    cpu1, own1 = actor_cpu_s(ctl.handle), time.process_time()
     ch.admitting_s = mon.drained_at(ch.t0, ch.t1, ch.pending_after) - ch.t0
     for wid in ch.released:
         live.pop(wid, None)
@@ -473,7 +556,9 @@ def phase_churn(args, clients, ctl, mon: Monitor, live: Dict[str, float]) -> Chu
          f"{ch.admissions_rate:,.1f} admissions/s (over {ch.admitting_s:.1f} s, until the pending count reached "
          f"{ch.pending_after}); {len(ch.released)} reservations placed and released, {ch.release_rate:,.1f} /s; "
          f"errors {len(ch.errors)}" + (f" (first: {ch.errors[0]})" if ch.errors else ""))
-    _say(f"   {_cpu_line(cpu0, cpu1, ch.seconds)}")
+    _say(f"   {_cpu_line(cpu0, cpu1, ch.seconds)}; this bench's process (releasers: {args.releasers}"
+         + (f", {args.drivers} per process" if args.releasers == "processes" else "") + "; the "
+         f"monitor) used {own1 - own0:.1f} s ({(own1 - own0) / max(ch.seconds, 1e-9):.0%} of one CPU)")
     _say(f"   stalls during the churn: {mon.line(ch.t0, ch.t1)}")
     return ch
 
@@ -606,6 +691,12 @@ def main(argv=None) -> None:
                     help="pending workloads when the churn starts (issue: thousands; the baseline's 2,900); "
                          "default 2000")
     ap.add_argument("--churn-s", type=float, default=30.0, help="the churn's window in seconds; default 30")
+    ap.add_argument("--releasers", choices=("processes", "threads"), default="processes",
+                    help="the churn's releasers: Ray actors of their own, as drivers are (default), or threads of "
+                         "this process, which then limit the rate themselves on a small machine")
+    ap.add_argument("--drivers", type=int, default=1,
+                    help="with --releasers processes: releasers at once in each process (each running workload has "
+                         "a driver of its own); default 1 (8 in all with 8 clients, as the issue's measurement)")
     ap.add_argument("--burst", type=int, default=3000, help="burst of submissions (issue: 10,000); default 3000")
     ap.add_argument("--tick-s", type=float, default=1.0, help="the actor's slow tick (`raylane up`: 1 s)")
     ap.add_argument("--no-auth", action="store_true", help="run the control plane without authentication")
@@ -614,7 +705,7 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the control actor through the churn and the burst, print its top functions")
     args = ap.parse_args(argv)
-    for name in ("nodes", "gpus", "clients", "single", "multi", "burst"):
+    for name in ("nodes", "gpus", "clients", "single", "multi", "burst", "drivers"):
         if getattr(args, name) < 1:
             ap.error(f"--{name}: got {getattr(args, name)}; allowed: at least 1")
     if args.backlog < 0 or args.churn_s <= 0 or args.tick_s <= 0 or args.phase_timeout <= 0:

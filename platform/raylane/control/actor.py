@@ -11,7 +11,8 @@ The logic (queue, leases, quotas, the journal, checkpoint pins, pipelines, nodes
 - reads Ray for it (``RayHost``: the node table, drain notices, the job table, placement groups);
 - carries out its effects (``raylane.control.effects``) after committing the journal entries that decided them:
   placement groups reserved (and reported placed or failed) and removed, gangs killed, jobs stopped, MLflow runs
-  closed, health probes run, drivers waiting for their admission woken.
+  closed, health probes run, drivers waiting for their admission woken. Ray's placement-group calls are synchronous
+  round trips to the GCS, so they run on threads of their own (``PlacementGroups``), never on the loop.
 
 Restarted (it is created with ``max_restarts=-1``), it replays the journal: a lease whose reservation is gone goes
 back to the queue at its original submit time.
@@ -19,8 +20,10 @@ back to the queue at its original submit time.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
+import zlib
 from typing import Any, Dict, List, Optional
 
 import ray
@@ -38,6 +41,8 @@ CONTROL_NAME = "raylane-control"
 NAMESPACE = "raylane"
 # Between full ticks, cycles run on changes no closer together than this (ControlActor._loop).
 CYCLE_SPACING_S = 0.02
+# Threads that make and remove placement groups (PlacementGroups): each call is a synchronous round trip to the GCS.
+PG_THREADS = 2
 
 
 class RayHost(Host):
@@ -77,6 +82,55 @@ class RayHost(Host):
                 if v.get("state") != "REMOVED" and v.get("name")}
 
 
+class PlacementGroups:
+    """Ray's placement-group calls, made off the actor's event loop.
+
+    ``placement_group()`` and ``remove_placement_group()`` are synchronous round trips to the GCS (about 1.4 ms each
+    on 2 busy cores, more under load), during which a loop that made them would answer nothing and run no cycle.
+    They run here on ``threads`` threads of their own (Ray releases the GIL while it waits for the GCS). All the
+    calls for one group name run on one thread, in the order they were asked for: a group is made before it is
+    removed, and removed before a group of the same name (a resized lease's) is made again. The handles made are
+    kept by name for the removal; each name is only ever touched from its own thread."""
+
+    def __init__(self, threads: int = PG_THREADS):
+        self._threads = [concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raylane-pg-{i}")
+                         for i in range(threads)]
+        self._handles: Dict[str, Any] = {}  # group name -> the handle made here (Ray looks others up by name)
+
+    def _thread(self, name: str) -> concurrent.futures.ThreadPoolExecutor:
+        return self._threads[zlib.crc32(name.encode()) % len(self._threads)]
+
+    def make(self, e: fx.Reserve) -> "concurrent.futures.Future":
+        """Create ``e``'s detached group, one bundle per worker pinned to its node: a future of its handle, or of
+        the error that stopped it."""
+        def make_it():
+            pg = placement_group([e.bundle] * len(e.placement), strategy=e.strategy, name=e.pg_name,
+                                 lifetime="detached",
+                                 bundle_label_selector=[{"ray.io/node-id": nid} for nid in e.placement])
+            self._handles[e.pg_name] = pg
+            return pg
+
+        return self._thread(e.pg_name).submit(make_it)
+
+    def remove(self, name: str, made: Any = None) -> "concurrent.futures.Future":
+        """Remove the group ``name`` (gone already: nothing to do); with ``made``, only that handle (a failed
+        reservation's, which a newer group of the same name must outlive)."""
+        def remove_it():
+            pg = self._handles.get(name)
+            if made is not None:
+                if pg is made:
+                    del self._handles[name]
+                pg = made
+            else:
+                self._handles.pop(name, None)
+            try:
+                remove_placement_group(pg if pg is not None else ray.util.get_placement_group(name))
+            except Exception:  # noqa: BLE001 - already removed, or never made
+                pass
+
+        return self._thread(name).submit(remove_it)
+
+
 class ControlActor:
     """The Ray actor class: ``request`` and ``ping`` are all Ray exposes (Ray makes every method of an actor class
     callable through its handle, so the shell's own methods live in ``ControlShell``)."""
@@ -111,7 +165,7 @@ class ControlShell:
         self._wake: Optional[asyncio.Event] = None
         self._admitted: Dict[str, asyncio.Event] = {}
         self._loop_task: Optional[asyncio.Task] = None
-        self._pgs: Dict[str, Any] = {}  # placement group name -> the handle this actor made (RemoveReservation)
+        self.pgs = PlacementGroups()
         self._carry_out()  # what recovery and the bootstrap decided
 
     # ------------------------------------------------------------------------------------------- requests
@@ -178,13 +232,9 @@ class ControlShell:
 
     def _do(self, e: fx.Effect) -> None:
         if isinstance(e, fx.Reserve):
-            self._reserve(e)
+            self._spawn(self._confirm(e, self.pgs.make(e)))
         elif isinstance(e, fx.RemoveReservation):
-            pg = self._pgs.pop(e.pg_name, None)  # the handle _reserve made; looked up by name after a restart
-            try:
-                remove_placement_group(pg if pg is not None else ray.util.get_placement_group(e.pg_name))
-            except Exception:  # noqa: BLE001 - already removed
-                pass
+            self.pgs.remove(e.pg_name)
         elif isinstance(e, fx.KillWorkers):
             for h in e.handles:
                 try:
@@ -210,25 +260,19 @@ class ControlShell:
     def _spawn(self, coro) -> None:
         asyncio.get_event_loop().create_task(coro)
 
-    def _reserve(self, e: fx.Reserve) -> None:
+    async def _confirm(self, e: fx.Reserve, made: "concurrent.futures.Future") -> None:
+        """Wait for ``e``'s group to be made (``PlacementGroups``), then placed; report it placed, or failed (and
+        removed) when it could not be made or was not placed within the admission timeout."""
         try:
-            pg = placement_group([e.bundle] * len(e.placement), strategy=e.strategy, name=e.pg_name,
-                                 lifetime="detached",
-                                 bundle_label_selector=[{"ray.io/node-id": nid} for nid in e.placement])
+            pg = await asyncio.wrap_future(made)
         except Exception as exc:  # noqa: BLE001 - any failure to reserve is rolled back the same way
             self.cs.reservation_failed(e.workload_id, e.pg_name, f"placement group could not be created: {exc}")
             self._carry_out()
             return
-        self._pgs[e.pg_name] = pg
-        self._spawn(self._confirm(e, pg))
-
-    async def _confirm(self, e: fx.Reserve, pg) -> None:
         try:
             await asyncio.wait_for(pg.ready(), timeout=self.admit_timeout_s)
         except Exception as exc:  # noqa: BLE001
-            if self._pgs.get(e.pg_name) is pg:
-                del self._pgs[e.pg_name]
-            remove_placement_group(pg)
+            self.pgs.remove(e.pg_name, made=pg)
             self.cs.reservation_failed(e.workload_id, e.pg_name,
                                        f"reservation not ready in {self.admit_timeout_s:g}s ({type(exc).__name__})")
         else:

@@ -48,6 +48,7 @@ from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, mon
 from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
 from raylane.ids import new_id
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle, lifecycle
+from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.types import Resize, Resources
@@ -67,6 +68,11 @@ JOB_WATCH_S = 5.0
 COST_EXPORT_TICKS = 15
 # A tick that takes longer is logged with the time each of its parts took (ControlState.tick).
 SLOW_TICK_S = 0.25
+# Pending workloads a cycle between full ticks looks at, at most (a full tick: the core's MAX_EXAMINED). Such a cycle
+# runs on a change, a release or a submission, often one per release: what a change lets in is at the head of the
+# queue, while a cycle's cost grows with what it examines (with a full cluster, every workload past the admitted ones
+# is tried and fails). What lies further waits for the next full tick, which also refreshes every reason shown.
+CHANGE_EXAMINED = 64
 # Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, and
 # only while at most ETA_MAX_PENDING workloads are pending: a forecast runs about one scheduling cycle per workload
 # it sees start (a few ms each), in the actor's loop (docs/eta.md).
@@ -171,6 +177,9 @@ class ControlState(PipelineCalls):
         # Workloads whose current admission's reservation the actor saw placed (``reservation_ready``), so that
         # readiness needs no call to Ray; cleared by each new admission.
         self._confirmed: set = set()
+        # Workloads with a reservation asked for in this run and not yet reported placed or failed: the actor reports
+        # it (``reservation_ready``), so readiness does not read Ray's table of every group meanwhile (``_ready``).
+        self._reserving: set = set()
         self._workers: Dict[str, list] = {}
         # Gangs handed over to Ray Train and not heard from since (no stop poll or checkpoint yet): wid -> the time
         # of the hand-over. A resize waits until the gang is heard, so that it can yield (``_resize``).
@@ -281,6 +290,13 @@ class ControlState(PipelineCalls):
                                  note="reservation lost while the control plane was down; back in the queue")
                     self.state.dequeue(rec.id)
                     self.state.enqueue(self._core(rec))
+        # A reservation whose removal was journaled but not carried out before the control plane went down (the
+        # actor removes groups on threads of its own, after the commit): only an admission not yet handed over holds
+        # one, so the group of a workload in any other state is removed now.
+        for name in existing:
+            rec = self.records.get(name[len("raylane-"):]) if name.startswith("raylane-") else None
+            if rec is not None and rec.state is not State.ADMITTED:
+                self._emit(fx.RemoveReservation(name))
 
     def _core(self, rec: Record):
         spec = load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=self.policy)
@@ -406,11 +422,12 @@ class ControlState(PipelineCalls):
             self._enforce_deadlines(now)
         lap("waiting, pipelines, deadlines")
         self.state.decay(now)
-        snap = self.state.snapshot()
+        examined = MAX_EXAMINED if full else CHANGE_EXAMINED
+        snap = self.state.snapshot(limit=examined)  # the heads of the queues: a cycle decides exactly as on them all
         lap("snapshot")
         t0 = perf_counter()
         with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)
-            result = cycle(snap, now)
+            result = cycle(snap, now, max_examined=examined)
         metrics.CYCLE_SECONDS.observe(perf_counter() - t0)
         lap("cycle")
         self.cycles += 1
@@ -425,7 +442,7 @@ class ControlState(PipelineCalls):
             self._lost_capacity.discard(a.workload.id)
         lap("decisions")
         in_service = None
-        shown, self._reason_of = self._reason_of, {p.workload.id: p.reason for p in result.pending}
+        shown = self._reason_of
         for p in result.pending:
             rec = self.records[p.workload.id]
             rec.position = p.position
@@ -442,6 +459,15 @@ class ControlState(PipelineCalls):
                                   f"could never hold it: {why.detail}; it "
                                   f"waits for nodes to join or return to service")
                     rec.reason_data = {"type": "CapacityLost", "detail": str(why)}
+        # The reasons shown now: a full tick's cycle gives every examined workload's; a shorter one's, those of the
+        # heads it looked at (the others keep theirs until the next full tick).
+        reasons = {p.workload.id: p.reason for p in result.pending}
+        if full:
+            self._reason_of = reasons
+        else:
+            shown.update(reasons)
+            for a in result.admitted:
+                shown.pop(a.workload.id, None)
         lap("reasons")
         if full:
             self._export_gauges()
@@ -553,6 +579,7 @@ class ControlState(PipelineCalls):
         """Hold the lease's capacity in Ray: a detached placement group, one bundle per worker pinned to its node,
         until the driver hands it over to Ray Train (``running``); rolled back if it cannot be placed
         (``reservation_failed``)."""
+        self._reserving.add(rec.id)
         self._emit(fx.Reserve(rec.id, rec.pg_name, bundle_for(w.gang.per_worker),
                               RAY_STRATEGY.get(w.gang.strategy, "PACK"), tuple(placement)))
 
@@ -561,6 +588,7 @@ class ControlState(PipelineCalls):
         rec = self.records.get(wid)
         if rec is None or rec.pg_name != pg_name:
             return
+        self._reserving.discard(wid)
         self._confirmed.add(wid)
         self._emit(fx.Wake(wid))
 
@@ -568,6 +596,7 @@ class ControlState(PipelineCalls):
         """Event: the reservation ``pg_name`` could not be made or placed (the actor removed what it made)."""
         rec = self.records.get(wid)
         if rec is not None and rec.pg_name == pg_name:
+            self._reserving.discard(wid)
             self._rollback(rec, why)
 
     def _rollback(self, rec: Record, why: str) -> None:
@@ -1045,13 +1074,16 @@ class ControlState(PipelineCalls):
         """Whether the workload's reservation is placed, not only decided. A lease freed by a forced stop is admitted
         to the preemptor at once, while the stopped gang's own placement group holds the GPUs until Ray Train tears
         it down; a driver that started then would hand over (remove) a reservation never placed, and the admission
-        would be rolled back under its running gang."""
+        would be rolled back under its running gang. Ray's table of groups (every group, a round trip) is read only
+        for a reservation made before a restart: one asked for in this run is reported (``reservation_ready``), and
+        its drivers ask again and again while they wait."""
         if rec.pg_name is None:
             return False
         if rec.state is State.RUNNING:
             return True
-        return rec.state is State.ADMITTED and (
-            rec.id in self._confirmed or self.host.placement_groups().get(rec.pg_name) == "CREATED")
+        if rec.state is not State.ADMITTED or rec.id in self._reserving:
+            return False
+        return rec.id in self._confirmed or self.host.placement_groups().get(rec.pg_name) == "CREATED"
 
     def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
         """The workload a Ray job registered, if any."""
