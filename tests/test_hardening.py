@@ -95,6 +95,8 @@ def test_up_starts_every_node_with_the_token_file_a_loopback_dashboard_and_umask
         assert not any(token in part for part in [*cmd, *env.values()]), "the token itself travels only as a file"
     head = started[0][0]
     assert "--head" in head and "--dashboard-host=127.0.0.1" in head
+    # Every node's agent on a port of its own, picked when it starts (none at Ray's default 52365).
+    assert all("--dashboard-agent-listen-port=0" in cmd for cmd, _, _ in started)
 
     localcluster.up(load_cluster(None))  # a cluster is recorded (still running): it keeps its token
     assert token_file.read_text() == token

@@ -46,6 +46,11 @@ from raylane.errors import RetryableError
 STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"
 TOKEN_FILE = STATE_FILE.parent / "ray_auth_token"  # Ray's cluster token of the cluster `up` started
 HEAD_PORT = 6390
+# Each node's dashboard agent serves Ray's jobs API on a port the system picks. At Ray's fixed default (52365) only
+# the first agent of the machine binds it: the nodes of one machine shared it, and another Ray session holding it
+# (a second cluster, a test's) left this cluster with no agent at all ("No available agent to submit job"; Ray 2.60
+# keeps such an agent alive with its HTTP service off).
+AGENT_PORT = "--dashboard-agent-listen-port=0"
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
 GiB = 1024 ** 3
@@ -165,7 +170,8 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
     ray = _ray_bin()
     head = [ray, "start", "--head", f"--port={port}", f"--num-cpus={cluster.head.cpus}",
             f"--num-gpus={cluster.head.gpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}", "--disable-usage-stats"]
+            f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}", "--disable-usage-stats",
+            AGENT_PORT]
     if cluster.head.memory:
         head.append(f"--memory={int(cluster.head.memory * GiB)}")
     _run(head, env, umask=NODE_UMASK)
@@ -181,7 +187,7 @@ def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DAS
             temp_dirs.append(node_tmp)
             _run([ray, "start", f"--address={address}", f"--num-cpus={g.cpus}", f"--num-gpus={g.gpus}",
                   f"--memory={int(g.memory * GiB)}", f"--labels={json.dumps(node_labels(g))}",
-                  f"--temp-dir={node_tmp}", "--disable-usage-stats"], env, umask=NODE_UMASK)
+                  f"--temp-dir={node_tmp}", "--disable-usage-stats", AGENT_PORT], env, umask=NODE_UMASK)
     state = {"address": address, "dashboard": f"http://127.0.0.1:{dashboard_port}", "cluster": cluster.name,
              "started": time.time(), "marker": env[MARKER], "temp_dirs": temp_dirs,
              "auth_token_path": str(token_path) if token_path else None}
