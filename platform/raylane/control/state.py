@@ -73,6 +73,8 @@ SLOW_TICK_S = 0.25
 # queue, while a cycle's cost grows with what it examines (with a full cluster, every workload past the admitted ones
 # is tried and fails). What lies further waits for the next full tick, which also refreshes every reason shown.
 CHANGE_EXAMINED = 64
+# A workload's reservation (Ray placement group) is named after it: PG_PREFIX + its id.
+PG_PREFIX = "raylane-"
 # Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, and
 # only while at most ETA_MAX_PENDING workloads are pending: a forecast runs about one scheduling cycle per workload
 # it sees start (a few ms each), in the actor's loop (docs/eta.md).
@@ -294,7 +296,7 @@ class ControlState(PipelineCalls):
         # actor removes groups on threads of its own, after the commit): only an admission not yet handed over holds
         # one, so the group of a workload in any other state is removed now.
         for name in existing:
-            rec = self.records.get(name[len("raylane-"):]) if name.startswith("raylane-") else None
+            rec = self.records.get(name[len(PG_PREFIX):]) if name.startswith(PG_PREFIX) else None
             if rec is not None and rec.state is not State.ADMITTED:
                 self._emit(fx.RemoveReservation(name))
 
@@ -561,7 +563,7 @@ class ControlState(PipelineCalls):
 
     def _admit(self, a: Admit, now: float) -> None:
         rec = self.records[a.workload.id]
-        pg_name = f"raylane-{rec.id}"
+        pg_name = PG_PREFIX + rec.id
         self._confirmed.discard(rec.id)
         # Journal first, then act; roll back if the reservation cannot be made.
         self._append(Kind.ADMITTED, rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
@@ -661,7 +663,7 @@ class ControlState(PipelineCalls):
         self._confirmed.discard(rec.id)
         self._remove_pg(rec)
         self._append(Kind.RESIZED, rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
-                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=f"raylane-{rec.id}",
+                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=PG_PREFIX + rec.id,
                      attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
                      note=f"resized from {rz['from_workers']} to {rz['to_workers']} workers ({how}); restarts from "
                           f"its checkpoint on {', '.join(n[:8] for n in rz['placement'])}")
