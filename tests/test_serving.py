@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 from raylane.control.client import State, start_control, stop_control  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
 from raylane.launchers.serve import slot_resource  # noqa: E402
+from tests.jobtest import JOB_ENV  # noqa: E402
 from tests.loadgen import LoadGen  # noqa: E402
 from tests.raytest import free_port, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
@@ -29,10 +30,9 @@ TRAIN = {"max_steps": 1500, "checkpoint_every": 500, "batch_size": 8, "warmup_st
          "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
 SHAPE = {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}
 DOWNSCALE_DELAY = 6.0
-ENV = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-       "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-       # `ray job stop` waits this long after SIGTERM, so the serving driver can drain and give its leases back.
-       "RAY_JOB_STOP_WAIT_TIME_S": "60"}
+# What every test job gets, and: `ray job stop` waits this long after SIGTERM, so the serving driver can drain and
+# give its leases back.
+ENV = {**JOB_ENV, "RAY_JOB_STOP_WAIT_TIME_S": "60"}
 
 
 @pytest.fixture(scope="module")
