@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional
 
 from raylane.control import effects as fx
 from raylane.control.journal import Journal
-from raylane.control.state import ControlState, FEATURE_LABEL_PREFIX, GiB, Host, NODE_TYPE_LABEL
+from raylane.control.state import ControlState, Host
+from raylane.control.state_nodes import FEATURE_LABEL_PREFIX, GiB, NODE_TYPE_LABEL
 
 T0 = 1_700_000_000.0  # the fake clock's start (seconds since the epoch)
 

@@ -11,7 +11,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from raylane.control.state import bundle_for, nodes_from_ray  # noqa: E402
+from raylane.control.state import bundle_for  # noqa: E402
+from raylane.control.state_nodes import nodes_from_ray  # noqa: E402
 from raylane.control.journal import Entry  # noqa: E402
 from raylane.control.records import Record, State  # noqa: E402
 from raylane.scheduling import ClusterState, Gang, Resources, SchedulerConfig, Workload, WorkloadClass, cycle  # noqa: E402

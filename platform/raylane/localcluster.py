@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from raylane.config.cluster import ClusterFile
-from raylane.control.state import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYPE_LABEL
+from raylane.control.state_nodes import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYPE_LABEL
 from raylane.errors import RetryableError
 
 STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"

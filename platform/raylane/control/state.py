@@ -40,12 +40,15 @@ from raylane.control import effects as fx
 from raylane.control import ends
 from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal, Kind
+from raylane.control.state_admin import AdminCalls
+from raylane.control.state_nodes import GiB, NodeCalls
 from raylane.control.state_pipelines import PipelineCalls
-from raylane.control.nodes import NODES_ID, HealthRules, NodeBook, NodeState
+from raylane.control.state_views import ViewCalls
+from raylane.control.nodes import HealthRules, NodeBook, NodeState
 from raylane.control.pipelines import PipelineBook
 from raylane.control.records import Record, State
-from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, Ledger, month_start
-from raylane.errors import InfeasibleError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
+from raylane.cost import Ledger
+from raylane.errors import InfeasibleError, NotFoundError, RaylaneError
 from raylane.ids import new_id
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle, lifecycle
 from raylane.scheduling.cycle import MAX_EXAMINED
@@ -55,17 +58,11 @@ from raylane.scheduling.types import Resize, Resources
 
 log = logging.getLogger("raylane.control")
 
-GiB = 1024 ** 3
-FEATURE_LABEL_PREFIX = "feature.raylane.io/"
-NODE_TYPE_LABEL = "raylane.io/node-type"
-DATASETS_LABEL = "raylane.io/datasets"
 # A workload queued with a job id the jobs API does not know yet is not taken for gone this long after its submit:
 # `raylane submit` queues it first and submits its driver's job right after (cli_cluster.submit).
 JOB_SUBMIT_GRACE_S = 60.0
 # Ray's job table is read at most this often (``_watch_jobs``).
 JOB_WATCH_S = 5.0
-# The cost counters and budget gauges are brought up to date every this many ticks (raylane.cost).
-COST_EXPORT_TICKS = 15
 # A tick that takes longer is logged with the time each of its parts took (ControlState.tick).
 SLOW_TICK_S = 0.25
 # Pending workloads a cycle between full ticks looks at, at most (a full tick: the core's MAX_EXAMINED). Such a cycle
@@ -75,11 +72,6 @@ SLOW_TICK_S = 0.25
 CHANGE_EXAMINED = 64
 # A workload's reservation (Ray placement group) is named after it: PG_PREFIX + its id.
 PG_PREFIX = "raylane-"
-# Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, and
-# only while at most ETA_MAX_PENDING workloads are pending: a forecast runs about one scheduling cycle per workload
-# it sees start (a few ms each), in the actor's loop (docs/eta.md).
-ETA_EVERY_S = 10.0
-ETA_MAX_PENDING = 200
 
 
 class Host:
@@ -108,33 +100,13 @@ def health_rules(policy) -> HealthRules:
     return HealthRules(h.probe_failures, h.gang_failures, h.gang_failure_window)
 
 
-def nodes_from_ray(ray_nodes: List[Dict[str, Any]]):
-    """Core ``Node``s (capacity only) from ``ray.nodes()``; feature tags come from ``feature.raylane.io/<tag>``. Each
-    GPU Ray counts on a node is one device (a fractional request takes a share of one, as in Ray)."""
-    from raylane.scheduling.types import Node, device_count
-
-    out = []
-    for n in ray_nodes:
-        if not n.get("Alive"):
-            continue
-        res = n.get("Resources", {})
-        labels = dict(n.get("Labels") or {})
-        cap = Resources(res.get("GPU", 0.0), res.get("CPU", 0.0), res.get("memory", 0.0) / GiB)
-        feats = frozenset(k[len(FEATURE_LABEL_PREFIX):] for k, v in labels.items()
-                          if k.startswith(FEATURE_LABEL_PREFIX) and v in ("true", "1", "yes"))
-        datasets = frozenset(filter(None, labels.get(DATASETS_LABEL, "").split(".")))
-        out.append(Node(n["NodeID"], cap, cap, feats, labels, labels.get(NODE_TYPE_LABEL, ""), datasets,
-                        devices=(1.0,) * device_count(cap.gpu)))
-    return out
-
-
 def bundle_for(per_worker: Resources) -> Dict[str, float]:
     b = {"CPU": per_worker.cpu, "GPU": per_worker.gpu, "memory": int(per_worker.memory * GiB)}
     b = {k: v for k, v in b.items() if v}
     return b or {"CPU": 0.001}
 
 
-class ControlState(PipelineCalls):
+class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
     def __init__(self, policy: Dict[str, Any], journal: Journal, host: Optional[Host] = None,
                  clock: Callable[[], float] = None, tick_s: float = 1.0, auth: Optional[Dict[str, Any]] = None,
                  cancel_grace_s: float = ends.CANCEL_GRACE_S):
@@ -303,8 +275,6 @@ class ControlState(PipelineCalls):
     def _core(self, rec: Record):
         spec = load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=self.policy)
         w = spec.to_core(rec.id, self.policy, rec.submit_time)
-        from dataclasses import replace
-
         return self._stage_prefer(rec, replace(w, attained_gpu_s=rec.attained_gpu_s))
 
     def _append(self, kind: Kind, rec: Record, **data):
@@ -319,82 +289,7 @@ class ControlState(PipelineCalls):
             self._unpin(rec, f"{rec.id} ended")
         return e
 
-    # ------------------------------------------------------------------------------------------- nodes
-    def _refresh_nodes(self) -> bool:
-        """Bring the scheduler's nodes up to date with Ray's: a new node joins (journaled the first time), a dead
-        one is lost with every lease that had a worker on it (``_lose_node``), and each node's service state
-        (``raylane.control.nodes``) decides whether it is schedulable."""
-        raw = self.host.nodes()
-        nodes = nodes_from_ray(raw)
-        self._addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in raw}
-        ids = {n.id for n in nodes}
-        now = self.clock()
-        for n in nodes:
-            if self.nodes.get(n.id) is None:
-                self._node_event(n.id, "joined", node_type=n.node_type, gpus=n.capacity.gpu, cpus=n.capacity.cpu,
-                                 memory_gib=n.capacity.memory, features=sorted(n.features),
-                                 address=self._addresses.get(n.id, ""))
-        # Nodes the book holds alive that Ray no longer lists alive (also those lost while the control plane was
-        # down): lost.
-        for nid, st in list(self.nodes.nodes.items()):
-            if st.state is not NodeState.LOST and nid not in ids:
-                self._lose_node(nid, now)
-        changed = ids != self._node_ids
-        if changed:
-            used: Dict[str, Resources] = {}
-            held: Dict[str, Dict[int, float]] = {}  # node -> device -> the share leases hold of it
-            for lease in self.state.leases.values():
-                g = lease.workload.gang.per_worker.gpu
-                for i, nid in enumerate(lease.placement):
-                    used[nid] = used.get(nid, Resources()) + lease.workload.gang.per_worker
-                    for d in (lease.devices[i] if lease.devices else ()):
-                        held.setdefault(nid, {})[d] = held.get(nid, {}).get(d, 0.0) + (g if g < 1 else 1.0)
-            for n in nodes:
-                if n.id not in self._node_ids:
-                    h = held.get(n.id, {})
-                    devs = tuple(round(d - h.get(i, 0.0), 9) for i, d in enumerate(n.devices or ()))
-                    self.state.add_node(replace(n, free=n.capacity - used.get(n.id, Resources()), devices=devs,
-                                                schedulable=self.nodes.schedulable(n.id)))
-            self._node_ids = ids
-        return changed
-
-    def _node_event(self, node_id: str, event: str, **data) -> None:
-        """Journal a node event, then apply it to the book (journal first, then act)."""
-        e = self.journal.append(Kind.NODE, NODES_ID, node=node_id, event=event, **data)
-        self.nodes.apply(e)
-        if node_id in self.state.nodes:
-            self.state.set_schedulable(node_id, self.nodes.schedulable(node_id))
-        if event == "quarantined":
-            metrics.NODE_QUARANTINES.inc(node_type=self.nodes.get(node_id).node_type or "-")
-            log.warning("node %s quarantined: %s", node_id, data.get("reason", ""))
-
-    def _node_events(self, events) -> None:
-        """Journal and apply the events a ``NodeBook`` decision returned."""
-        for ev in events:
-            ev = dict(ev)
-            self._node_event(ev.pop("node"), ev.pop("event"), **ev)
-
-    def _lose_node(self, node_id: str, now: float) -> None:
-        """A node died: journal it, then every lease with a worker there goes back to the queue at once, keeping
-        its submit time; its gang is stopped (an all-or-nothing gang cannot go on short of a worker) and resumes
-        from its last checkpoint wherever the core places it next."""
-        self._node_event(node_id, "lost", reason="Ray reports the node dead")
-        lost = lifecycle.lose_node(self.state, node_id, now)
-        self._node_ids.discard(node_id)
-        for lease in lost:
-            rec = self.records[lease.id]
-            attained = lifecycle.attained_gpu_s(lease, now)
-            # Its gang is stopped and its reservation removed (one not handed over yet still holds bundles on the
-            # nodes left) before the requeue clears its name, and before this tick may admit it again under it.
-            self._kill_gang(rec)
-            self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=rec.step, lost_node=node_id,
-                         note=f"node {node_id[:12]} was lost; back in the queue, resumes from its last checkpoint")
-            self._lost_capacity.add(rec.id)
-            lifecycle.requeue(self.state, lease, now, attained)
-            self._preemptor_cls.pop(rec.id, None)
-        self._replan_for_node(node_id, now)
-        self._poke()
-
+    # -------------------------------------------------------------------------------------------- ticks
     def tick(self, full: bool = True) -> None:
         """One scheduling cycle, its decisions journaled and their effects emitted; with ``full``, first the periodic
         work too (Ray's node table, node service, jobs, pipelines, grace deadlines) and after it the gauges and
@@ -483,42 +378,6 @@ class ControlState(PipelineCalls):
             log.warning("slow %s tick: %.0f ms (%s); %d pending, %d leases", "full" if full else "cycle-only",
                         total * 1e3, ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in took.items() if v >= 0.001),
                         self.state.pending_count(), len(self.state.leases))
-
-    # ------------------------------------------------------------------------------------------ node service
-    def _service_nodes(self, now: float) -> None:
-        """Ray's drain notices become drains; leases on draining and quarantined nodes are preempted gracefully;
-        a draining node with no lease left is drained; probes run every ``health.probe_interval``."""
-        draining = self.host.draining()
-        self._node_events(self.nodes.on_ray_draining({k: v for k, v in draining.items() if k in self._node_ids}))
-        for st in self.nodes.evicting():
-            for lease in [l for l in self.state.leases.values() if st.id in l.placement]:
-                if self.records[lease.id].state is not State.PREEMPTING:  # a resize under way becomes a stop
-                    self._preempt(lease.id, f"node {st.id[:12]} is {st.state.value}: {st.reason}", now, "node")
-            # A reservation not yet started is released at once by its preemption: the node may be empty already.
-            if st.state is NodeState.DRAINING and not any(st.id in l.placement for l in self.state.leases.values()):
-                self._node_event(st.id, "drained", by=st.by, reason=f"drained ({st.reason})")
-        if now - self._probed_at >= self.policy.health.probe_interval and not self._probing and self._node_ids:
-            self._probed_at = now
-            self._probing = True
-            h = self.policy.health
-            ids = tuple(sorted(self._node_ids))
-            self._emit(fx.RunProbes(ids, h.probe, h.conditions_dir, h.probe_timeout, tuple(
-                self.state.nodes[n].capacity.gpu if n in self.state.nodes else 0.0 for n in ids)))
-
-    def probed(self, verdicts: Dict[str, Any]) -> None:
-        """Event: the verdicts of a ``RunProbes``: node id -> ``(ok, message)``, or None where the probe could not
-        be placed because Ray places no new work on the node (it is gone or draining: no verdict on its health;
-        the node table and Ray's drain notices say what it is)."""
-        self._probing = False
-        for nid, verdict in verdicts.items():
-            st = self.nodes.get(nid)
-            if verdict is None or st is None or nid not in self._node_ids:
-                continue  # lost or draining meanwhile: its loss or drain is what counts
-            ok, message = verdict
-            metrics.NODE_PROBES.inc(outcome="ok" if ok else "failed")
-            self._node_events(self.nodes.on_probe(nid, ok, message))
-            self.nodes.note_probe(nid, ok, message, self.clock())
-        self._poke()
 
     def _export_gauges(self) -> None:
         # Counted from the scheduler's queues and leases (and the workloads waiting for their inputs), not from
@@ -1087,314 +946,6 @@ class ControlState(PipelineCalls):
             return False
         return rec.id in self._confirmed or self.host.placement_groups().get(rec.pg_name) == "CREATED"
 
-    def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
-        """The workload a Ray job registered, if any."""
-        for rec in self.records.values():
-            if rec.job_id == req.job_id and self.pipes.stage_of(rec.id) is None:
-                return self.gate.view(p, rec.public())
-        for run in self.pipes.runs.values():  # a pipeline's driver (raylane.pipelines)
-            if run.job_id == req.job_id:
-                return {**self._pipeline_view(p, run), "kind": "pipeline"}
-        return None
-
-    def _api_status(self, p: Principal, req: api.Status) -> Dict[str, Any]:
-        return self.gate.view(p, self._get(req.workload_id).public())
-
-    def _api_queue(self, p: Principal, req: api.Queue) -> List[Dict[str, Any]]:
-        include_done = req.include_done
-        now = self.clock()
-        etas = self.etas()
-        rows = []
-        for rec in self.records.values():
-            if rec.state.terminal and not include_done:
-                continue
-            rows.append({
-                "id": rec.id, "team": rec.team, "class": rec.cls, "kind": rec.spec.get("kind", "train"),
-                "state": rec.state.value, "resources": _gang_text(rec.spec),
-                "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
-                "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
-                "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
-                **self._eta_fields(etas.get(rec.id)),
-            })
-            got = self.pipes.stage_of(rec.id)
-            if got is not None:
-                rows[-1].update(pipeline=got[0].id, stage=got[1])
-        rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
-        for run in self.pipes.runs.values():
-            if run.terminal and not include_done:
-                continue
-            states = [self.records[w].state.value for w in run.stages.values() if w in self.records]
-            running = [s for s, w in run.stages.items() if w in self.records and self.records[w].state.holds_lease]
-            rows.append({
-                "id": run.id, "team": run.team, "class": run.spec.get("class") or "-", "kind": "pipeline",
-                "state": run.state, "resources": f"{len(run.stages)} stages",
-                "waited_s": (run.ended_at or now) - run.submitted_at, "position": None,
-                "reason": f"{states.count('SUCCEEDED')}/{len(run.stages)} stages done"
-                          + (f"; running {', '.join(running)}" if running else ""),
-                "preemptions": 0,
-                "detail": f"planned makespan {run.makespan_h * 60:.1f} min ({run.planner})"
-                          + (f", re-planned {len(run.replans)}x" if run.replans else ""),
-                **({"owner": run.owner} if self.gate.may_read(p, run.team) else {}),
-            })
-        return rows
-
-    def etas(self) -> Dict[str, Any]:
-        """The queue's ETAs (``raylane.forecast``) from the live state: recomputed every ``ETA_EVERY_S`` (sooner,
-        at most once a second, when a workload queued since has none), and none while more than
-        ``ETA_MAX_PENDING`` workloads are pending."""
-        now = self.clock()
-        n = self.state.pending_count()
-        if self._etas_at is not None and now - self._etas_at < ETA_EVERY_S and not (
-                # A workload queued since the last forecast has none yet: forecast again, at most once a second.
-                now - self._etas_at >= 1.0 and n <= ETA_MAX_PENDING
-                and any(w.id not in self._etas for w in self.state.pending())):
-            return self._etas
-        self._etas_at = now
-        if not 0 < n <= ETA_MAX_PENDING:
-            self._etas = {}
-            return self._etas
-        from raylane.forecast import forecast
-
-        t0 = perf_counter()
-        self._etas = forecast(self.state, now, stopping_ends={
-            wid: self.records[wid].stop_deadline for wid in self.state.leases
-            if wid in self.records and self.records[wid].stop_deadline is not None})
-        metrics.ETA_SECONDS.observe(perf_counter() - t0)
-        return self._etas
-
-    def _export_etas(self) -> None:
-        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none)."""
-        now = self.clock()
-        longest: Dict[tuple, float] = {}
-        for wid, eta in self.etas().items():
-            rec = self.records.get(wid)
-            if rec is None or eta.start is None:
-                continue
-            key = (rec.team, rec.cls)
-            longest[key] = max(longest.get(key, 0.0), max(0.0, eta.start - now))
-        for (team, cls), v in self._gauge_keys(longest, "_last_eta").items():
-            metrics.QUEUE_ETA_WAIT.set(v if (team, cls) in longest else -1, team=team, workload_class=cls)
-
-    @staticmethod
-    def _eta_fields(eta) -> Dict[str, Any]:
-        if eta is None:
-            return {}
-        return {"eta_start": eta.start, "eta_finish": eta.finish}
-
-    def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
-        wid = req.workload_id
-        rec = self._get(wid)
-        out = self.gate.view(p, rec.public())
-        if self.gate.may_read(p, rec.team):
-            out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)
-                              if e.kind != Kind.AUDIT]
-        if rec.state is State.PENDING:
-            from raylane.forecast import describe
-
-            eta = self.etas().get(wid)
-            if eta is not None:
-                out.update(self._eta_fields(eta))
-                out["eta_text"] = describe(eta, self.clock())
-        team = self.state.teams.get(rec.team)
-        if team is not None:
-            used = self.state.usage.get(rec.team, Resources())
-            out["team_quota"] = {r: {"used": used.get(r), "nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
-                                     "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
-        return out
-
-    def _api_info(self, p: Principal, req: api.Info) -> Dict[str, Any]:
-        return {"auth": self.gate.enabled, "cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
-                "leases": len(self.state.leases), "journal": self.journal.path, "started": self._started,
-                "stranded_gpus": dict(self._stranded.stranded) if self._stranded else {},
-                "free_gpus": dict(self._stranded.free) if self._stranded else {},
-                "scheduler": self.state.config.__dict__ if hasattr(self.state.config, "__dict__") else
-                {k: getattr(self.state.config, k) for k in self.state.config.__dataclass_fields__}}
-
-    def _api_whoami(self, p: Principal, req: api.WhoAmI) -> Dict[str, Any]:
-        return {"user": p.user, "teams": list(p.teams), "role": p.role.value, "token_id": p.token_id,
-                "job": p.job, "auth": self.gate.enabled}
-
-    def _api_teams(self, p: Principal, req: api.Teams) -> List[Dict[str, Any]]:
-        counts: Dict[tuple, int] = {}
-        for rec in self.records.values():
-            if not rec.state.terminal:
-                key = (rec.team, "running" if rec.state.holds_lease else "pending")
-                counts[key] = counts.get(key, 0) + 1
-        rows = []
-        for name, team in sorted(self.state.teams.items()):
-            used = self.state.usage.get(name, Resources())
-            rows.append({"team": name, "weight": team.weight, "used": dict(used.items()),
-                         "pending": counts.get((name, "pending"), 0), "running": counts.get((name, "running"), 0),
-                         "quotas": {r: {"used": used.get(r), "nominal": q.nominal,
-                                        "borrowing_limit": q.borrowing_limit, "lending_limit": q.lending_limit}
-                                    for r, q in team.quotas.items()}})
-        return rows
-
-    def _token_reply(self, token: str) -> Dict[str, Any]:
-        """A new token (its only copy, for the caller) with its record."""
-        return {"token": token, **self.gate.store.tokens[token.split("_")[1]].public(self.clock())}
-
-    def _api_token_create(self, p: Principal, req: api.TokenCreate) -> Dict[str, Any]:
-        token = self.gate.add_token(user=req.user, teams=req.teams, role=req.role, created_by=p.user,
-                                    ttl_s=req.ttl_s, note=req.note)
-        return self._token_reply(token)
-
-    def _api_job_token(self, p: Principal, req: api.JobToken) -> Dict[str, Any]:
-        if not self.gate.enabled:
-            return {"token": None}
-        if p.job:
-            raise PermissionDeniedError(f"job-token: refused for {p.user}: a job token cannot create tokens")
-        token = self.gate.add_token(user=p.user, teams=p.teams, role=p.role, created_by=p.user, ttl_s=req.ttl_s,
-                                    parent=p.token_id, note=req.note or "job token")
-        return self._token_reply(token)
-
-    def _api_token_rotate(self, p: Principal, req: api.TokenRotate) -> Dict[str, Any]:
-        token = self.gate.rotate(req.token_id, p)
-        return self._token_reply(token)
-
-    def _api_token_revoke(self, p: Principal, req: api.TokenRevoke) -> Dict[str, Any]:
-        return self.gate.revoke(req.token_id, p)
-
-    def _api_token_list(self, p: Principal, req: api.TokenList) -> List[Dict[str, Any]]:
-        return self.gate.token_list(req.include_revoked)
-
-    # ----------------------------------------------------------------------------------------------- cost
-    def _cost_sync(self) -> None:
-        """Feed the ledger what the journal holds that it has not seen."""
-        self._ledger.feed(self.journal.entries_after(self._ledger.seq, COST_KINDS))
-
-    def _export_costs(self, now: float) -> None:
-        """Every ``COST_EXPORT_TICKS`` ticks: the spend accrued since the last export into the cost counters, and each
-        team's spend this month and its budget into the gauges (raylane.metrics)."""
-        if now - self._cost_exported_at < COST_EXPORT_TICKS * self.tick_s:
-            return
-        since, self._cost_exported_at = self._cost_exported_at, now
-        self._cost_sync()
-        prices = self.policy.prices
-        leased, idle = self._ledger.spend(prices, now=now, since=since, until=now)
-        for (team, cls, ntype), v in leased.items():
-            if v > 0:
-                metrics.COST.inc(v, team=team, workload_class=cls, node_type=ntype)
-        for ntype, v in idle.items():
-            if v > 0:
-                metrics.IDLE_COST.inc(v, node_type=ntype)
-        # The month's spend: summed from the journal once (at the first export, a new month, new prices), then
-        # kept up by each export's window, which partition the month.
-        if (self._month_spend is None or self._month_spend[0] != month_start(now)
-                or self._month_spend[1] != prices):
-            month = self._ledger.report(prices, now=now, since=month_start(now), groups=("team",))
-            self._month_spend = (month_start(now), dict(prices), {r.key: r.cost for r in month.groups["team"]})
-        else:
-            for (team, _, _), v in leased.items():
-                self._month_spend[2][team] = self._month_spend[2].get(team, 0.0) + v
-        spent = self._month_spend[2]
-        for (team,), v in self._gauge_keys({(t,): spent.get(t, 0.0) for t in self.policy.teams},
-                                           "_last_spend").items():
-            metrics.TEAM_SPEND.set(v, team=team)
-        share = self.policy.budget_alert_share
-        budgets = {}
-        for name, t in self.policy.teams.items():
-            budgets[(name, "monthly")] = t.budget if t.budget else -1
-            budgets[(name, "alert")] = t.budget * share if t.budget else -1
-        for (team, what), v in self._gauge_keys(budgets, "_last_budgets").items():
-            metrics.TEAM_BUDGET.set(v if (team, what) in budgets else -1, team=team, what=what)
-
-    def _api_cost(self, p: Principal, req: api.Cost) -> Dict[str, Any]:
-        """Spend from the journal (``raylane.cost.CostReport`` as a dict): the teams in the caller's scope (an
-        operator's: all, or ``team``; anyone else's: their own teams, or ``team``, one of them, as the gate
-        checked), the cluster's idle cost, each team in scope's month against its budget."""
-        if req.team is not None and req.team not in self.policy.teams:
-            raise ValidationError("call cost", [("team", req.team, "a team of the policy: one of "
-                                                                   + ", ".join(sorted(self.policy.teams)))])
-        teams = {req.team} if req.team else (None if p.operator else set(p.teams))
-        self._cost_sync()
-        rep = self._ledger.report(
-            self.policy.prices, now=self.clock(), since=req.since, until=req.until, teams=teams,
-            workloads=set(req.workload_ids) if req.workload_ids is not None else None,
-            runs={req.mlflow_run_id} if req.mlflow_run_id is not None else None,
-            groups=(req.by.value,) if req.by is not None else COST_GROUPS,
-            budgets={name: t.budget for name, t in self.policy.teams.items()},
-            alert_share=self.policy.budget_alert_share)
-        return rep.to_dict()
-
-    def _api_audit(self, p: Principal, req: api.Audit) -> List[Dict[str, Any]]:
-        def team_of(wid):
-            rec = self.records.get(wid) if isinstance(wid, str) else None
-            return rec.team if rec is not None else None
-
-        return self.gate.audit(since=req.since, user=req.user, team=req.team, limit=req.limit, teams_of=team_of)
-
-    def _api_reload_policy(self, p: Principal, req: api.ReloadPolicy) -> Dict[str, Any]:
-        """Replace the policy: every workload still queued or running must fit the new one, or nothing changes."""
-        new = load_policy_from_dict(req.policy, "policy")
-        errors = []
-        for rec in self.records.values():
-            if rec.state.terminal:
-                continue
-            try:
-                load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=new)
-            except ValidationError as exc:
-                errors += [(f"workload {rec.id}: {path}", value, allowed) for path, value, allowed in exc.errors]
-        if errors:
-            raise ValidationError("policy reload refused: workloads in the queue or running would not fit it", errors)
-        self.journal.append(Kind.POLICY, "@policy", policy=req.policy, by=p.user)
-        self._set_policy(req.policy)
-        self._rebuild_state()
-        self._poke()
-        return {"teams": sorted(new.teams), "classes": sorted(new.classes)}
-
-    # ---------------------------------------------------------------------------------------------- nodes
-    def _api_node_list(self, p: Principal, req: api.NodeList) -> List[Dict[str, Any]]:
-        """Every node with its service state, probe, GPUs and the leases on it (teams' work, not its specs)."""
-        self._refresh_nodes()
-        rows = []
-        for st in self.nodes.nodes.values():
-            if st.state is NodeState.LOST and not req.include_lost:
-                continue
-            node = self.state.nodes.get(st.id)
-            leases = []
-            for lease in self.state.leases.values():
-                n = sum(1 for nid in lease.placement if nid == st.id)
-                if n:
-                    rec = self.records[lease.id]
-                    leases.append({"workload": lease.id, "team": rec.team, "class": rec.cls, "workers": n,
-                                   "gpus": n * lease.workload.gang.per_worker.gpu, "state": rec.state.value})
-            rows.append({**st.public(), "address": self._addresses.get(st.id, st.address),
-                         "gpus_free": node.free.gpu if node else 0.0,
-                         "features": sorted(node.features) if node else [], "leases": leases})
-        rows.sort(key=lambda r: (r["state"] == "lost", r["node_type"], r["id"]))
-        return rows
-
-    def _node_ref(self, ref: str) -> str:
-        found = self.nodes.resolve(ref)
-        if len(found) != 1:
-            known = ", ".join(sorted(n[:12] for n in self.nodes.resolve(""))) or "none"
-            raise ValidationError("node", [("node", ref, ("a unique prefix (it matches " + ", ".join(
-                f[:12] for f in found) + ")") if found else f"the id (or a unique prefix) of a live node: {known}")])
-        return found[0]
-
-    def _api_node_cordon(self, p: Principal, req: api.NodeCordon) -> Dict[str, Any]:
-        nid = self._node_ref(req.node)
-        if self.nodes.get(nid).state is NodeState.READY:
-            self._node_event(nid, "cordoned", by=p.user, reason=req.reason or f"cordoned by {p.user}")
-        return self.nodes.get(nid).public()
-
-    def _api_node_uncordon(self, p: Principal, req: api.NodeUncordon) -> Dict[str, Any]:
-        nid = self._node_ref(req.node)
-        if self.nodes.get(nid).state is not NodeState.READY:
-            self._node_event(nid, "uncordoned", by=p.user, reason=req.reason or f"uncordoned by {p.user}")
-        self._poke()
-        return self.nodes.get(nid).public()
-
-    def _api_node_drain(self, p: Principal, req: api.NodeDrain) -> Dict[str, Any]:
-        """Cordon the node and preempt what runs there gracefully (checkpoint, requeue, resume elsewhere); the
-        node is ``drained`` once no lease is left (``node_list`` shows it)."""
-        nid = self._node_ref(req.node)
-        if self.nodes.get(nid).state in (NodeState.READY, NodeState.CORDONED):
-            self._node_event(nid, "draining", by=p.user, reason=req.reason or f"drained by {p.user}")
-        self._service_nodes(self.clock())
-        return self.nodes.get(nid).public()
-
     def _get(self, wid: str) -> Record:
         rec = self.records.get(wid)
         if rec is None:
@@ -1418,13 +969,6 @@ def _fields(reason) -> Dict[str, Any]:
         v = getattr(reason, k)
         out[k] = str(v) if hasattr(v, "__dataclass_fields__") else v
     return out
-
-
-def _gang_text(spec: Dict[str, Any]) -> str:
-    g = spec.get("gang", {})
-    r = g.get("resources", {})
-    parts = [f"{r[k]:g} {k.upper() if k != 'memory' else 'GiB'}" for k in ("gpu", "cpu", "memory") if r.get(k)]
-    return f"{g.get('workers', 1)} x ({', '.join(parts) or '-'})"
 
 
 # The handler of each call, keyed by its request type (raylane.control.api.CALLS): ``ControlState.handle``.

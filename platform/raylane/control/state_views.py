@@ -1,0 +1,157 @@
+"""The control plane's read calls (a mixin of ``ControlState``): ``find_job``, ``status``, ``queue`` (workloads and
+pipelines, with their ETAs), ``explain`` (a workload's journal, its ETA in words, its team's quota) and ``info``;
+and the queue's ETAs themselves (``raylane.forecast``, run forward from the live state at most every
+``ETA_EVERY_S`` and only while at most ``ETA_MAX_PENDING`` workloads are pending; docs/eta.md).
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any, Dict, List, Optional
+
+from raylane import metrics
+from raylane.auth import Principal
+from raylane.control import api
+from raylane.control.journal import Kind
+from raylane.control.records import State
+from raylane.scheduling.types import Resources
+
+# Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, and
+# only while at most ETA_MAX_PENDING workloads are pending: a forecast runs about one scheduling cycle per workload
+# it sees start (a few ms each), in the actor's loop (docs/eta.md).
+ETA_EVERY_S = 10.0
+ETA_MAX_PENDING = 200
+
+
+def _gang_text(spec: Dict[str, Any]) -> str:
+    g = spec.get("gang", {})
+    r = g.get("resources", {})
+    parts = [f"{r[k]:g} {k.upper() if k != 'memory' else 'GiB'}" for k in ("gpu", "cpu", "memory") if r.get(k)]
+    return f"{g.get('workers', 1)} x ({', '.join(parts) or '-'})"
+
+
+class ViewCalls:
+    """Needs of the state machine: ``clock``, ``journal``, ``records``, ``state``, ``pipes``, ``gate``, ``cycles``,
+    ``_started``, ``_stranded``, ``_etas``, ``_etas_at``, ``_gauge_keys``, ``_get``, ``_pipeline_view``."""
+
+    def _api_find_job(self, p: Principal, req: api.FindJob) -> Optional[Dict[str, Any]]:
+        """The workload a Ray job registered, if any."""
+        for rec in self.records.values():
+            if rec.job_id == req.job_id and self.pipes.stage_of(rec.id) is None:
+                return self.gate.view(p, rec.public())
+        for run in self.pipes.runs.values():  # a pipeline's driver (raylane.pipelines)
+            if run.job_id == req.job_id:
+                return {**self._pipeline_view(p, run), "kind": "pipeline"}
+        return None
+
+    def _api_status(self, p: Principal, req: api.Status) -> Dict[str, Any]:
+        return self.gate.view(p, self._get(req.workload_id).public())
+
+    def _api_queue(self, p: Principal, req: api.Queue) -> List[Dict[str, Any]]:
+        include_done = req.include_done
+        now = self.clock()
+        etas = self.etas()
+        rows = []
+        for rec in self.records.values():
+            if rec.state.terminal and not include_done:
+                continue
+            rows.append({
+                "id": rec.id, "team": rec.team, "class": rec.cls, "kind": rec.spec.get("kind", "train"),
+                "state": rec.state.value, "resources": _gang_text(rec.spec),
+                "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
+                "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
+                "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
+                **self._eta_fields(etas.get(rec.id)),
+            })
+            got = self.pipes.stage_of(rec.id)
+            if got is not None:
+                rows[-1].update(pipeline=got[0].id, stage=got[1])
+        rows.sort(key=lambda r: (r["position"] is None, r["position"] or 0, r["state"], r["id"]))
+        for run in self.pipes.runs.values():
+            if run.terminal and not include_done:
+                continue
+            states = [self.records[w].state.value for w in run.stages.values() if w in self.records]
+            running = [s for s, w in run.stages.items() if w in self.records and self.records[w].state.holds_lease]
+            rows.append({
+                "id": run.id, "team": run.team, "class": run.spec.get("class") or "-", "kind": "pipeline",
+                "state": run.state, "resources": f"{len(run.stages)} stages",
+                "waited_s": (run.ended_at or now) - run.submitted_at, "position": None,
+                "reason": f"{states.count('SUCCEEDED')}/{len(run.stages)} stages done"
+                          + (f"; running {', '.join(running)}" if running else ""),
+                "preemptions": 0,
+                "detail": f"planned makespan {run.makespan_h * 60:.1f} min ({run.planner})"
+                          + (f", re-planned {len(run.replans)}x" if run.replans else ""),
+                **({"owner": run.owner} if self.gate.may_read(p, run.team) else {}),
+            })
+        return rows
+
+    def etas(self) -> Dict[str, Any]:
+        """The queue's ETAs (``raylane.forecast``) from the live state: recomputed every ``ETA_EVERY_S`` (sooner,
+        at most once a second, when a workload queued since has none), and none while more than
+        ``ETA_MAX_PENDING`` workloads are pending."""
+        now = self.clock()
+        n = self.state.pending_count()
+        if self._etas_at is not None and now - self._etas_at < ETA_EVERY_S and not (
+                # A workload queued since the last forecast has none yet: forecast again, at most once a second.
+                now - self._etas_at >= 1.0 and n <= ETA_MAX_PENDING
+                and any(w.id not in self._etas for w in self.state.pending())):
+            return self._etas
+        self._etas_at = now
+        if not 0 < n <= ETA_MAX_PENDING:
+            self._etas = {}
+            return self._etas
+        from raylane.forecast import forecast
+
+        t0 = perf_counter()
+        self._etas = forecast(self.state, now, stopping_ends={
+            wid: self.records[wid].stop_deadline for wid in self.state.leases
+            if wid in self.records and self.records[wid].stop_deadline is not None})
+        metrics.ETA_SECONDS.observe(perf_counter() - t0)
+        return self._etas
+
+    def _export_etas(self) -> None:
+        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none)."""
+        now = self.clock()
+        longest: Dict[tuple, float] = {}
+        for wid, eta in self.etas().items():
+            rec = self.records.get(wid)
+            if rec is None or eta.start is None:
+                continue
+            key = (rec.team, rec.cls)
+            longest[key] = max(longest.get(key, 0.0), max(0.0, eta.start - now))
+        for (team, cls), v in self._gauge_keys(longest, "_last_eta").items():
+            metrics.QUEUE_ETA_WAIT.set(v if (team, cls) in longest else -1, team=team, workload_class=cls)
+
+    @staticmethod
+    def _eta_fields(eta) -> Dict[str, Any]:
+        if eta is None:
+            return {}
+        return {"eta_start": eta.start, "eta_finish": eta.finish}
+
+    def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
+        wid = req.workload_id
+        rec = self._get(wid)
+        out = self.gate.view(p, rec.public())
+        if self.gate.may_read(p, rec.team):
+            out["journal"] = [{"ts": e.ts, "kind": e.kind, **e.data} for e in self.journal.entries_for(wid)
+                              if e.kind != Kind.AUDIT]
+        if rec.state is State.PENDING:
+            from raylane.forecast import describe
+
+            eta = self.etas().get(wid)
+            if eta is not None:
+                out.update(self._eta_fields(eta))
+                out["eta_text"] = describe(eta, self.clock())
+        team = self.state.teams.get(rec.team)
+        if team is not None:
+            used = self.state.usage.get(rec.team, Resources())
+            out["team_quota"] = {r: {"used": used.get(r), "nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
+                                     "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
+        return out
+
+    def _api_info(self, p: Principal, req: api.Info) -> Dict[str, Any]:
+        return {"auth": self.gate.enabled, "cycles": self.cycles, "nodes": len(self.state.nodes), "pending": self.state.pending_count(),
+                "leases": len(self.state.leases), "journal": self.journal.path, "started": self._started,
+                "stranded_gpus": dict(self._stranded.stranded) if self._stranded else {},
+                "free_gpus": dict(self._stranded.free) if self._stranded else {},
+                "scheduler": self.state.config.__dict__ if hasattr(self.state.config, "__dict__") else
+                {k: getattr(self.state.config, k) for k in self.state.config.__dataclass_fields__}}
