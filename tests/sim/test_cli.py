@@ -207,3 +207,44 @@ def test_bad_generate_and_hysteresis_flags_are_all_reported():
     assert "--hysteresis-min-run: got 'soon'" in err and "--hysteresis-fraction: got -1.0" in err
     res = runner.invoke(app, ["--nodes", "2", "--write-trace", "x.csv"])
     assert res.exit_code == 1 and "TRACE/--generate" in res.stderr and "--write-trace" in res.stderr
+
+
+def test_sim_autoscale_compares_a_fixed_and_an_autoscaled_cluster_end_to_end(tmp_path):
+    import typer
+
+    from raylane.sim.costcompare import register
+
+    cli = typer.Typer()
+    register(cli)
+    cli.command("sim")(lambda: None)  # a second command, so typer keeps the sub-command name
+    clusters = REPO / "deploy" / "clusters"
+    res = runner.invoke(cli, ["sim-autoscale", "--generate", "big-gangs", "--jobs", "150", "--seed", "1",
+                              "--fixed", str(clusters / "big-gangs-peak-fixed.yaml"),
+                              "--autoscaled", str(clusters / "big-gangs-autoscaled.yaml"), "--json",
+                              "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "compare.json").read_text())
+    fixed, scaled = report["rows"]
+    assert fixed["cost_ratio"] == 1.0 and fixed["jct_ratio"] == 1.0
+    # The autoscaled groups buy what the queue asks for: less than the peak-sized cluster, every job done.
+    assert 0 < scaled["cost_ratio"] < 1.0 and scaled["nodes_max"] <= 50
+    assert (tmp_path / "nodes.png").stat().st_size > 0
+
+
+def test_sim_autoscale_refuses_an_unpriced_or_growable_fixed_cluster(tmp_path):
+    import typer
+
+    from raylane.sim.costcompare import register
+
+    cli = typer.Typer()
+    register(cli)
+    cli.command("sim")(lambda: None)
+    clusters = REPO / "deploy" / "clusters"
+    def run(fixed, scaled):
+        return runner.invoke(cli, ["sim-autoscale", "--generate", "big-gangs", "--jobs", "50",
+                                   "--fixed", str(clusters / fixed), "--autoscaled", str(clusters / scaled)])
+
+    res = run("big-gangs-autoscaled.yaml", "big-gangs-autoscaled.yaml")
+    assert res.exit_code != 0 and "node_groups: got 'min/max'; fixed groups only" in res.output, res.output
+    res = run("big-gangs-peak-fixed.yaml", "philly-560.yaml")  # no prices: nothing to compare
+    assert res.exit_code != 0 and "philly-560.yaml" in res.output and "price per GPU-hour" in res.output, res.output

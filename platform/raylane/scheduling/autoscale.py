@@ -431,8 +431,18 @@ def _request(w: Workload, position: int, group: ScaleGroup, n: int, plan: Tuple[
                        group.startup_s, position)
 
 
-def compute_demand(snapshot: ScaleSnapshot) -> Demand:
-    """The requests the pending gangs of ``snapshot`` make, and why the others make none (see the module's rules)."""
+def _shape(group: ScaleGroup) -> Tuple:
+    """What ``nodes_needed`` reads of a group: everything but how many nodes it has now."""
+    return (group.name, group.capacity, group.max, group.node_type, group.features,
+            tuple(sorted(group.labels.items())))
+
+
+def compute_demand(snapshot: ScaleSnapshot, *, memo: Optional[Dict[Tuple, Any]] = None) -> Demand:
+    """The requests the pending gangs of ``snapshot`` make, and why the others make none (see the module's rules).
+
+    ``memo``: a dict the caller keeps from one computation to the next, to reuse the nodes a gang needs on a group
+    (``nodes_needed``): the answer depends only on the gang, its data snapshot and the group's shape, not on the
+    group's current count, and a queue asks the same questions cycle after cycle. Without it nothing is kept."""
     groups = tuple(sorted(snapshot.groups, key=lambda g: g.name))
     spend = {b.team: b for b in snapshot.budgets}
     before = {r.workload: r.group for r in snapshot.previous}
@@ -450,7 +460,7 @@ def compute_demand(snapshot: ScaleSnapshot) -> Demand:
             hold(NotWaitingForCapacity(p.reason))
             continue
         # 2. The groups whose empty nodes can hold it, each with the nodes it needs there.
-        fits = {g.name: (g, got) for g in groups if (got := nodes_needed(w.gang, g, w.data_snapshot)) is not None}
+        fits = {g.name: (g, got) for g in groups if (got := _needed(w, g, memo)) is not None}
         if not fits:
             hold(NoGroupFits(w.gang.workers, w.gang.per_worker,
                              tuple((g.name, _why_not(w.gang, g, w.data_snapshot)) for g in groups)))
@@ -474,6 +484,16 @@ def compute_demand(snapshot: ScaleSnapshot) -> Demand:
         taken[g.name] += n
         requests.append(_request(w, p.position, g, n, plan))
     return Demand(tuple(requests), tuple(withheld))
+
+
+def _needed(w: Workload, group: ScaleGroup, memo: Optional[Dict[Tuple, Any]]
+            ) -> Optional[Tuple[int, Tuple[str, ...]]]:
+    if memo is None:
+        return nodes_needed(w.gang, group, w.data_snapshot)
+    key = (w.gang, w.data_snapshot, _shape(group))
+    if key not in memo:
+        memo[key] = nodes_needed(w.gang, group, w.data_snapshot)
+    return memo[key]
 
 
 def diff_requests(previous: Iterable[NodeRequest], current: Demand, *, admitted: Collection[str] = ()

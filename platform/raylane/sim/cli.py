@@ -36,7 +36,7 @@ from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import (DEFAULT_CLASS, ELASTIC_SPEEDUP_ALLOWED, ESTIMATES, SimOptions, SimResult, Simulator,
                                 speedup_table)
 from raylane.sim.generate import MIXES, generate, write_csv
-from raylane.sim.metrics import FIGURES, OUTAGE_FIGURES, get, summarize
+from raylane.sim.metrics import CAPACITY_FIGURES, FIGURES, OUTAGE_FIGURES, get, summarize
 from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
@@ -108,7 +108,7 @@ def run_replays(
     ) as bar:
         for label, cfg, opts in runs:
             sim = Simulator(trace, nodes, teams, cfg, classes=classes, default_class=default_class, options=opts,
-                            cluster_name=cluster.name)
+                            cluster_name=cluster.name, cluster=cluster if isinstance(cluster, ClusterSpec) else None)
             task = bar.add_task(label, total=len(sim.jobs) or 1, jobs="", clock="0.0h")
 
             def progress(now: float, done: int, total: int, task=task) -> None:
@@ -129,8 +129,10 @@ def run_replays(
 def _fmt(key: str, v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    if key.startswith("utilization"):
+    if key.startswith("utilization") or key == "capacity.utilization_bought":
         return f"{v:.1%}"
+    if key == "capacity.nodes_mean":
+        return f"{v:,.1f}"
     if key.startswith("fragmentation") or "gpu_hours" in key:
         return f"{v:,.1f}"
     if key.startswith(("preemptions", "fairness")):
@@ -162,8 +164,10 @@ def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
     for name, s in summaries.items():
         table.add_column(name + (" (partial)" if s["partial"] else ""), justify="right")
     outages = any(s["outages"]["failures"] or s["outages"]["drains"] for s in summaries.values())
-    for key, label, _ in FIGURES + (OUTAGE_FIGURES if outages else ()):
-        table.add_row(label, *[_fmt(key, get(s, key)) for s in summaries.values()])
+    capacity = any("capacity" in s for s in summaries.values())
+    for key, label, _ in FIGURES + (OUTAGE_FIGURES if outages else ()) + (CAPACITY_FIGURES if capacity else ()):
+        table.add_row(label, *[_fmt(key, get(s, key)) if "capacity" in s or not key.startswith("capacity.")
+                               else "-" for s in summaries.values()])
     ratios = comparison_rows(summaries)
     names = {"jct.mean": "JCT avg", "queueing.p95": "queue p95", "wait.mean": "wait avg"}
     keys = list(next(iter(ratios.values()), {}) or {})
@@ -248,6 +252,8 @@ class SimArgs:
     drain_deadline: str = "0"
     elastic_speedup: Optional[str] = None
     resize_overhead: Optional[str] = None
+    idle_timeout: Optional[str] = None
+    spot_reclaim_per_hour: Optional[float] = None
     out: Optional[Path] = None
     as_json: bool = False
     plots: bool = True
@@ -336,6 +342,12 @@ def sim(
     resize_overhead: Optional[str] = typer.Option(
         _D.resize_overhead, "--resize-overhead", help="time an elastic job makes no progress after each resize (its "
                                                       "restart), e.g. 1m (default 60s)"),
+    idle_timeout: Optional[str] = typer.Option(
+        _D.idle_timeout, "--idle-timeout", help="growable node groups: how long a node holds no lease before it is "
+                                                "removed, e.g. 10m (default 5m, Ray's autoscaler's)"),
+    spot_reclaim_per_hour: Optional[float] = typer.Option(
+        _D.spot_reclaim_per_hour, "--spot-reclaim-per-hour", help="spot node groups: reclaims per node-hour, drawn "
+                                                                  "per node with --seed (default 0.01; 0: none)"),
     out: Optional[Path] = typer.Option(_D.out, "--out", help="directory for summary.json, table.txt and PNG plots"),
     as_json: bool = typer.Option(_D.as_json, "--json", help="print the JSON report instead of the table"),
     plots: bool = typer.Option(_D.plots, "--plots/--no-plots", help="write PNG plots into --out"),
@@ -451,6 +463,15 @@ def _parse(a: SimArgs) -> _Parsed:
             overhead = parse_duration(a.resize_overhead)
         except ValueError:
             errors.append(("--resize-overhead", a.resize_overhead, "a duration >= 0 like 0, 60 or 2m"))
+    idle = None
+    if a.idle_timeout is not None:
+        try:
+            idle = parse_duration(a.idle_timeout)
+        except ValueError:
+            errors.append(("--idle-timeout", a.idle_timeout, "a duration >= 0 like 300, 5m or 10m"))
+    reclaim = a.spot_reclaim_per_hour
+    if reclaim is not None and not (math.isfinite(reclaim) and reclaim >= 0):
+        errors.append(("--spot-reclaim-per-hour", reclaim, "a number >= 0: reclaims per spot node-hour, like 0.01"))
     if a.elastic_speedup is not None:
         try:
             speedup_table(a.elastic_speedup)
@@ -463,7 +484,8 @@ def _parse(a: SimArgs) -> _Parsed:
               **config}
     options = {k: v for k, v in dict(estimates=a.estimates, noise_sigma=a.noise_sigma, stop_delay_s=a.stop_delay,
                                      tick_s=a.tick, max_examined=a.max_examined, elastic_speedup=a.elastic_speedup,
-                                     resize_overhead_s=overhead).items() if v is not None}
+                                     resize_overhead_s=overhead, idle_timeout_s=idle,
+                                     spot_reclaim_per_hour=reclaim).items() if v is not None}
     return _Parsed(names, config, options, ckpt, outage_kw)
 
 
@@ -646,5 +668,8 @@ app.command("sim")(sim)
 
 
 def register(parent: typer.Typer) -> None:
-    """Attach ``sim`` to the ``raylane`` command line."""
+    """Attach ``sim`` and ``sim-autoscale`` (``raylane.sim.costcompare``) to the ``raylane`` command line."""
+    from raylane.sim.costcompare import register as register_compare
+
     parent.command("sim")(sim)
+    register_compare(parent)

@@ -53,6 +53,7 @@ from raylane.scheduling import ClusterState, check_feasible, cycle
 from raylane.scheduling.types import (
     Gang, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
 )
+from raylane.sim.cluster import ClusterSpec
 from raylane.sim.replay import Replay
 from raylane.sim.traces import Speedup, Trace, TraceJob, parse_speedup
 from raylane.sim.types import (
@@ -100,7 +101,11 @@ def gang_for(job: TraceJob, max_node_gpus: int, placement: str = "pack") -> Gang
 
 
 class Simulator:
-    """One replay of ``trace`` on ``nodes`` under ``config``. ``run()`` once; it returns a ``SimResult``."""
+    """One replay of ``trace`` on ``nodes`` under ``config``. ``run()`` once; it returns a ``SimResult``.
+
+    ``cluster``: the cluster file ``nodes`` come from; when its groups grow, have a price or are spot
+    (``ClusterSpec.elastic``), the replay follows its nodes' lives and cost (``raylane.sim.autoscaled``), and a job
+    is checked against the cluster at its largest (every group at ``max``)."""
 
     def __init__(
         self,
@@ -113,9 +118,11 @@ class Simulator:
         default_class: WorkloadClass = DEFAULT_CLASS,
         options: SimOptions = SimOptions(),
         cluster_name: str = "",
+        cluster: Optional["ClusterSpec"] = None,
     ):
         self.trace = trace
         self.nodes = list(nodes)
+        self.cluster = cluster if cluster is not None and cluster.elastic else None
         self.config = config
         self.options = options
         self.cluster_name = cluster_name
@@ -126,7 +133,8 @@ class Simulator:
             teams.setdefault(name, Team(name, {}))
         self.teams = teams
         self.total_gpus = sum(n.capacity.gpu for n in self.nodes)
-        max_node_gpus = int(max((n.capacity.gpu for n in self.nodes), default=0))
+        largest = self.cluster.nodes_at_max() if self.cluster is not None else self.nodes
+        max_node_gpus = int(max((n.capacity.gpu for n in largest), default=0))
 
         rng = random.Random(options.seed)
         feasible: Dict[Tuple, Optional[str]] = {}
@@ -150,7 +158,7 @@ class Simulator:
             w = Workload(job.id, job.team, cls, gang, job.submit, self._estimate(job, rng))
             fkey = (gang, job.team)
             if fkey not in feasible:
-                why = check_feasible(w, self.nodes, self.teams, config.admission)
+                why = check_feasible(w, largest, self.teams, config.admission)
                 feasible[fkey] = None if why is None else str(why)
             if feasible[fkey] is not None:
                 self.rejected.append((job, feasible[fkey]))

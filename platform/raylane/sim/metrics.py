@@ -26,6 +26,14 @@ This module owns the definitions (they are what ``docs/simulator.md`` and the JS
   capacity down (failed nodes until repaired).
 - *resizes*: the resizes of elastic jobs (the core's ``Resize`` decisions): in all, per finished job, how many
   jobs were resized, and the GPU-hours their restart overheads held without progress.
+- *capacity* (only for a cluster with growable, priced or spot groups; ``raylane.sim.autoscaled``): GPU-hours
+  bought (each node's node-hours from launch to removal times its GPUs), their cost (times the group's price per
+  GPU-hour) split spot and on-demand, *bought utilization* (GPU-hours held by leases over GPU-hours bought), nodes
+  joined (time-weighted mean and largest), and per group its launches, cancellations, idle removals, reclaims and
+  cost; and the same bought GPU-hours and cost over the *submit window* (first to last submit), where a trace that
+  is a slice of a steady stream is comparable across clusters (after it, a fixed cluster idles while the last long
+  jobs run, which the whole replay's figures charge it for). A fixed cluster's report has no such section, so it
+  reads as it always has.
 A partial replay (stopped early) reports these over what finished, counts the rest, and says ``partial: true``.
 """
 from __future__ import annotations
@@ -35,7 +43,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from raylane.sim.engine import SimResult
 
-__all__ = ["summarize", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES"]
+__all__ = ["summarize", "capacity", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES", "CAPACITY_FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -70,6 +78,17 @@ OUTAGE_FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("outages.drain_time.mean", "drain time avg", "s"),
     ("outages.drain_time.max", "drain time max", "s"),
     ("outages.down_gpu_hours", "GPU-h down", "GPU-h"),
+)
+
+# Shown when a run's cluster has growable, priced or spot groups (its summary has a ``capacity`` section).
+CAPACITY_FIGURES: Tuple[Tuple[str, str, str], ...] = (
+    ("capacity.gpu_hours", "GPU-h bought", "GPU-h"),
+    ("capacity.cost", "cost", ""),
+    ("capacity.cost_spot", "cost (spot)", ""),
+    ("capacity.utilization_bought", "util of bought", ""),
+    ("capacity.nodes_mean", "nodes avg", ""),
+    ("capacity.nodes_max", "nodes max", ""),
+    ("capacity.reclaims", "spot reclaims", ""),
 )
 
 
@@ -225,6 +244,58 @@ def summarize(r: SimResult) -> Dict[str, Any]:
         "fragmentation": _fragmentation(r, t0, t1),
         "outages": _outages(r),
         "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s, **cycle_latency(r)},
+        **({"capacity": capacity(r, gpu_s_used, t0, t1)} if r.capacity is not None else {}),
+    }
+
+
+def capacity(r: SimResult, gpu_s_used: float, t0: float, t1: float) -> Dict[str, Any]:
+    """The *capacity* figures of a replay with a ``CapacityLog`` (see the module's words)."""
+    log = r.capacity
+    groups: Dict[str, Any] = {}
+    cost = {"spot": 0.0, "on_demand": 0.0}
+    gpu_h = {"spot": 0.0, "on_demand": 0.0}
+    unpriced = 0.0
+    for g in log.groups:
+        kind = "spot" if g.spot else "on_demand"
+        gpu_h[kind] += g.gpu_hours
+        if g.cost is None:
+            unpriced += g.gpu_hours
+        else:
+            cost[kind] += g.cost
+        groups[g.name] = {
+            "node_type": g.node_type, "gpus_per_node": g.gpus, "price": g.price, "spot": g.spot,
+            "min": g.lo, "max": g.hi, "start": g.start, "peak": g.peak, "startup_s": g.startup_s,
+            "launched": g.launched, "cancelled": g.cancelled, "removed_idle": g.removed_idle,
+            "reclaimed": g.reclaimed, "node_hours": g.node_s / 3600.0, "gpu_hours": g.gpu_hours, "cost": g.cost,
+        }
+    bought = gpu_h["spot"] + gpu_h["on_demand"]
+    span = t1 - t0
+    w1 = max((job.submit for job in r.jobs), default=t0)
+    window = {"start_s": t0, "end_s": w1, "gpu_hours": 0.0, "cost": 0.0, "cost_spot": 0.0}
+    in_window = log.billed(t0, w1)
+    for g in log.groups:
+        hours = in_window[g.name] / 3600.0
+        window["gpu_hours"] += hours * g.gpus
+        if g.price is not None:
+            c = g.price * (hours * g.gpus if g.gpus else hours)
+            window["cost"] += c
+            window["cost_spot"] += c if g.spot else 0.0
+    return {
+        "gpu_hours": bought,
+        "gpu_hours_spot": gpu_h["spot"],
+        "gpu_hours_on_demand": gpu_h["on_demand"],
+        "gpu_hours_unpriced": unpriced,
+        "cost": cost["spot"] + cost["on_demand"],
+        "cost_spot": cost["spot"],
+        "cost_on_demand": cost["on_demand"],
+        "utilization_bought": gpu_s_used / 3600.0 / bought if bought else math.nan,
+        "nodes_mean": _integral(r.times, log.nodes, t0, t1) / span if span > 0 and log.nodes else math.nan,
+        "nodes_max": max(log.nodes, default=0),
+        "reclaims": sum(g.reclaimed for g in log.groups),
+        "idle_timeout_s": log.idle_timeout_s,
+        "spot_reclaim_per_hour": log.spot_reclaim_per_hour,
+        "submit_window": window,
+        "groups": groups,
     }
 
 

@@ -2,6 +2,8 @@
 
 - ``jct_cdf.png``: the CDF of job completion times, one line per run, log time axis.
 - ``timeline.png``: GPU utilization and queue length over simulated time, one line per run.
+- ``nodes.png`` (runs on clusters with growable, priced or spot groups): nodes joined (and starting) against the
+  queue length over simulated time, one line per run.
 Several runs on one figure compare policies on the same trace.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from raylane.sim.engine import SimResult  # noqa: E402
 from raylane.sim.metrics import binned  # noqa: E402
 
-__all__ = ["plot_jct_cdf", "plot_timeline", "write_plots"]
+__all__ = ["plot_jct_cdf", "plot_timeline", "plot_nodes", "write_plots"]
 
 Run = Tuple[str, SimResult]
 
@@ -76,6 +78,39 @@ def plot_timeline(runs: Sequence[Run], path: Path, bins: int = 400) -> Path:
     return path
 
 
+def plot_nodes(runs: Sequence[Run], path: Path, bins: int = 400) -> Path:
+    """Nodes joined (solid) and starting (thin) over time above the pending workloads, for the runs with a
+    ``capacity`` log (time-weighted means over ``bins`` intervals)."""
+    runs = [(label, r) for label, r in runs if r.capacity is not None and r.times]
+    fig, (ax_n, ax_q) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    span = max((r.end_time - r.times[0] for _, r in runs), default=0.0)
+    unit, unit_s = ("days", 86400.0) if span > 3 * 86400 else ("hours", 3600.0)
+    for k, (label, r) in enumerate(runs):
+        t0, t1 = r.times[0], r.end_time if r.end_time > r.times[0] else r.times[-1]
+        x, nodes = binned(r.times, r.capacity.nodes, t0, t1, bins)
+        _, starting = binned(r.times, r.capacity.starting, t0, t1, bins)
+        _, queued = binned(r.times, r.queued, t0, t1, bins)
+        xs = [(v - t0) / unit_s for v in x]
+        line, = ax_n.plot(xs, nodes, label=f"{label}: joined", lw=1.2, ls=_style(k))
+        if any(starting):
+            ax_n.plot(xs, starting, label=f"{label}: starting", lw=0.7, ls=":", color=line.get_color())
+        ax_q.plot(xs, queued, label=label, lw=1.0, ls=_style(k), color=line.get_color())
+    ax_n.set_ylabel("nodes")
+    ax_n.grid(True, alpha=0.3)
+    ax_n.legend(fontsize=8, loc="upper right")
+    ax_q.set_ylabel("pending workloads")
+    ax_q.set_xlabel(f"simulated time ({unit})")
+    ax_q.grid(True, alpha=0.3)
+    ax_q.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(runs: Sequence[Run], out_dir: Path) -> List[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [plot_jct_cdf(runs, out_dir / "jct_cdf.png"), plot_timeline(runs, out_dir / "timeline.png")]
+    out = [plot_jct_cdf(runs, out_dir / "jct_cdf.png"), plot_timeline(runs, out_dir / "timeline.png")]
+    if any(r.capacity is not None for _, r in runs):
+        out.append(plot_nodes(runs, out_dir / "nodes.png"))
+    return out

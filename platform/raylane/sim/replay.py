@@ -10,6 +10,10 @@ a lease runs until its work is done or it is told to stop. The words (*instant*,
 Events on the heap are ``(time, kind, job index, attempt)``: an event of an attempt that has since been stopped,
 resized or finished is stale and skipped. Node events carry an index into ``node_events`` instead of a job's.
 
+A cluster with growable, priced or spot groups (``ClusterSpec.elastic``) also has a ``Fleet``
+(``raylane.sim.autoscaled``): after the cycles of each instant settle, the last cycle's ``Pending`` decisions make
+the scale-up demand, and the nodes it launches join, go idle, are removed or reclaimed as node events here.
+
 Speed: a cycle runs only after an instant that changed something; checkpoints of running leases are told to the
 state lazily, just before a cycle, and only when preemption is on (the core reads them only to price victims).
 """
@@ -25,6 +29,7 @@ from raylane.scheduling import lifecycle
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.state import ClusterState
 from raylane.scheduling.types import Admit, Lease, LeaseState, Node, Resize, Workload
+from raylane.sim.autoscaled import REARM, REMOVE, Fleet
 from raylane.sim.outages import next_failure, node_rng
 from raylane.sim.stranded import StrandedShapes
 from raylane.sim.traces import Speedup, TraceJob
@@ -119,6 +124,7 @@ class Replay:
         self.cycle_wall: List[float] = []
         self.cycle_pending: List[int] = []
         self._init_outages()
+        self._init_fleet()
 
     def _init_outages(self) -> None:
         outages, nodes = self.opts.outages, self.sim.nodes
@@ -144,6 +150,19 @@ class Replay:
                 self.rngs[nd.id] = node_rng(self.opts.seed, nd.id)
                 self._push_node(next_failure(self.rngs[nd.id], 0.0, outages.mtbf_s), "fail", nd.id,
                                 (outages.repair_s, True))
+
+    def _init_fleet(self) -> None:
+        cluster = self.sim.cluster
+        self.fleet: Optional[Fleet] = None
+        if cluster is None or not cluster.elastic:
+            return
+        self.fleet = Fleet(cluster, self.opts, min(self.submits, default=0.0))
+        self.where: Dict[int, Tuple[str, ...]] = {}  # running job -> its lease's nodes
+        self.last_pending: tuple = ()  # the last cycle's Pending decisions at this instant
+        self.requeues["reclaim"] = 0
+        self.lost_gpu_s["reclaim"] = 0.0
+        self.on_node.update(join=self._join, idle=self._idle_check, reclaim=self._reclaim)
+        self._push_fleet(self.fleet.initial_events())
 
     # ------------------------------------------------------------------------------------------------ instants
     def next_instant(self) -> Optional[float]:
@@ -193,7 +212,12 @@ class Replay:
 
     def settle(self, t: float) -> None:
         """After a change at ``t``: cycles until quiet, drains that emptied their node, the stranded GPUs."""
-        self._run_cycles(t)
+        if self.fleet is not None:
+            self.last_pending = ()
+            self._run_cycles(t)
+            self._rescale(t)
+        else:
+            self._run_cycles(t)
         if self.cordoned:
             self._check_drained(t)
         self.stranded_now = self.stranded.measure(self.state, self.present_gpus - self.busy)
@@ -207,6 +231,8 @@ class Replay:
         self.stranded_s.append(self.stranded_now)
         self.queued_s.append(pending)
         self.running_s.append(self.nrunning)
+        if self.fleet is not None:
+            self.fleet.sample()
         tick = self.tick
         if tick > 0 and pending and self.tick_at == math.inf:
             self.tick_at = (math.floor(t / tick) + 1) * tick
@@ -226,8 +252,10 @@ class Replay:
 
     def _run_cycles(self, now: float) -> None:
         state, max_examined = self.state, self.opts.max_examined
-        for _ in range(self.opts.max_cycles_per_instant):
-            if self._quiet():
+        # With a fleet, a cycle runs at every change while work waits: its Pending decisions make the demand.
+        fleet = self.fleet is not None
+        for k in range(self.opts.max_cycles_per_instant):
+            if self._quiet() and not (fleet and k == 0 and state.pending_count()):
                 return
             if self.can_preempt:
                 self._tell_checkpoints(now)
@@ -242,6 +270,8 @@ class Replay:
             self.cycle_wall.append(time.perf_counter() - c0)
             self.cycle_pending.append(pending_now)
             self.cycles += 1
+            if fleet:
+                self.last_pending = result.pending
             if not self._apply(result, now):
                 return
         raise SimulationError(
@@ -304,6 +334,9 @@ class Replay:
         if c.first_start[j] < 0:
             c.first_start[j] = now
         c.attempt[j] += 1
+        if self.fleet is not None:
+            self.where[j] = tuple(adm.placement)
+            self.fleet.busy(adm.placement)
         c.held[j], c.ovh[j] = g.total.gpu, 0.0
         c.rate[j] = c.curve[j].rate(g.workers, c.gang0[j].workers)
         heappush(self.events, (now + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
@@ -336,6 +369,10 @@ class Replay:
         c.rate[j] = c.curve[j].rate(rz.to_workers, c.gang0[j].workers)
         self.resize_overhead_gpu_s += overhead * c.held[j]
         c.resizes[j] += 1
+        if self.fleet is not None:
+            old, self.where[j] = self.where.get(j, ()), tuple(rz.placement)
+            self.fleet.busy(rz.placement)
+            self._push_fleet(self.fleet.maybe_idle(old, self.state.nodes, now))
         c.start_at[j] = now
         c.attempt[j] += 1  # the old finish and checkpoint events no longer hold
         heappush(self.events, (now + overhead + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
@@ -359,6 +396,8 @@ class Replay:
         self.team_gpu_s[c.job[j].team] += c.held[j] * (now - c.start_at[j])
         if c.w[j].gang.elastic:
             self.elastic_running -= 1
+        if self.fleet is not None:
+            self._push_fleet(self.fleet.maybe_idle(self.where.pop(j, ()), self.state.nodes, now))
 
     def _stop(self, j: int, now: float, cause: str, stops: List[int]) -> None:
         """Tell job ``j``'s lease to stop; it stops after the stop delay (now: appended to ``stops``)."""
@@ -419,6 +458,8 @@ class Replay:
             if drawn:
                 self.redraw.add(nid)  # draw its next failure once it is back
             return  # already down: this failure changes nothing
+        if self.fleet is not None and nid not in self.state.nodes:
+            return  # an autoscaled node that was removed or reclaimed: there is nothing to fail
         c = self.jobs
         for lease in lifecycle.lose_node(self.state, nid, now):
             j = self.index[lease.id]
@@ -475,6 +516,50 @@ class Replay:
         for j in stops:
             self._stopped(j, now)
 
+    # ---------------------------------------------------------------------------------------- autoscaled nodes
+    def _push_fleet(self, events) -> None:
+        for at, kind, nid, arg in events:
+            self._push_node(at, kind, nid, arg)
+
+    def _rescale(self, now: float) -> None:
+        """The demand of the last cycle's pending gangs: launch the nodes it needs (they join after their group's
+        start-up), cancel the starting ones it no longer needs (their join events are then stale)."""
+        launch, _ = self.fleet.rescale(now, self.last_pending, self.state.nodes)
+        for at, nid in launch:
+            self._push_node(at, "join", nid)
+
+    def _join(self, nid: str, _arg, now: float) -> None:
+        got = self.fleet.join(nid, now)
+        if got is None:
+            return  # cancelled while it was starting
+        node, events = got
+        self.state.add_node(node)
+        self.present_gpus += node.capacity.gpu
+        self._push_fleet(events)
+
+    def _idle_check(self, nid: str, since, now: float) -> None:
+        verdict = self.fleet.idle_check(nid, since, self.state.nodes)
+        if verdict == REMOVE:
+            gpus = self.state.nodes[nid].capacity.gpu
+            lifecycle.lose_node(self.state, nid, now)  # empty: no lease ends
+            self.present_gpus -= gpus
+            self.fleet.gone(nid, now)
+        elif verdict == REARM:
+            self._push_node(now + self.opts.idle_timeout_s, "idle", nid, since)
+
+    def _reclaim(self, nid: str, _arg, now: float) -> None:
+        """A spot node is taken back: its leases end and are requeued as a failure's are; the node is gone."""
+        if not self.fleet.is_joined(nid) or nid not in self.state.nodes:
+            return
+        gpus = self.state.nodes[nid].capacity.gpu
+        c = self.jobs
+        for lease in lifecycle.lose_node(self.state, nid, now):
+            j = self.index[lease.id]
+            self._ended(j, now)
+            self._back(j, lease, now, c.stop_req[j] if c.stop_req[j] >= 0 else now, "reclaim")
+        self.present_gpus -= gpus
+        self.fleet.gone(nid, now, reclaimed=True)
+
     def _check_drained(self, now: float) -> None:
         for nid, d in self.cordoned.items():
             if self.drains[d][2] is None:
@@ -504,6 +589,7 @@ class Replay:
             stranded=self.stranded_s, requeues=self.requeues, lost_gpu_s=self.lost_gpu_s, failures=self.failures,
             drains=[tuple(d) for d in self.drains], down_gpu_s=self.down_gpu_s,
             resizes=c.resizes, resize_overhead_gpu_s=self.resize_overhead_gpu_s,
+            capacity=self.fleet.close(t) if self.fleet is not None else None,
         )
 
 

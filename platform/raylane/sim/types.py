@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from raylane.errors import FatalError
 from raylane.scheduling import PLACEMENTS
@@ -18,7 +18,8 @@ from raylane.sim.outages import Outages
 from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, TraceJob, parse_speedup
 
 __all__ = ["ESTIMATES", "DEFAULT_CLASS", "DEFAULT_RESIZE_OVERHEAD_S", "DEFAULT_TICK_S", "CAUSES",
-           "ELASTIC_SPEEDUP_ALLOWED", "SimOptions", "SimResult", "SimulationError", "speedup_table"]
+           "DEFAULT_STARTUP_S", "DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPOT_RECLAIM_PER_HOUR", "ELASTIC_SPEEDUP_ALLOWED",
+           "SimOptions", "SimResult", "SimulationError", "speedup_table"]
 
 ESTIMATES = ("none", "exact", "noisy", "declared")
 
@@ -33,8 +34,18 @@ DEFAULT_RESIZE_OVERHEAD_S = 60.0
 # Seconds between clock-triggered cycles when preemption is on and ``tick_s`` is left to the simulator.
 DEFAULT_TICK_S = 300.0
 
-# Why a lease went back to its queue.
+# Why a lease went back to its queue. A replay of autoscaled groups adds "reclaim" (a spot node taken back).
 CAUSES = ("preemption", "drain", "failure")
+
+# Autoscaled node groups (raylane.sim.autoscaled). Seconds from asking for a node to it taking work, for a group
+# whose cluster file gives no ``startup``: a cloud VM's boot, Ray's start and the image pull, typically 2-5 minutes.
+DEFAULT_STARTUP_S = 180.0
+# Seconds a node holds no lease before it is let go: Ray's autoscaler's ``idle_timeout_minutes`` default (5, in
+# ray/autoscaler/{aws,gcp,azure,local}/defaults.yaml).
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+# Reclaims per hour of each spot node (exponential): 0.01 is one in 100 node-hours, about one node in five a day,
+# on the pessimistic side of what clouds publish for GPU spot capacity.
+DEFAULT_SPOT_RECLAIM_PER_HOUR = 0.01
 
 
 class SimulationError(FatalError):
@@ -90,6 +101,10 @@ class SimOptions:
     elastic_speedup: str = "linear"
     # Seconds of no progress after each resize (the restart at the new size; see the module's *resize*).
     resize_overhead_s: float = DEFAULT_RESIZE_OVERHEAD_S
+    # Autoscaled node groups (read only when the cluster has growable, priced or spot groups): seconds a node holds
+    # no lease before it is removed, and reclaims per hour of each spot node.
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    spot_reclaim_per_hour: float = DEFAULT_SPOT_RECLAIM_PER_HOUR
 
     def __post_init__(self):
         if self.estimates not in ESTIMATES:
@@ -100,6 +115,10 @@ class SimOptions:
         o = self.resize_overhead_s
         if not (isinstance(o, (int, float)) and math.isfinite(o) and o >= 0):
             raise FatalError(f"resize overhead {o!r}: allowed: seconds >= 0")
+        for what, v in (("idle timeout", self.idle_timeout_s), ("spot reclaim rate", self.spot_reclaim_per_hour)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise FatalError(f"{what} {v!r}: allowed: a number >= 0" + (" (seconds)" if what[0] == "i" else
+                                                                             " (reclaims per node-hour)"))
 
 
 @dataclass
@@ -151,4 +170,7 @@ class SimResult:
     # Resizes of each job (beside ``jobs``), and the GPU-seconds their restart overheads held without progress.
     resizes: List[int] = field(default_factory=list)
     resize_overhead_gpu_s: float = 0.0
+    # The nodes' lives and cost, for a cluster with growable, priced or spot groups (``raylane.sim.autoscaled``);
+    # None for a fixed cluster, whose report leaves the section out.
+    capacity: Optional[Any] = None
 

@@ -1,0 +1,200 @@
+"""``raylane sim-autoscale``: one trace replayed on a fixed cluster and on autoscaled node groups, cost against JCT.
+
+This module owns the comparison of issue 28's simulator goal: the same trace (a file, or a generated mix) and the
+same policy replayed once on a fixed cluster (``--fixed``, meant to be sized for the trace's peak) and once per
+autoscaled cluster file (``--autoscaled``, repeatable), each cluster file priced per GPU-hour. It prints one row
+per run: GPU-hours bought and cost over the trace's submit window (first to last submit: a slice of a steady
+stream of work, where clusters compare fairly) and over the whole replay (to the last completion, which charges a
+fixed cluster for idling while the last long jobs end), nodes (mean and largest), average and median JCT, and
+the ratios of the submit window's cost and of the average JCT to the fixed run, with whether the goal holds (cost
+at most ``GOAL_COST`` of the fixed cluster's for an average JCT at most ``GOAL_JCT`` times its, every job
+finished). It also prints the trace's *peak*: the most GPUs
+its jobs would hold at once if each ran from its submit for its duration, the size a fixed cluster needs so that
+no job waits for GPUs (up to how they pack). The replays are ``raylane sim``'s (``raylane.sim.cli``); the cost
+figures are ``raylane.sim.metrics.capacity``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from raylane.errors import FatalError, ValidationError
+from raylane.scheduling.types import SchedulerConfig
+from raylane.sim.cli import SimArgs, _fail, _jsonable, _trace, run_replays
+from raylane.sim.cluster import ClusterSpec, load_cluster
+from raylane.sim.engine import DEFAULT_CLASS, SimOptions, SimResult
+from raylane.sim.generate import MIXES
+from raylane.sim.metrics import summarize
+from raylane.sim.presets import PRESETS, apply_preset, get_preset
+from raylane.sim.traces import Trace
+
+__all__ = ["GOAL_COST", "GOAL_JCT", "peak_gpus", "compare_rows", "sim_autoscale", "register"]
+
+# The goal: the autoscaled groups cost at most this share of the fixed cluster's, for an average JCT at most this
+# many times the fixed cluster's.
+GOAL_COST = 0.60
+GOAL_JCT = 1.10
+
+_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def peak_gpus(trace: Trace) -> float:
+    """The most GPUs the trace's jobs hold at once if each runs from its submit for its duration (a job that ends
+    as another starts does not overlap it)."""
+    events = sorted([(j.submit, 1, j.gpus) for j in trace.jobs] + [(j.submit + j.duration, 0, -j.gpus)
+                                                                    for j in trace.jobs])
+    held = peak = 0.0
+    for _, _, g in events:
+        held += g
+        peak = max(peak, held)
+    return peak
+
+
+def compare_rows(summaries: List[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """One row per run (the first is the fixed cluster's): its figures and its ratios to the first."""
+    base = summaries[0][1]
+    rows = []
+    for label, s in summaries:
+        cap = s.get("capacity") or {}
+        win = cap.get("submit_window") or {}
+        cost_ratio = _ratio(win.get("cost"), ((base.get("capacity") or {}).get("submit_window") or {}).get("cost"))
+        jct_ratio = _ratio(s["jct"]["mean"], base["jct"]["mean"])
+        rows.append({
+            "run": label, "cluster": s["cluster"], "finished": s["jobs"]["finished"], "jobs": s["jobs"]["total"],
+            "window_gpu_hours": win.get("gpu_hours", math.nan), "window_cost": win.get("cost", math.nan),
+            "window_cost_spot": win.get("cost_spot", math.nan),
+            "gpu_hours": cap.get("gpu_hours", math.nan), "cost": cap.get("cost", math.nan),
+            "cost_spot": cap.get("cost_spot", math.nan), "nodes_mean": cap.get("nodes_mean", math.nan),
+            "nodes_max": cap.get("nodes_max", 0), "reclaims": cap.get("reclaims", 0),
+            "utilization_bought": cap.get("utilization_bought", math.nan),
+            "jct_mean": s["jct"]["mean"], "jct_p50": s["jct"]["p50"], "queue_mean": s["queueing"]["mean"],
+            "cost_ratio": cost_ratio, "jct_ratio": jct_ratio,
+            "goal_met": (cost_ratio <= GOAL_COST + 1e-12 and jct_ratio <= GOAL_JCT + 1e-12
+                         and s["jobs"]["finished"] == base["jobs"]["finished"]) if rows else None,
+        })
+    return rows
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> float:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a / b
+
+
+def _table(rows: List[Dict[str, Any]], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("run", "GPU-h (window)", "cost (window)", "of it spot", "cost (replay)", "nodes avg", "nodes max",
+                "reclaims", "util of bought", "JCT avg (h)", "JCT p50 (h)", "queue avg (min)", "cost / fixed",
+                "JCT avg / fixed", "goal"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in rows:
+        goal = "-" if r["goal_met"] is None else ("met" if r["goal_met"] else "not met")
+        t.add_row(r["run"], f"{r['window_gpu_hours']:,.0f}", f"{r['window_cost']:,.0f}",
+                  f"{r['window_cost_spot']:,.0f}", f"{r['cost']:,.0f}",
+                  f"{r['nodes_mean']:,.1f}", f"{r['nodes_max']}", f"{r['reclaims']}",
+                  f"{r['utilization_bought']:.1%}", f"{r['jct_mean'] / 3600:.2f}", f"{r['jct_p50'] / 3600:.2f}",
+                  f"{r['queue_mean'] / 60:.1f}", f"{r['cost_ratio']:.2f}", f"{r['jct_ratio']:.3f}", goal)
+    return t
+
+
+def _priced(spec: ClusterSpec, path: Path) -> None:
+    missing = [g.name for g in spec.node_groups if g.price is None]
+    if missing:
+        raise ValidationError(str(path), [(f"node_groups ({', '.join(missing)}).price", None,
+                                           "a price per GPU-hour on every group: the comparison is of costs")])
+
+
+def sim_autoscale(
+    trace_path: Optional[Path] = typer.Argument(None, metavar="[TRACE]", help="trace CSV; none with --generate"),
+    fixed: Path = typer.Option(..., "--fixed", help="the fixed cluster file (priced), sized for the trace's peak"),
+    autoscaled: List[Path] = typer.Option(..., "--autoscaled", help="an autoscaled cluster file (growable, priced "
+                                          "groups); repeatable: one run each"),
+    generate_mix: Optional[str] = typer.Option(None, "--generate", help="a generated trace of this mix instead of "
+                                               "a file: " + ", ".join(MIXES)),
+    jobs: int = typer.Option(2000, "--jobs", help="with --generate: how many jobs"),
+    load: float = typer.Option(0.4, "--load", help="with --generate: GPU-time asked over the fixed cluster's"),
+    seed: int = typer.Option(0, "--seed", help="seed of --generate and of the spot reclaims"),
+    start: Optional[str] = typer.Option(None, help="keep jobs submitted from this date (or second) on"),
+    end: Optional[str] = typer.Option(None, help="keep jobs submitted before this date (or second)"),
+    limit: Optional[int] = typer.Option(None, help="keep only the first N jobs"),
+    preset: str = typer.Option("greedy", "--preset", help="the policy of every run: " + ", ".join(PRESETS)),
+    idle_timeout: Optional[str] = typer.Option(None, "--idle-timeout", help="as raylane sim's (default 5m)"),
+    spot_reclaim_per_hour: Optional[float] = typer.Option(None, "--spot-reclaim-per-hour",
+                                                          help="as raylane sim's (default 0.01)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="directory for compare.json and nodes.png"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of the table"),
+) -> None:
+    """Replay one trace on a fixed cluster and on autoscaled node groups, and compare cost against JCT."""
+    try:
+        _compare(SimArgs(trace_path=trace_path, generate_mix=generate_mix, jobs=jobs, load=load, seed=seed,
+                         start=start, end=end, limit=limit, idle_timeout=idle_timeout,
+                         spot_reclaim_per_hour=spot_reclaim_per_hour, out=out, as_json=as_json),
+                 fixed, autoscaled, preset)
+    except FatalError as exc:
+        _fail(exc)
+
+
+def _compare(a: SimArgs, fixed_path: Path, autoscaled_paths: List[Path], preset: str) -> None:
+    from raylane.sim.cli import _parse
+
+    errors = []
+    if (a.trace_path is None) == (a.generate_mix is None):
+        errors.append(("TRACE/--generate", a.trace_path or a.generate_mix, "exactly one of a trace file or "
+                                                                         "--generate MIX"))
+    if preset not in PRESETS:
+        errors.append(("--preset", preset, "one of " + ", ".join(PRESETS)))
+    if errors:
+        raise ValidationError("flags", errors)
+    flags = _parse(SimArgs(**{**a.__dict__, "nodes": 1}))  # the shared flags, checked as raylane sim checks them
+    fixed = load_cluster(fixed_path)
+    _priced(fixed, fixed_path)
+    if fixed.growable:
+        raise ValidationError(str(fixed_path), [("node_groups", "min/max", "fixed groups only (no min or max)")])
+    clusters = [(fixed_path.stem, fixed)]
+    for p in autoscaled_paths:
+        spec = load_cluster(p)
+        _priced(spec, p)
+        clusters.append((p.stem, spec))
+    trace = _trace(a, fixed)
+    cfg, opts = apply_preset(get_preset(preset), SchedulerConfig(admission="none"), SimOptions(seed=a.seed))
+    from dataclasses import replace
+
+    opts = replace(opts, **flags.options)
+    peak = peak_gpus(trace)
+    _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {trace.gpu_seconds() / 3600:,.0f} GPU-hours over "
+               f"{trace.span() / 3600:,.1f} h of submits; peak {peak:,.0f} GPUs (every job from its submit); "
+               f"fixed cluster {fixed.describe()}", markup=False)
+    results: List[Tuple[str, SimResult]] = []
+    for label, spec in clusters:
+        got = run_replays(trace, spec, [(label, cfg, opts)], teams={}, classes={}, default_class=DEFAULT_CLASS,
+                          show_progress=sys.stderr.isatty())
+        results += got
+        if got[-1][1].partial:
+            break
+    summaries = [(label, summarize(r)) for label, r in results]
+    rows = compare_rows(summaries)
+    report = _jsonable({"trace": trace.source, "jobs": len(trace.jobs), "peak_gpus": peak, "preset": preset,
+                        "goal": {"cost": GOAL_COST, "jct": GOAL_JCT}, "rows": rows})
+    if a.as_json:
+        _out.print_json(json.dumps(report))
+    else:
+        _out.print(_table(rows, f"{trace.source}: {len(trace.jobs)} jobs, preset {preset}, peak {peak:,.0f} GPUs"))
+    if a.out is not None:
+        from raylane.sim.plots import plot_nodes
+
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+        plot_nodes(results, a.out / "nodes.png")
+        _err.print(f"wrote compare.json, nodes.png to {a.out}", markup=False)
+
+
+def register(parent: typer.Typer) -> None:
+    parent.command("sim-autoscale")(sim_autoscale)
