@@ -128,67 +128,82 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
             run_starter.close()  # refused at submit, or stopped before asking: the child exits without a run
 
 
-def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_starter=None) -> Dict[str, Any]:
-    from raylane.control.client import EndState, Outcome, State
-    from raylane.errors import FatalError
-    from raylane.launchers.driver import fail_now, fatal_cause, one_line, ray_job_id, say, wait_admitted
-    from raylane.locations import tracking_uri as resolve_tracking_uri
-    from raylane.runstart import LateTracker, PendingRun
+class _Run:
+    """The workload's MLflow run, as its driver sees it: started by a ``RunStarter``'s child (its answer awaited in a
+    thread, ``PendingRun``) or here, named to the control actor once known, and the driver's own tracker, built on
+    first use (``LateTracker``: MLflow's import is not on the way to the gang's start)."""
 
-    storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
-    run_id = None
-    pending: Optional[PendingRun] = None
+    def __init__(self, ctl, wid: str, spec: Dict[str, Any], tracking_uri: Optional[str], run_starter=None):
+        from raylane.launchers.driver import one_line
+        from raylane.locations import tracking_uri as resolve_tracking_uri
+        from raylane.runstart import LateTracker, PendingRun
 
-    def name_run(rid: str) -> None:
+        self.ctl, self.wid, self.spec, self._asked_uri = ctl, wid, spec, tracking_uri
+        self.run_id: Optional[str] = None
+        # The store, resolved as the run's starter resolves it: the workers get it even when the gang starts before
+        # the run is named (they get the run's id from the control actor then, and its store from here).
+        self.uri = resolve_tracking_uri(tracking_uri)
+        self.tracker = LateTracker(self._make_tracker)
+        self.pending: Optional[PendingRun] = None
+        if run_starter is not None:
+            # The gang's first attempt may start before the run exists: its workers wait for the name the control
+            # actor is given (raylane.train), or for why there is none.
+            run_starter.ask(workload_id=wid, spec=spec)
+            self.pending = PendingRun(run_starter, announce=lambda started: self._name(started.run_id),
+                                      fail=lambda exc: ctl.event(wid, f"MLflow run not started: {one_line(exc)}",
+                                                                 mlflow_run_error=one_line(exc)))
+        else:
+            self.start()
+
+    def _name(self, rid: str) -> None:
         # The store too, so the control plane can close the run if this driver dies with it open.
-        known = uri if uri and uri.startswith(("sqlite:///", "http://", "https://")) else None
-        ctl.event(wid, f"MLflow run {rid}", mlflow_run_id=rid, mlflow_uri=known)
+        known = self.uri if self.uri and self.uri.startswith(("sqlite:///", "http://", "https://")) else None
+        self.ctl.event(self.wid, f"MLflow run {rid}", mlflow_run_id=rid, mlflow_uri=known)
 
-    def start_run() -> str:
-        """The MLflow run's id: the child's answer when a starter prepares it (waited for here), else started here.
-        Either way the driver's own tracker is built on first use (MLflow's import is not on the way to the gang's
-        start)."""
-        nonlocal run_id, uri
-        if run_id is None:
-            if pending is not None:
-                started = pending.result()  # the child's error, if it failed, is raised here
-                run_id, uri = started.run_id, started.tracking_uri
-                if not pending.announced:  # the control actor was restarting when the thread told it
-                    name_run(run_id)
+    def start(self) -> str:
+        """The run's id: the child's answer when a starter prepares it (waited for here; its error raised here),
+        else started here."""
+        if self.run_id is None:
+            if self.pending is not None:
+                started = self.pending.result()
+                self.run_id, self.uri = started.run_id, started.tracking_uri
+                if not self.pending.announced:  # the control actor was restarting when the thread told it
+                    self._name(self.run_id)
             else:
-                run_id, uri = tracker.run_id, tracker.tracking_uri
-                name_run(run_id)
-        return run_id
+                self.run_id, self.uri = self.tracker.run_id, self.tracker.tracking_uri
+                self._name(self.run_id)
+        return self.run_id
 
-    def make_tracker():
+    def start_if_answered(self) -> None:
+        """Take the child's answer if it has come (a failure is raised here, before the gang starts)."""
+        if self.pending is not None and self.pending.done():
+            self.start()
+
+    def _make_tracker(self):
         from raylane.tracking import RunTracker
 
-        if pending is not None:
-            start_run()
-        return RunTracker(workload_id=wid, spec=spec, tracking_uri=uri if run_id else tracking_uri,
-                          cost_of=ctl.run_cost)
+        if self.pending is not None:
+            self.start()
+        return RunTracker(workload_id=self.wid, spec=self.spec,
+                          tracking_uri=self.uri if self.run_id else self._asked_uri, cost_of=self.ctl.run_cost)
 
-    # The store, resolved as the run's starter resolves it: the workers get it even when the gang starts before
-    # the run is named (they get the run's id from the control actor then, and its store from here).
-    uri = resolve_tracking_uri(tracking_uri)
-    tracker = LateTracker(make_tracker)
-    if run_starter is not None:
-        # The child's answer is awaited in a thread: the gang's first attempt may start before the run exists, and
-        # its workers wait for the name the control actor is given (raylane.train), or for why there is none.
-        run_starter.ask(workload_id=wid, spec=spec)
-        pending = PendingRun(run_starter, announce=lambda started: name_run(started.run_id),
-                             fail=lambda exc: ctl.event(wid, f"MLflow run not started: {one_line(exc)}",
-                                                        mlflow_run_error=one_line(exc)))
-    else:
-        start_run()
-    retry_budget = int(ctl.class_info(spec["class"])["retry_budget"])
-    retries = RetryRule(retry_budget)
+
+def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_starter=None) -> Dict[str, Any]:
+    """Wait for each admission, run one attempt of the gang on it, and decide from how it ended (``_after``):
+    another attempt (resized, preempted, a lost node, a failure within the retry budget) or the workload's end."""
+    from raylane.control.client import State
+    from raylane.errors import FatalError
+    from raylane.launchers.driver import fail_now, ray_job_id, say, wait_admitted
+
+    storage_path = storage_path or spec.get("config", {}).get("storage_path") or _default_storage()
+    run = _Run(ctl, wid, spec, tracking_uri, run_starter)
+    retries = RetryRule(int(ctl.class_info(spec["class"])["retry_budget"]))
     last_workers = None
     while True:
         rec = wait_admitted(ctl, wid, poll_s)
         if rec.terminal:
-            start_run()  # the run exists before anything is logged to it, the gang's end included
-            tracker.finish("KILLED" if rec.state is State.CANCELLED else rec.state.value)
+            run.start()  # the run exists before anything is logged to it, the gang's end included
+            run.tracker.finish("KILLED" if rec.state is State.CANCELLED else rec.state.value)
             return rec
         attempt_t0 = time.time()
         say(f"{wid} admitted on {len(set(rec['placement']))} node(s); starting the gang")
@@ -200,18 +215,17 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         try:
             loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
         except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
-            return fail_now(ctl, tracker, wid, f"{exc}")
-        if pending is not None and pending.done():
-            start_run()  # answered already (or failed: raised here, before the gang starts)
+            return fail_now(ctl, run.tracker, wid, f"{exc}")
+        run.start_if_answered()
         started_at = rec.get("step") or 0
-        loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run_id, tracking_uri=uri,
-                                            awaits_run=run_id is None, fault=fault, resume_step=started_at,
+        loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run.run_id, tracking_uri=run.uri,
+                                            awaits_run=run.run_id is None, fault=fault, resume_step=started_at,
                                             marker_dir=os.path.join(storage_path, wid, "_faults"), control=ctl))
         bound_train_waits()
         try:  # the spec's datasets, built once per attempt (raylane.launchers.datasets)
             data = build_datasets(spec)
         except FatalError as exc:  # its function fails or returns no Dataset: every attempt would do the same
-            return fail_now(ctl, tracker, wid, f"{exc}")
+            return fail_now(ctl, run.tracker, wid, f"{exc}")
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl, resume_step=started_at,
                                 data=data)
@@ -225,72 +239,87 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
         if workers != last_workers:  # every start of an elastic gang at a new size; a fixed gang's once
             # Logged once the attempt has ended, at the step it started from: the driver's first use of its tracker
             # imports MLflow (about 2 s of CPU here), which must not delay the gang's first step.
-            tracker.log_workers(workers, step=started_at, at=started)
+            run.tracker.log_workers(workers, step=started_at, at=started)
             last_workers = workers
-        now_rec = ctl.status(wid)
-        state = now_rec.state
         out = (result.return_value or {}) if result is not None else {}
-        step = out.get("step")
-        if out.get("restarted_from_zero") is not None:
-            _tell_restart(tracker, out["restarted_from_zero"])
-        if step is None:  # the attempt ended in an error or by force: it resumes from its last checkpoint's step
-            step = now_rec.get("step")
-        if state is State.CANCELLED:
-            tracker.event("cancelled", f"cancelled at step {step}")
-            tracker.finish("KILLED")
-            return ctl.status(wid)
-        # A gang that reached its last step finished, even if a preemption arrived meanwhile.
-        done = error is None and out.get("status") == "finished"
-        resized = state is State.RESIZING or (state is State.ADMITTED and now_rec.get("resizes", 0) >
-                                              rec.get("resizes", 0))
-        if not done and resized:
-            # The core resized the gang: it stopped at a checkpoint (or, past its grace period, by force, and the
-            # control actor has resized the lease already). It restarts from there at the new size.
-            how = "yielded" if error is None else "stopped by force"
-            if state is State.RESIZING:
-                now_rec = ctl.release(wid, Outcome.YIELDED, step=step)
-            size = len(now_rec["placement"])
-            tracker.event("resized", f"{how} at step {step}: {workers} -> {size} workers", step=step,
-                          from_workers=workers, to_workers=size)
-            say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
-            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
-            continue
-        if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
-            how = "yielded" if error is None else "stopped by force"
-            tracker.event("preempted", f"{how} at step {step}", step=step)
-            say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
-            ctl.release(wid, Outcome.YIELDED, step=step)
-            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
-            continue
-        if error is None:
-            at = f"at step {step}" if step is not None else "(its loop reported no step)"
-            tracker.event("finished", f"finished {at}", step=step)
-            _log_model(tracker, storage_path, wid)
-            tracker.finish("FINISHED")
-            rec = ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, step=step,
-                              detail=f"finished {at}; its last attempt ran {time.time() - attempt_t0:.0f}s "
-                                     f"from step {started_at}")
-            say(f"{wid} finished {at}")
-            return rec
-        if _lease_lost(ctl, wid, rec["placement"]):
-            # A node of the lease died: the control actor takes the lease back and requeues the workload; that is
-            # not the gang's failure, and a restart must not be pinned to the dead node again.
-            tracker.event("node lost", f"a node of its lease was lost at step {step}; waiting for a new lease")
-            say(f"{wid}: a node of its lease was lost; it resumes from its last checkpoint on a new lease")
-            retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
-            continue
-        fatal = fatal_cause(error)
-        if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
-            return fail_now(ctl, tracker, wid, f"{one_line(fatal)} (not retried: it fails the same way every time)")
-        decision = retries.after_failure(error, one_line(root_error(error)))
-        if isinstance(decision, GiveUp):
-            return fail_now(ctl, tracker, wid, f"gang {decision.reason}")
-        failures, backoff = retries.failures, decision.backoff_s
-        tracker.event("restarted", f"attempt {failures} failed ({one_line(error)}); retry in {backoff:g}s")
-        ctl.event(wid, f"restart {failures}/{retry_budget} after {one_line(error)}; backoff {backoff:g}s",
-                  restart=True)
-        say(f"{wid} gang failed ({one_line(error)}); retry {failures}/{retry_budget} in {backoff:g}s")
-        time.sleep(backoff)
+        end = _after(ctl, wid, rec, run.tracker, retries, storage_path, out, error, workers, started_at, attempt_t0)
+        if end is not None:
+            return end
+
+
+def _after(ctl, wid, rec, tracker, retries: RetryRule, storage_path: str, out: Dict[str, Any],
+           error: Optional[BaseException], workers: int, started_at: int, attempt_t0: float
+           ) -> Optional[Dict[str, Any]]:
+    """How an attempt ended, told to the control actor and the run: the workload's final record, or None when
+    another attempt follows (it waits for its next admission). ``out``: what the loop returned; ``error``: what
+    ``fit()`` raised."""
+    from raylane.control.client import EndState, Outcome, State
+    from raylane.launchers.driver import fail_now, fatal_cause, one_line, say
+
+    now_rec = ctl.status(wid)
+    state = now_rec.state
+    step = out.get("step")
+    if out.get("restarted_from_zero") is not None:
+        _tell_restart(tracker, out["restarted_from_zero"])
+    if step is None:  # the attempt ended in an error or by force: it resumes from its last checkpoint's step
+        step = now_rec.get("step")
+    if state is State.CANCELLED:
+        tracker.event("cancelled", f"cancelled at step {step}")
+        tracker.finish("KILLED")
+        return ctl.status(wid)
+    # A gang that reached its last step finished, even if a preemption arrived meanwhile.
+    done = error is None and out.get("status") == "finished"
+    resized = state is State.RESIZING or (state is State.ADMITTED and now_rec.get("resizes", 0) >
+                                          rec.get("resizes", 0))
+    if not done and resized:
+        # The core resized the gang: it stopped at a checkpoint (or, past its grace period, by force, and the
+        # control actor has resized the lease already). It restarts from there at the new size.
+        how = "yielded" if error is None else "stopped by force"
+        if state is State.RESIZING:
+            now_rec = ctl.release(wid, Outcome.YIELDED, step=step)
+        size = len(now_rec["placement"])
+        tracker.event("resized", f"{how} at step {step}: {workers} -> {size} workers", step=step,
+                      from_workers=workers, to_workers=size)
+        say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
+        retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
+        return None
+    if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
+        how = "yielded" if error is None else "stopped by force"
+        tracker.event("preempted", f"{how} at step {step}", step=step)
+        say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
+        ctl.release(wid, Outcome.YIELDED, step=step)
+        retries.after_success()
+        return None
+    if error is None:
+        at = f"at step {step}" if step is not None else "(its loop reported no step)"
+        tracker.event("finished", f"finished {at}", step=step)
+        _log_model(tracker, storage_path, wid)
+        tracker.finish("FINISHED")
+        end = ctl.release(wid, Outcome.FINISHED, state=EndState.SUCCEEDED, step=step,
+                          detail=f"finished {at}; its last attempt ran {time.time() - attempt_t0:.0f}s "
+                                 f"from step {started_at}")
+        say(f"{wid} finished {at}")
+        return end
+    if _lease_lost(ctl, wid, rec["placement"]):
+        # A node of the lease died: the control actor takes the lease back and requeues the workload; that is
+        # not the gang's failure, and a restart must not be pinned to the dead node again.
+        tracker.event("node lost", f"a node of its lease was lost at step {step}; waiting for a new lease")
+        say(f"{wid}: a node of its lease was lost; it resumes from its last checkpoint on a new lease")
+        retries.after_success()
+        return None
+    fatal = fatal_cause(error)
+    if fatal is not None:  # bad config, missing checkpoint: every attempt would fail the same way
+        return fail_now(ctl, tracker, wid, f"{one_line(fatal)} (not retried: it fails the same way every time)")
+    decision = retries.after_failure(error, one_line(root_error(error)))
+    if isinstance(decision, GiveUp):
+        return fail_now(ctl, tracker, wid, f"gang {decision.reason}")
+    failures, backoff = retries.failures, decision.backoff_s
+    budget = retries.budget
+    tracker.event("restarted", f"attempt {failures} failed ({one_line(error)}); retry in {backoff:g}s")
+    ctl.event(wid, f"restart {failures}/{budget} after {one_line(error)}; backoff {backoff:g}s", restart=True)
+    say(f"{wid} gang failed ({one_line(error)}); retry {failures}/{budget} in {backoff:g}s")
+    time.sleep(backoff)
+    return None
 
 
 def _tell_restart(tracker, resumed_at: int) -> None:
