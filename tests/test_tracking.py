@@ -453,3 +453,23 @@ def test_a_starter_closed_before_asking_creates_no_run(uri):
     starter.close()
     found = client(uri).get_experiment_by_name(f"raylane/{SPEC['team']}")
     assert found is None or not client(uri).search_runs([found.experiment_id])
+
+
+@pytest.mark.parametrize("environ, cpus, child", [
+    ({}, 2, False), ({}, 4, True), ({}, 64, True),
+    ({"RAYLANE_RUN_START": "child"}, 1, True), ({"RAYLANE_RUN_START": "inline"}, 64, False),
+    ({"RAYLANE_RUN_START": " Child "}, 2, True), ({"RAYLANE_RUN_START": ""}, 8, True),
+])
+def test_a_driver_starts_its_run_in_a_child_only_on_spare_cpus_unless_told(environ, cpus, child):
+    from raylane.runstart import use_child
+
+    assert use_child(environ, cpus=cpus) is child
+
+
+def test_a_bad_run_start_setting_names_the_variable_and_what_is_allowed():
+    from raylane.errors import ValidationError
+    from raylane.runstart import use_child
+
+    with pytest.raises(ValidationError) as err:
+        use_child({"RAYLANE_RUN_START": "thread"}, cpus=8)
+    assert ("RAYLANE_RUN_START", "thread") == err.value.errors[0][:2] and "child, inline" in err.value.errors[0][2]

@@ -52,10 +52,11 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
         from raylane.locations import tracking_uri as resolve_tracking_uri
 
         resolve_tracking_uri(tracking_uri)
-    if kind == "train":  # MLflow's import and store open beside the rest of the start-up (raylane.runstart)
-        from raylane.runstart import RunStarter
+    if kind == "train":  # MLflow's import and store open beside the rest of the start-up, on spare CPUs
+        from raylane.runstart import RunStarter, use_child
 
-        kwargs["run_starter"] = RunStarter(team=spec.get("team"), tracking_uri=tracking_uri)
+        if use_child():
+            kwargs["run_starter"] = RunStarter(team=spec.get("team"), tracking_uri=tracking_uri)
     try:
         import ray
 
