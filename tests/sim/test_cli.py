@@ -248,3 +248,8 @@ def test_sim_autoscale_refuses_an_unpriced_or_growable_fixed_cluster(tmp_path):
     assert res.exit_code != 0 and "node_groups: got 'min/max'; fixed groups only" in res.output, res.output
     res = run("big-gangs-peak-fixed.yaml", "philly-560.yaml")  # no prices: nothing to compare
     assert res.exit_code != 0 and "philly-560.yaml" in res.output and "price per GPU-hour" in res.output, res.output
+    # Every file's problems at once, each named with its file: a growable fixed file and an unpriced one.
+    res = run("big-gangs-autoscaled.yaml", "philly-560.yaml")
+    assert res.exit_code != 0, res.output
+    assert "big-gangs-autoscaled.yaml: node_groups: got 'min/max'" in res.output, res.output
+    assert "philly-560.yaml: node_groups (gpu).price" in res.output, res.output

@@ -112,6 +112,26 @@ def _priced(spec: ClusterSpec, path: Path) -> None:
                                            "a price per GPU-hour on every group: the comparison is of costs")])
 
 
+def _clusters(fixed_path: Path, autoscaled_paths: List[Path]) -> List[Tuple[str, ClusterSpec]]:
+    """(label, cluster) of the fixed file, then of each autoscaled one; every problem of every file is reported at
+    once, each named with its file."""
+    problems: List[Tuple[str, object, str]] = []
+    out: List[Tuple[str, ClusterSpec]] = []
+    for i, p in enumerate([fixed_path, *autoscaled_paths]):
+        try:
+            spec = load_cluster(p)
+            _priced(spec, p)
+        except ValidationError as exc:
+            problems += [(f"{p}: {field}", value, allowed) for field, value, allowed in exc.errors]
+            continue
+        if i == 0 and spec.growable:
+            problems.append((f"{p}: node_groups", "min/max", "fixed groups only (no min or max)"))
+        out.append((p.stem, spec))
+    if problems:
+        raise ValidationError("cluster files", problems)
+    return out
+
+
 def sim_autoscale(
     trace_path: Optional[Path] = typer.Argument(None, metavar="[TRACE]", help="trace CSV; none with --generate"),
     fixed: Path = typer.Option(..., "--fixed", help="the fixed cluster file (priced), sized for the trace's peak"),
@@ -154,15 +174,8 @@ def _compare(a: SimArgs, fixed_path: Path, autoscaled_paths: List[Path], preset:
     if errors:
         raise ValidationError("flags", errors)
     flags = _parse(SimArgs(**{**a.__dict__, "nodes": 1}))  # the shared flags, checked as raylane sim checks them
-    fixed = load_cluster(fixed_path)
-    _priced(fixed, fixed_path)
-    if fixed.growable:
-        raise ValidationError(str(fixed_path), [("node_groups", "min/max", "fixed groups only (no min or max)")])
-    clusters = [(fixed_path.stem, fixed)]
-    for p in autoscaled_paths:
-        spec = load_cluster(p)
-        _priced(spec, p)
-        clusters.append((p.stem, spec))
+    clusters = _clusters(fixed_path, autoscaled_paths)
+    fixed = clusters[0][1]
     trace = _trace(a, fixed)
     cfg, opts = apply_preset(get_preset(preset), SchedulerConfig(admission="none"), SimOptions(seed=a.seed))
     from dataclasses import replace
