@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from raylane.localcluster import _signal, _started
 from tests.raytest import free_port, wait_for
 
 MARKER_KEY = "RAYLANE_FAKE_AUTOSCALER"
@@ -189,15 +190,15 @@ class FakeAutoscalingCluster:
         if ray.is_initialized() and self.gcs_address and _connected_to(self.gcs_address):
             ray.shutdown()
         procs = self.processes()
-        _signal([pid for pid, cmd in procs if "/autoscaler/" in cmd and "monitor.py" in cmd], signal.SIGKILL)
+        _signal_all([pid for pid, cmd in procs if "/autoscaler/" in cmd and "monitor.py" in cmd], signal.SIGKILL)
         gcs = [pid for pid, cmd in procs if "gcs_server" in cmd]
-        _signal([pid for pid, _ in procs if pid not in gcs], signal.SIGTERM)
+        _signal_all([pid for pid, _ in procs if pid not in gcs], signal.SIGTERM)
         stamps = {pid: _started(pid) for pid, _ in procs}
         alive = lambda: [pid for pid, t in stamps.items() if t is not None and _started(pid) == t]  # noqa: E731
         deadline = time.time() + STOP_GRACE_S
         while [p for p in alive() if p not in gcs] and time.time() < deadline:
             time.sleep(0.05)
-        _signal(alive() + [pid for pid, _ in self.processes()], signal.SIGKILL)
+        _signal_all(alive() + [pid for pid, _ in self.processes()], signal.SIGKILL)
         try:
             wait_for(lambda: not alive() and not self.processes(), timeout=STOP_GRACE_S, every=0.05,
                      what="every process of the fake autoscaling cluster to exit",
@@ -282,22 +283,9 @@ def _connected_to(gcs_address: str) -> bool:
         return False
 
 
-def _started(pid: int) -> Optional[bytes]:
-    """When ``pid`` started (from /proc), or None if it is gone or a zombie: with the pid it names one process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in (b"Z", b"X") else fields[19]
-
-
-def _signal(pids, sig) -> None:
+def _signal_all(pids, sig) -> None:
     for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal(pid, sig)
 
 
 def request(bundles: List[dict], selectors: Optional[List[dict]] = None) -> None:
