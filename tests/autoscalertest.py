@@ -149,6 +149,8 @@ class FakeAutoscalingCluster:
             "RAY_CLOUD_INSTANCE_ID": _fake_head_node_id(),
             "RAY_OVERRIDE_NODE_ID_FOR_TESTING": _fake_head_node_id(),
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Its own address for every process of it (see raytest.own_address_for_cluster_processes).
+            "RAY_ADDRESS": self.gcs_address,
         })
         # Every port a second Ray session on this machine may also want is a free one (Ray's defaults: client
         # server 10001, dashboard 8265 (its process starts even with --include-dashboard=false), agent 52365).

@@ -1,6 +1,7 @@
 """Shared helpers for tests on a real Ray cluster: a small multi-node cluster and polling with deadlines."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -63,6 +64,7 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     The dashboard and the agents listen on free ports, not Ray's defaults (8265, 52365), which another Ray session
     on the machine may hold. A cluster that fails to come up is stopped before the error is raised.
     """
+    from ray._private.services import get_node_ip_address
     from ray._private.utils import get_ray_address_file, write_ray_address
     from ray.cluster_utils import Cluster
 
@@ -77,8 +79,10 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     shared = Path(get_ray_address_file(None))
     shared.parent.mkdir(parents=True, exist_ok=True)
     before = shared.read_text() if shared.exists() else None
+    # The GCS on a port chosen here, so that every process of the cluster can be told its own address (below).
+    gcs_port = free_port()
     head = {"num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": dashboard, "temp_dir": temp_dir,
-            "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
+            "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port(), "gcs_server_port": gcs_port}
     c = Cluster(initialize_head=False, connect=False)
     c.raylane_temp_dir = temp_dir
     # Each node unpacks jobs' working dirs into a folder of its own. The nodes share one session folder on one
@@ -87,12 +91,13 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     # current directory is gone; importing torch after that dies in oneMKL). On a real cluster each node has its
     # own disk. (`raylane up` on one machine: raylane.tracking.ensure_cwd.)
     try:
-        c.add_node(**head, runtime_env_dir_name="runtime_resources_head")
-        for name, feats in gpu_nodes:
-            group = NodeGroup(name=name, features=feats, node_type=(node_types or {}).get(name, ""))
-            c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(group),
-                       temp_dir=temp_dir, dashboard_agent_listen_port=free_port(),
-                       runtime_env_dir_name=f"runtime_resources_{name}")
+        with own_address_for_cluster_processes(f"{get_node_ip_address()}:{gcs_port}"):
+            c.add_node(**head, runtime_env_dir_name="runtime_resources_head")
+            for name, feats in gpu_nodes:
+                group = NodeGroup(name=name, features=feats, node_type=(node_types or {}).get(name, ""))
+                c.add_node(num_cpus=cpus, num_gpus=gpus, labels=node_labels(group),
+                           temp_dir=temp_dir, dashboard_agent_listen_port=free_port(),
+                           runtime_env_dir_name=f"runtime_resources_{name}")
         c.wait_for_nodes()
     except BaseException:
         stop_cluster(c)
@@ -104,6 +109,28 @@ def start_cluster(gpu_nodes=(("gpu-a", ["gpu-sim", "nvlink"]), ("gpu-b", ["gpu-s
     else:
         shared.write_text(before)
     return c
+
+
+@contextlib.contextmanager
+def own_address_for_cluster_processes(address: str):
+    """``RAY_ADDRESS=address`` in this process's environment while the cluster's processes start, which they
+    inherit, and with them every worker their raylets start.
+
+    Without it, Ray code inside a worker that looks up "its" cluster (``ray.util.state``: Ray Train's
+    PlacementGroupCleaner asks it every second whether the run's controller is alive) takes the address in the
+    machine's default ``<TMPDIR>/ray/ray_current_cluster``. That file names whichever cluster wrote it last: with
+    test modules running side by side, another test's cluster, which does not know the controller, so the cleaner
+    removed the live run's placement group and killed its workers ("Destroying worker since its placement group
+    was removed": test_workloads_ray failed so in CI)."""
+    before = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = address
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = before
 
 
 def stop_cluster(c) -> None:

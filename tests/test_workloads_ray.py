@@ -24,12 +24,30 @@ TINY = {"max_steps": 6, "batch_size": 8, "checkpoint_every": 100, "model": {"d_m
 
 @pytest.fixture(scope="module")
 def ray_session():
-    if ray.is_initialized():  # a session another module started: use it, leave it running
-        yield
-        return
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    """A one-node cluster of 2 CPUs; its address."""
+    from tests.raytest import start_cluster, stop_cluster
+
+    cluster = start_cluster(gpu_nodes=(), head_cpus=2)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster.address
+    finally:
+        stop_cluster(cluster)
+
+
+@pytest.mark.ray
+def test_code_in_a_worker_that_looks_up_its_cluster_finds_its_own(ray_session):
+    """Ray Train's PlacementGroupCleaner asks ``ray.util.state`` whether the controller lives, at the address Ray
+    resolves inside the worker. Left to the machine's ``ray_current_cluster`` file, that is whichever cluster wrote it
+    last (another test module's), which does not know the controller: the cleaner then removed a live run's
+    placement group. Every test cluster's processes are told their own address."""
+    @ray.remote(num_cpus=0)
+    def resolved() -> str:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(None)
+
+    assert ray.get(resolved.remote()) == ray_session
 
 
 def test_check_config_reports_adapter_and_training_errors_together():
