@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: operator-credentials beside the journal)")
     p.add_argument("--operator", default="operator",
                    help="user name of that operator token (default: operator)")
+    p.add_argument("--cluster", default=None,
+                   help="cluster file whose growable node groups (min/max, node_type) Ray's autoscaler may grow: "
+                        "the control plane then asks it for nodes for gangs that wait for capacity and accepts "
+                        "gangs only such nodes can hold (default: none; nothing is asked, a gang no node of the "
+                        "cluster can hold is refused)")
     p.add_argument("--no-auth", action="store_true",
                    help="run the control plane without authentication: every caller acts as an operator (a "
                         "single-user test cluster only)")
@@ -74,6 +79,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     policy = args.policy or str(default_policy_path())
     try:
         pol = load_policy(policy)
+        if args.cluster:
+            from raylane.config.cluster import load_cluster
+
+            load_cluster(args.cluster)  # refuse a bad cluster file before starting anything
     except FatalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -82,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         _connect(address, deadline)
         return _start(policy, args.journal, pol, deadline, auth_enabled=not args.no_auth, operator=args.operator,
-                      credentials_path=args.credentials)
+                      credentials_path=args.credentials, cluster=args.cluster)
     except TimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -107,7 +116,7 @@ def _connect(address: str, deadline: float) -> None:
 
 
 def _start(policy: str, journal: Optional[str], pol, deadline: float, *, auth_enabled: bool, operator: str,
-           credentials_path: Optional[str]) -> int:
+           credentials_path: Optional[str], cluster: Optional[str] = None) -> int:
     import ray
 
     from raylane.control.actor import CONTROL_NAME, NAMESPACE
@@ -122,7 +131,7 @@ def _start(policy: str, journal: Optional[str], pol, deadline: float, *, auth_en
     jpath = journal_path(journal)
     while True:
         try:
-            client = start_control(policy, jpath, auth_enabled=auth_enabled, operator=operator)
+            client = start_control(policy, jpath, auth_enabled=auth_enabled, operator=operator, cluster=cluster)
             break
         except (RetryableError, ray.exceptions.RayError) as exc:  # the actor is (re)starting; it replays its journal
             if time.monotonic() >= deadline:

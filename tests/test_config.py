@@ -497,3 +497,67 @@ def test_cli_missing_files_and_bad_policy_exit_1(tmp_path):
     assert result.exit_code == 1 and "not found" in result.stderr
     result = runner.invoke(app, ["spec", "check", str(PRETRAIN), "--policy", str(BAD_POLICY)])
     assert result.exit_code == 1 and "scheduler.ordering: got 'shortest-first'" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------ cohort trees
+
+COHORTS = ROOT / "policies" / "cohorts.yaml"
+
+
+def _tree_doc(cohorts, a="d1", b="d2"):
+    """The local policy with ``cohorts`` and team-a / team-b under cohorts ``a`` / ``b`` (None: under the root)."""
+    doc = with_field(raw(LOCAL), "cohorts", cohorts)
+    for team, c in (("team-a", a), ("team-b", b)):
+        if c is not None:
+            doc = with_field(doc, f"teams.{team}.cohort", c)
+    return doc
+
+
+TREE = {"org": {}, "d1": {"parent": "org"}, "d2": {"parent": "org"}}
+
+COHORT_CASES = [
+    ("unknown cohort", _tree_doc(TREE, a="research"), "teams.team-a.cohort", "research",
+     "a cohort of the policy: one of org, d1, d2"),
+    ("unknown parent", _tree_doc({**TREE, "d2": {"parent": "orgg"}}), "cohorts.d2.parent", "orgg",
+     "a cohort of the policy: one of org, d1, d2 (or omit it: a top-level cohort)"),
+    ("cycle", _tree_doc({"org": {"parent": "d2"}, "d1": {"parent": "org"}, "d2": {"parent": "org"}}),
+     "cohorts.org.parent", "d2", "(org > d2 > org is a cycle)"),
+    ("own parent", _tree_doc({**TREE, "d1": {"parent": "d1"}}), "cohorts.d1.parent", "d1",
+     "a parent that does not lead back to d1 (d1 > d1 is a cycle)"),
+    ("named like a team", _tree_doc({**TREE, "team-b": {"parent": "org"}}, b="team-b"), "cohorts.team-b", "team-b",
+     "a name no team has (team team-b exists)"),
+    ("no team under it", _tree_doc({**TREE, "d3": {"parent": "org"}}), "cohorts.d3", "d3",
+     "a cohort with at least one team under it"),
+    ("lends more than it has", _tree_doc({**TREE, "d1": {"parent": "org", "quotas": {
+        "gpu": {"nominal": 1, "lending_limit": 4}}}}), "cohorts.d1.quotas.gpu.lending_limit", 4,
+     "a number from 0 to 3 (what cohort d1 can lend: its own nominal 1 plus what its members lend, 2)"),
+    ("cohort quota typo", _tree_doc({**TREE, "d1": {"parent": "org", "quotas": {"gpu": {"nominal": 1, "lend": 1}}}}),
+     "cohorts.d1.quotas.gpu.lend", 1, "allowed fields: nominal, borrowing_limit, lending_limit"),
+    ("cohort weight", _tree_doc({**TREE, "d1": {"parent": "org", "weight": 0}}), "cohorts.d1.weight", 0,
+     "a number > 0"),
+]
+
+
+@pytest.mark.parametrize("doc, path, bad, allowed", [c[1:] for c in COHORT_CASES], ids=[c[0] for c in COHORT_CASES])
+def test_cohort_tree_errors_name_the_field(doc, path, bad, allowed):
+    assert_has_error(errors_of(load_policy_from_dict, doc, "local"), path, bad, allowed)
+
+
+def test_every_cohort_error_at_once():
+    doc = _tree_doc({"org": {"parent": "nowhere"}, "d1": {"parent": "d1"}, "d2": {"parent": "org"}}, a="zz")
+    paths = [e[0] for e in errors_of(load_policy_from_dict, doc)]
+    assert paths == ["teams.team-a.cohort", "cohorts.org.parent", "cohorts.d1.parent"]
+
+
+def test_cohort_policy_file_passes_check_and_builds_the_tree():
+    result = runner.invoke(app, ["policy", "check", str(COHORTS)])
+    assert result.exit_code == 0, result.output
+    teams = load_policy(COHORTS).core_teams()
+    nlp, ads = teams["nlp"], teams["ads"]
+    assert nlp.cohort.name == "research" and nlp.cohort.parent.name == "org" and nlp.cohort.parent.parent is None
+    assert nlp.cohort.parent is ads.cohort.parent  # one org, shared
+    assert nlp.cohort.quotas["gpu"] == Quota(0, 8, 16) and ads.cohort.weight == 2
+
+
+def test_a_flat_policy_has_no_cohorts():
+    assert all(t.cohort is None for t in load_policy(LOCAL).core_teams().values())

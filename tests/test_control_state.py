@@ -855,3 +855,25 @@ def test_a_workload_queued_since_the_last_forecast_gets_one_within_a_second(make
     assert second not in h.cs.etas()  # within a second of the last forecast: kept
     h.clock.advance(0.6)
     assert h.cs.etas()[second].start == pytest.approx(h.cs.records[first].admitted_at + 600)  # 10m class default
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "after a restart"])
+def test_the_victim_that_just_checkpointed_is_chosen_also_after_a_restart(make, restart):
+    # Two sweeps of team-a: s1 started first but checkpointed 10 s ago, s2 never did (it would lose 110 s). A
+    # restart rebuilds the leases from the journal, their last checkpoints included, so the choice is the same.
+    h = make()
+    for i in range(2):
+        submit(h, f"b{i}", "team-b", "pretrain")
+    s1 = submit(h, "s1", "team-a", "sweep")
+    h.tick()
+    h.clock.advance(10)
+    s2 = submit(h, "s2", "team-a", "sweep")
+    h.tick()
+    h.clock.advance(100)
+    h.call("checkpoint_saved", workload_id=s1, path="/runs/s1/checkpoint_00000003", metrics={"step": 3})
+    h.clock.advance(10)
+    if restart:
+        h.restart()
+    submit(h, "f", "team-a", "finetune")
+    h.tick()
+    assert ("preempting" in h.kinds(s1), "preempting" in h.kinds(s2)) == (True, False)

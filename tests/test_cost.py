@@ -335,3 +335,27 @@ def test_a_finished_run_records_its_cost_as_a_metric_and_a_tag(uri):
     t2.finish("FAILED")  # a cost it cannot have does not keep the run from ending
     run2 = MlflowClient(tracking_uri=uri).get_run(t2.run_id)
     assert run2.info.status == "FAILED" and "cost" not in run2.data.metrics
+
+
+def test_spot_and_on_demand_nodes_are_reported_apart():
+    """A spot node type (its nodes joined with ``spot``) and an on-demand one: the report's node types say which is
+    which, and ``by_market`` sums each market's GPU-hours and cost (leased and idle)."""
+    j = (Journal().add(0, "node", "@nodes", node="S", event="joined", node_type="a100-spot", gpus=4.0, reason="",
+                       spot=True)
+         .node(0, "D", "joined", "a100", 4)
+         .submit("w", "team-a", "pretrain", gpu=2.0).lease("w", 0, H, ["S"]))
+    rep = j.ledger().report({"a100-spot": 1.0, "a100": 4.0}, now=2 * H)
+    assert {nt.node_type: nt.spot for nt in rep.node_types} == {"a100-spot": True, "a100": False}
+    markets = rep.by_market()
+    # Spot: 8 GPU-hours of capacity, 2 leased (2.0) and 6 idle (6.0); on-demand: 8 idle GPU-hours at 4.0.
+    assert markets == {"spot": {"gpu_hours": 8.0, "leased_cost": 2.0, "idle_cost": 6.0, "cost": 8.0},
+                       "on-demand": {"gpu_hours": 8.0, "leased_cost": 0.0, "idle_cost": 32.0, "cost": 32.0}}
+    assert rep.to_dict()["by_market"] == markets
+    assert CostReport.from_dict(rep.to_dict()).by_market() == markets
+    from raylane.cli_cost import cost_tables
+
+    lines = [x for x in cost_tables(rep, "team") if isinstance(x, str)]
+    assert "by market: on-demand 32.00 (8.00 GPU-h); spot 8.00 (8.00 GPU-h)" in lines
+    # A cluster with no spot node prints no market line.
+    plain = cluster(Journal()).ledger().report(PRICES, now=4 * H)
+    assert not any(x.startswith("by market") for x in cost_tables(plain, "team") if isinstance(x, str))

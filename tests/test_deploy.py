@@ -34,6 +34,7 @@ DASHBOARD = DEPLOY / "grafana" / "raylane-dashboard.json"
 LAUNCHER = DEPLOY / "ray-cluster-launcher" / "cluster.yaml"
 KUBERAY = DEPLOY / "kuberay" / "raycluster.yaml"
 RAYJOB = DEPLOY / "kuberay" / "rayjob-pretrain.yaml"
+AUTOSCALING = DEPLOY / "clusters" / "autoscaling.yaml"  # the growable groups of the KubeRay and launcher clusters
 IMAGE_REPO = "/home/ray/raylane"  # where the launcher's file_mounts and the Docker image put this checkout
 
 FEATURE_PREFIX = "feature.raylane.io/"
@@ -148,9 +149,6 @@ def test_launcher_config_passes_rays_schema_and_keeps_gpus_off_the_head():
     head = cfg["available_node_types"][cfg["head_node_type"]]
     assert head["resources"].get("GPU") == 0
     assert cfg["file_mounts"] == {IMAGE_REPO: "."}
-    for name, t in cfg["available_node_types"].items():
-        if name != cfg["head_node_type"]:  # Raylane does not drive the autoscaler: fixed-size groups
-            assert t["min_workers"] == t["max_workers"], name
     starts = " ".join(cfg["head_start_ray_commands"])
     assert "deploy/start_control.py" in starts and "--journal" in starts and "RAYLANE_MLFLOW_URI" in starts
     assert "RAYLANE_MLFLOW_URI" in " ".join(cfg["worker_start_ray_commands"])
@@ -191,6 +189,120 @@ def test_kuberay_manifests_hold_together():
     assert f"{service['metadata']['name']}*" in allowed.split(",")
     job = _yaml_docs(RAYJOB)[0]
     assert job["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
+
+
+# ------------------------------------------------------------------------------------------------ autoscaling
+
+
+def _growable() -> Dict[str, NodeGroup]:
+    """The growable groups of deploy/clusters/autoscaling.yaml by node type."""
+    return {g.node_type: g for g in load_cluster(AUTOSCALING).nodes if g.growable}
+
+
+def _kuberay_groups() -> Dict[str, Tuple[dict, int, int]]:
+    """node type -> (worker group, GPUs, CPUs) of the RayCluster."""
+    cluster = next(d for d in _yaml_docs(KUBERAY) if d["kind"] == "RayCluster")
+    out = {}
+    for g in cluster["spec"]["workerGroupSpecs"]:
+        limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        out[g["labels"][NODE_TYPE]] = (g, int(limits.get("nvidia.com/gpu", 0)), int(limits["cpu"]))
+    return out
+
+
+def _launcher_types() -> Dict[str, Tuple[str, dict]]:
+    """node type -> (type name, node type config) of the launcher's worker types."""
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    return {t["labels"][NODE_TYPE]: (name, t) for name, t in cfg["available_node_types"].items()
+            if name != cfg["head_node_type"]}
+
+
+def _cluster_flag(command: str) -> str:
+    m = re.search(r"deploy/start_control\.py\b[^|>]*?--cluster[ =](\S+)", command)
+    assert m, f"start_control.py is not given --cluster: {command}"
+    return m.group(1)
+
+
+def test_autoscaling_cluster_file_loads_and_matches_the_default_policy():
+    c = load_cluster(AUTOSCALING)
+    policy = load_policy(REPO / "policies" / "default.yaml")
+    growable = [g for g in c.nodes if g.growable]
+    assert growable, "deploy/clusters/autoscaling.yaml has no growable group: nothing for the autoscaler to grow"
+    assert c.head.gpus == 0
+    for g in c.nodes:
+        assert set(g.features) <= set(policy.node_features), f"{g.name} has features the policy does not declare"
+        assert g.price == policy.prices[g.node_type], f"{g.name}: price {g.price} is not the policy's"
+        assert g.labels == node_labels(g), f"{g.name}: labels are not those raylane.localcluster.node_labels writes"
+        assert g.startup is not None and g.lo < g.hi, g.name
+
+
+def test_kuberay_autoscaler_is_on_with_v2():
+    cluster = next(d for d in _yaml_docs(KUBERAY) if d["kind"] == "RayCluster")
+    assert cluster["spec"]["enableInTreeAutoscaling"] is True
+    opts = cluster["spec"]["autoscalerOptions"]
+    assert opts["version"] == "v2", "only autoscaler v2 honours the label selectors of request_resources"
+    assert 0 < opts["idleTimeoutSeconds"] <= 3600
+
+
+def test_kuberay_worker_groups_are_the_cluster_files_growable_groups():
+    groups, growable = _kuberay_groups(), _growable()
+    assert set(groups) == set(growable), "KubeRay worker groups and deploy/clusters/autoscaling.yaml differ"
+    for node_type, (g, gpus, cpus) in groups.items():
+        want = growable[node_type]
+        assert g["labels"] == node_labels(want), node_type
+        assert (g["minReplicas"], g["maxReplicas"], g["replicas"]) == (want.lo, want.hi, want.count), node_type
+        assert (gpus, cpus) == (want.gpus, want.cpus), node_type
+        limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["memory"] == f"{int(want.memory)}Gi", node_type
+
+
+def test_launcher_worker_types_agree_with_the_cluster_file():
+    """Every growable group of the cluster file is a launcher type with the same bounds, GPUs, CPUs and labels; a
+    launcher type not in it stays fixed (the control plane asks for no node of it)."""
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    types, growable = _launcher_types(), _growable()
+    assert set(growable) <= set(types), f"launcher lacks node types {set(growable) - set(types)}"
+    for node_type, (name, t) in types.items():
+        if node_type not in growable:
+            assert t["min_workers"] == t["max_workers"], f"{name} grows but is not in the cluster file"
+            continue
+        want = growable[node_type]
+        assert t["labels"] == node_labels(want), name
+        assert (t["min_workers"], t["max_workers"]) == (want.lo, want.hi), name
+        assert (t["resources"]["GPU"], t["resources"]["CPU"]) == (want.gpus, want.cpus), name
+    assert cfg["max_workers"] >= sum(t["max_workers"] for _, t in types.values())
+    assert 0 < cfg["idle_timeout_minutes"] <= 60
+    head = " ".join(cfg["head_start_ray_commands"])
+    assert re.search(r"RAY_enable_autoscaler_v2=1\b[^;]*ray start --head", head), "autoscaler v2 is not on"
+
+
+def test_start_commands_pass_the_cluster_file_where_it_is():
+    """KubeRay's postStart hook names the file where the ConfigMap volume mounts it (and the ConfigMap recipe in the
+    header puts autoscaling.yaml under that key); the launcher's head command names it in the synced checkout."""
+    text = KUBERAY.read_text()
+    cluster = next(d for d in _yaml_docs(KUBERAY) if d["kind"] == "RayCluster")
+    ray_head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    path = _cluster_flag(" ".join(ray_head["lifecycle"]["postStart"]["exec"]["command"]))
+    volumes = {v["name"]: v for v in cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in ray_head["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/"))
+    config_map = volumes[mount["name"]]["configMap"]["name"]
+    key = path[len(mount["mountPath"].rstrip("/")) + 1:]
+    recipe = re.search(rf"kubectl create configmap {re.escape(config_map)}\b((?:.*\\\n#)*.*)", text)
+    assert recipe, f"the header does not say how to create ConfigMap {config_map}"
+    files = dict(re.findall(r"--from-file=([\w.-]+)=(\S+)", recipe.group(1)))
+    assert key in files, f"ConfigMap {config_map} is not created with key {key}"
+    assert (REPO / files[key]).resolve() == AUTOSCALING.resolve()
+
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    path = _cluster_flag(" ".join(cfg["head_start_ray_commands"]))
+    assert path.startswith(IMAGE_REPO + "/")
+    assert (REPO / path[len(IMAGE_REPO) + 1:]).resolve() == AUTOSCALING.resolve()
+
+
+def test_cluster_flag_is_read_from_start_control_commands():
+    assert _cluster_flag("python deploy/start_control.py --policy p.yaml --cluster /etc/c.yaml --journal j") == \
+        "/etc/c.yaml"
+    with pytest.raises(AssertionError):
+        _cluster_flag("python deploy/start_control.py --policy p.yaml | tee --cluster /etc/c.yaml")
 
 
 def _image_paths(text: str) -> Set[str]:

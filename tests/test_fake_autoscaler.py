@@ -125,3 +125,86 @@ def test_b_clearing_the_request_lets_idle_nodes_go_after_the_idle_timeout(cluste
     freed = time.time()
     wait_for(lambda: not a100_nodes(cluster), timeout=IDLE_TIMEOUT_S + 30, what="the freed a100 node to go")
     assert time.time() - freed >= IDLE_TIMEOUT_S
+
+
+# ------------------------------------------------------------------------------ Raylane's control plane on it
+# Last in the module: the control plane asks through Ray's autoscaling coordinator, which, once it exists, sends its
+# merged ask every 20 s and so overwrites the direct requests of the tests above.
+
+# The module's node types as a cluster file's growable groups; a100 nodes are the cheaper, so a gang both types hold
+# asks for an a100 node.
+CLUSTER_FILE = {"name": "fake", "head": {"cpus": 1}, "nodes": [
+    {"name": "a100", "min": 0, "max": 3, "gpus": 2, "cpus": 1, "memory": 1, "node_type": "a100", "price": 1.0,
+     "startup": "5s"},
+    {"name": "h100", "min": 0, "max": 1, "gpus": 2, "cpus": 1, "memory": 1, "node_type": "h100", "price": 5.0},
+]}
+
+
+def test_d_a_gang_no_node_holds_gets_a_new_node_is_admitted_on_it_and_the_node_goes_once_idle(cluster, tmp_path):
+    from raylane.control.client import State, start_control, stop_control
+    from raylane.control.journal import Journal, Kind
+    from tests.raytest import local_policy, spec
+
+    wait_for(lambda: not a100_nodes(cluster), timeout=IDLE_TIMEOUT_S + 30, what="no a100 node left by the tests above")
+    journal = str(tmp_path / "journal.db")
+    policy = local_policy()
+    # A GPU-hour of these nodes costs so much that the first gang's few seconds spend team-a's budget (200).
+    policy["prices"] = {"a100": 1e6, "h100": 1e6}
+    ctl = start_control(policy, journal, tick_s=0.5, auth_enabled=False, cluster=CLUSTER_FILE)
+    try:
+        # No node of the cluster has a GPU: without growable groups this gang is refused at submit.
+        wid = ctl.submit(spec("needs-a-gpu-node", "team-a", "pretrain", workers=1, gpu=2, cpu=0.5)).id
+        view = wait_for(lambda: (v := ctl.status(wid)).state is State.ADMITTED
+                        or "waiting for 1 new a100 node (a100)" in v.reason and v, timeout=30,
+                        what="the reason to say which node it waits for")
+        nodes = wait_for(lambda: a100_nodes(cluster), timeout=NODE_UP_S, what="an a100 node")
+        rec = wait_for(lambda: (r := ctl.wait_admission(wid, 2.0)).ready and r, timeout=NODE_UP_S,
+                       what="the gang admitted on the new node")
+        assert list(rec["placement"]) == [nodes[0]["NodeID"]]
+        assert view.state is State.ADMITTED or "typical start 5 s" in view.reason
+        time.sleep(2.0)  # 2 GPUs for 2 s at 1e6 an hour: 1,111 spent
+        ctl.release(wid, "finished")
+        released = time.time()
+        wait_for(lambda: not a100_nodes(cluster), timeout=IDLE_TIMEOUT_S + 30, what="the idle a100 node to go")
+        assert time.time() - released >= IDLE_TIMEOUT_S - 1
+        assert not cluster.alive_nodes(H100)
+        # Over its budget, team-a's next gang asks for no node, and is told why.
+        over = ctl.submit(spec("over-budget", "team-a", "pretrain", workers=1, gpu=2, cpu=0.5)).id
+        why = wait_for(lambda: "no new node asked for: team team-a's monthly budget is" in (r := ctl.status(over).reason)
+                       and r, timeout=30, what="the budget reason")
+        assert why.endswith("the policy stops scale-up at 90%"), why
+        cluster.wait_for_iterations(3)
+        assert not a100_nodes(cluster) and not cluster.alive_nodes(H100)
+        ctl.cancel(over)
+    finally:
+        stop_control()
+    entries = [(e.kind, e.data["event"], e.data.get("reason")) for e in Journal(journal).entries_for(wid)
+               if e.kind == Kind.SCALE]
+    assert entries == [("scale", "requested", None), ("scale", "withdrawn", f"{wid} was admitted")]
+
+
+def test_e_a_higher_class_waits_for_a_new_node_instead_of_preempting(cluster, tmp_path):
+    from raylane.control.client import State, start_control, stop_control
+    from tests.raytest import local_policy, spec
+
+    wait_for(lambda: not a100_nodes(cluster), timeout=IDLE_TIMEOUT_S + 30, what="no a100 node left by the tests above")
+    policy = local_policy(finetune={"wait_for_scale_up": "2m"})
+    ctl = start_control(policy, str(tmp_path / "journal.db"), tick_s=0.5, auth_enabled=False, cluster=CLUSTER_FILE)
+    try:
+        low = ctl.submit(spec("low", "team-a", "pretrain", workers=1, gpu=2, cpu=0.5)).id
+        wait_for(lambda: ctl.wait_admission(low, 2.0).ready, timeout=NODE_UP_S, what="the pretrain gang admitted")
+        [first] = a100_nodes(cluster)
+        time.sleep(6)  # past the pretrain class's min_runtime (5 s): from here on it may be preempted
+        high = ctl.submit(spec("high", "team-a", "finetune", workers=1, gpu=2, cpu=0.5)).id
+        rec = wait_for(lambda: (r := ctl.wait_admission(high, 2.0)).ready and r, timeout=NODE_UP_S,
+                       what="the finetune gang admitted on a second node")
+        second = [n["NodeID"] for n in a100_nodes(cluster) if n["NodeID"] != first["NodeID"]]
+        assert list(rec["placement"]) == second
+        assert ctl.status(low).state is State.ADMITTED  # nothing preempted
+        events = " ".join(note for _, note in ctl.explain(low)["events"])
+        assert "preempt" not in events, events
+        for wid in (low, high):
+            ctl.release(wid, "finished")
+        wait_for(lambda: not a100_nodes(cluster), timeout=IDLE_TIMEOUT_S + 30, what="both idle nodes to go")
+    finally:
+        stop_control()

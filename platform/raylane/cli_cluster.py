@@ -401,8 +401,9 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
     workers = f" workers={out['workers']}" if out.get("workers") else ""
     resizes = f" resizes={out['resizes']}" if out.get("resizes") else ""
-    console.print(f"  preemptions={out['preemptions']}{resizes} restarts={out['restarts']} step={out.get('step')}"
-                  f"{workers}")
+    limits = f" run_limits={out['run_limits']}" if out.get("run_limits") else ""  # its class's max_runtime reached
+    console.print(f"  preemptions={out['preemptions']}{resizes}{limits} restarts={out['restarts']} "
+                  f"step={out.get('step')}{workers}")
     rz = out.get("resize")
     if rz:
         console.print(f"  resizing from {rz['from_workers']} to {rz['to_workers']} workers: {rz['reason']}",

@@ -61,6 +61,10 @@ def cost_tables(rep: CostReport, by: str) -> List:
     if rep.cpu_node_cost:
         total += f" + CPU nodes {_money(rep.cpu_node_cost)}"
     out.append(total + f" = {_money(rep.total_cost)}")
+    markets = rep.by_market()
+    if "spot" in markets:  # a cluster with spot nodes: what each market cost
+        out.append("by market: " + "; ".join(
+            f"{m} {_money(v['cost'])} ({_hours(v['gpu_hours'])} GPU-h)" for m, v in sorted(markets.items())))
     if rep.unpriced:
         out.append(f"[yellow]unpriced node types: {', '.join(rep.unpriced)}[/yellow] (their GPU-hours are counted at "
                    f"no cost; give them a price in the policy's prices)")

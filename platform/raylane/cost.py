@@ -108,6 +108,7 @@ class NodeSpan:
     gpus: float
     start: float
     end: Optional[float] = None  # None: present now
+    spot: bool = False  # a spot node (labelled raylane.io/spot=true when it joined)
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
@@ -140,6 +141,8 @@ class NodeTypeCost:
     node_type: str
     price: Optional[float]
     nodes: int = 0
+    # Its nodes are spot nodes (reclaimable): cost reports split spot and on-demand (``CostReport.by_market``).
+    spot: bool = False
     capacity_gpu_hours: float = 0.0
     leased_gpu_hours: float = 0.0
     idle_gpu_hours: float = 0.0
@@ -187,6 +190,21 @@ class CostReport:
     unpriced: List[str] = field(default_factory=list)
     budgets: List[TeamBudget] = field(default_factory=list)
 
+    def by_market(self) -> Dict[str, Dict[str, float]]:
+        """GPU-hours and cost on spot nodes and on on-demand nodes (every node type's, leased and idle), the
+        markets with any GPU-hours only: ``{"spot": {...}, "on-demand": {...}}``."""
+        out: Dict[str, Dict[str, float]] = {}
+        for nt in self.node_types:
+            if not (nt.capacity_gpu_hours or nt.leased_gpu_hours):
+                continue
+            m = out.setdefault("spot" if nt.spot else "on-demand",
+                               {"gpu_hours": 0.0, "leased_cost": 0.0, "idle_cost": 0.0, "cost": 0.0})
+            m["gpu_hours"] += nt.capacity_gpu_hours
+            m["leased_cost"] += nt.leased_cost
+            m["idle_cost"] += nt.idle_cost
+            m["cost"] += nt.leased_cost + nt.idle_cost
+        return out
+
     @property
     def total_cost(self) -> float:
         return self.leased_cost + self.idle_cost + self.cpu_node_cost
@@ -201,6 +219,7 @@ class CostReport:
             for r in rows:
                 r["class"] = r.pop("cls")
         out["budgets"] = [{**asdict(b), "share": b.share, "alerting": b.alerting} for b in self.budgets]
+        out["by_market"] = self.by_market()
         return out
 
     @classmethod
@@ -284,7 +303,8 @@ class Ledger:
             spans = self.nodes.setdefault(node, [])
             present = bool(spans) and spans[-1].end is None
             if d.get("event") == "joined" and not present:
-                spans.append(NodeSpan(node, d.get("node_type") or "", float(d.get("gpus") or 0.0), e.ts))
+                spans.append(NodeSpan(node, d.get("node_type") or "", float(d.get("gpus") or 0.0), e.ts,
+                                      spot=bool(d.get("spot"))))
             elif d.get("event") == "lost" and present:
                 spans[-1].end = e.ts
 
@@ -422,6 +442,7 @@ class Ledger:
             price = prices.get(ntype)
             nt = out.setdefault(ntype, NodeTypeCost(ntype, price))
             nt.nodes += 1
+            nt.spot = nt.spot or any(sp.spot for sp in spans)
             leased_s = leased_present.get(node, 0.0)
             idle_s = max(0.0, cap_s - leased_s)
             nt.capacity_gpu_hours += cap_s / HOUR

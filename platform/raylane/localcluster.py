@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Tuple
 from raylane.config.cluster import ClusterFile
 from raylane.control.state_nodes import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYPE_LABEL
 from raylane.errors import RetryableError
+from raylane.scheduling.types import SPOT_LABEL
 
 STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"
 TOKEN_FILE = STATE_FILE.parent / "ray_auth_token"  # Ray's cluster token of the cluster `up` started
@@ -153,6 +154,8 @@ def node_labels(group) -> Dict[str, str]:
         labels[NODE_TYPE_LABEL] = group.node_type
     if group.datasets:
         labels[DATASETS_LABEL] = ".".join(group.datasets)
+    if getattr(group, "spot", False):
+        labels[SPOT_LABEL] = "true"
     return labels
 
 

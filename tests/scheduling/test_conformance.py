@@ -4,7 +4,8 @@ Each scenario is drawn from a seeded ``random.Random`` and driven to completion 
 the run is checked (``check_cycle``). Whatever the policies, a cycle must never over-commit a node or one of its GPU
 devices (fractional workloads: ``fractional=True``; the snapshot's device books must balance too), split a gang,
 exceed a quota under ``quota`` admission, stop work it may not stop, leave an examined workload without a reason,
-depend on anything but its input, or change its input, or place anything on a cordoned (unschedulable) node; and a
+depend on anything but its input, or change its input, or place anything on a cordoned (unschedulable) node; under
+a cohort tree, no cohort may pass its limits and reclaim may not reach into a cohort within its nominal; and a
 small finite scenario must run to the end, also when a node is lost under running work (its leases go back to the
 queue) or cordoned for a while.
 """
@@ -28,6 +29,7 @@ from raylane.scheduling import (
     PLACEMENTS,
     PREEMPTIONS,
     ClusterState,
+    Cohort,
     CycleResult,
     Gang,
     LeaseState,
@@ -70,9 +72,10 @@ class Scenario:
 
 
 def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = None, n_workloads: int = 18,
-                    fractional: bool = False, elastic: bool = False) -> Scenario:
+                    fractional: bool = False, elastic: bool = False, tree: bool = False) -> Scenario:
     """``fractional``: workers ask shares of a GPU too (0.25 to 0.6), beside whole GPUs. ``elastic``: about a third
-    of the workloads are elastic gangs (a resizable class, 1 to 5 workers between their bounds)."""
+    of the workloads are elastic gangs (a resizable class, 1 to 5 workers between their bounds). ``tree``: the
+    teams are nested under a random cohort tree (``random_tree``)."""
     rng = random.Random(seed)
     nodes = []
     for i in range(rng.randint(2, 5)):
@@ -91,6 +94,8 @@ def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = N
         lend = rng.choice([None, None, float(rng.randint(0, int(nominal)))])
         teams[name] = Team(name, {"gpu": Quota(nominal, borrow, lend)}, weight=rng.choice([1.0, 2.0]),
                            decayed_usage=rng.choice([0.0, 5000.0]))
+    if tree:
+        teams = random_tree(rng, teams)
     workloads, durations = [], {}
     strategies = PLACEMENTS.names()
     i = 0
@@ -115,6 +120,26 @@ def random_scenario(seed: int, config: SchedulerConfig, strategy: str | None = N
         workloads.append(w)
         durations[w.id] = float(rng.randint(5, 300))
     return Scenario(nodes, teams, workloads, durations, config)
+
+
+def random_tree(rng: random.Random, teams: Dict[str, Team]) -> Dict[str, Team]:
+    """``teams`` nested under 1 to 4 cohorts, 1 to 3 levels deep, each with a random own nominal, borrowing and
+    lending limit (or none); a team stays under the root now and then, but at least one is in a cohort."""
+    cohorts: List[Cohort] = []
+    for i in range(rng.randint(1, 4)):
+        parent = rng.choice([None] + [c for c in cohorts if _depth(c) < 3])
+        q = rng.choice([None, Quota(float(rng.choice([0, 0, 2])), rng.choice([None, 0.0, float(rng.randint(1, 6))]),
+                                    rng.choice([None, 0.0, float(rng.randint(1, 8))]))])
+        cohorts.append(Cohort(f"c{i}", {"gpu": q} if q else {}, parent, rng.choice([1.0, 2.0])))
+    out = {}
+    for k, (name, t) in enumerate(teams.items()):
+        c = rng.choice(cohorts) if k == 0 or rng.random() < 0.8 else None
+        out[name] = replace(t, cohort=c)
+    return out
+
+
+def _depth(c: Cohort) -> int:
+    return 1 if c.parent is None else 1 + _depth(c.parent)
 
 
 def random_config(rng: random.Random, **fixed) -> SchedulerConfig:
@@ -147,6 +172,8 @@ def no_memo():
 
 
 def quota_ok(teams, usage) -> bool:
+    if any(t.cohort is not None for t in teams.values()):
+        return tree_quota_ok(teams, usage)
     pool_cap = pool_used = 0.0
     for t in teams.values():
         q = t.quotas.get("gpu")
@@ -158,6 +185,94 @@ def quota_ok(teams, usage) -> bool:
         pool_cap += q.nominal - q.guaranteed
         pool_used += max(0.0, u - q.guaranteed)
     return pool_used <= pool_cap + EPS
+
+
+def tree_quota_ok(teams, usage) -> bool:
+    """No team and no cohort over its limits, worked out from the definitions (``raylane.scheduling.cohorts``)
+    rather than by the ledger: per node n, S(n) (subtree quota), G(n) (the part it never lends) and U(n) (its use
+    beyond its children's guaranteed parts); every team within its ceiling, every cohort with a borrowing limit B
+    using no more than S - G + B of its parent's pool beyond G (what it puts in plus what it may borrow), and the
+    root's pool not overdrawn."""
+    kids: Dict[object, list] = {}  # cohort name (None: the root) -> its children
+    name_of = lambda c: None if c is None else c.name  # noqa: E731
+    for t in teams.values():
+        if "gpu" not in t.quotas:
+            continue
+        kids.setdefault(name_of(t.cohort), []).append(t)
+        c = t.cohort
+        while c is not None:
+            sibs = kids.setdefault(name_of(c.parent), [])
+            if all(not isinstance(k, Cohort) or k.name != c.name for k in sibs):
+                sibs.append(c)
+            c = c.parent
+    ok = True
+
+    def node(n):
+        """(S, G, U) of team or cohort ``n``; checks its limits."""
+        nonlocal ok
+        if isinstance(n, Team):
+            q = n.quotas["gpu"]
+            u = usage.get(n.name, Resources()).gpu
+            ok &= u <= q.ceiling + EPS
+            return q.nominal, q.guaranteed, u
+        q = n.quotas.get("gpu")
+        s = q.nominal if q else 0.0
+        u = 0.0
+        for k in kids.get(n.name, []):
+            ks, kg, ku = node(k)
+            s, u = s + ks - kg, u + max(0.0, ku - kg)
+        g = max(0.0, s - q.lending_limit) if q and q.lending_limit is not None else 0.0
+        if q and q.borrowing_limit is not None:
+            ok &= max(0.0, u - g) <= s - g + q.borrowing_limit + EPS
+        return s, g, u
+
+    s = u = 0.0
+    for k in kids.get(None, []):
+        ks, kg, ku = node(k)
+        s, u = s + ks - kg, u + max(0.0, ku - kg)
+    return ok and u <= s + EPS
+
+
+def crosses_to(snap: Snapshot, usage, team: str, preemptor: str) -> bool:
+    """Whether every cohort of ``team`` that ``preemptor`` is not under holds more than its subtree's nominal."""
+    teams = snap.teams
+    mine = set()
+    c = teams[preemptor].cohort if preemptor in teams else None
+    while c is not None:
+        mine.add(c.name)
+        c = c.parent
+    c = teams[team].cohort
+    while c is not None and c.name not in mine:
+        under = [t for t in teams.values() if "gpu" in t.quotas and _under(t, c.name)]
+        nominal = (c.quotas["gpu"].nominal if "gpu" in c.quotas else 0.0) + sum(t.quotas["gpu"].nominal
+                                                                                 for t in under)
+        nominal += sum(o.quotas["gpu"].nominal for o in _cohorts_under(teams, c.name) if "gpu" in o.quotas)
+        if sum(usage.get(t.name, Resources()).gpu for t in under) <= nominal + EPS:
+            return False
+        c = c.parent
+    return True
+
+
+def _under(t: Team, cohort: str) -> bool:
+    c = t.cohort
+    while c is not None:
+        if c.name == cohort:
+            return True
+        c = c.parent
+    return False
+
+
+def _cohorts_under(teams, cohort: str) -> list:
+    """The cohorts strictly below ``cohort`` that some team is under."""
+    out = {}
+    for t in teams.values():
+        chain, c = [], t.cohort
+        while c is not None and c.name != cohort:
+            chain.append(c)
+            c = c.parent
+        if c is not None:
+            out.update((x.name, x) for x in chain)
+    return list(out.values())
 
 
 def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int = 500) -> None:
@@ -221,6 +336,9 @@ def check_cycle(snap: Snapshot, res: CycleResult, now: float, max_examined: int 
             if protects and lease.team != p.preemptor.team:
                 q = snap.teams[lease.team].quotas["gpu"]
                 assert snap_usage[lease.team].gpu > q.nominal + EPS, f"{v} of {lease.team} was in quota"
+                # Under a cohort tree: nor work whose cohort, below the one shared with the preemptor, is in quota.
+                assert crosses_to(snap, snap_usage, lease.team, p.preemptor.team), \
+                    f"{v} of {lease.team}: its cohort was in quota"
 
     check_resizes(snap, res, now, free, usage if protects else None)
 
@@ -558,3 +676,58 @@ def test_a_cordoned_node_gets_no_new_lease_under_every_placement(strategy, seed)
     assert all(l in d.state.leases for l in running_there)
     d.run(max_cycles=3000)
     assert_all_ran(scn, d)
+
+
+# ------------------------------------------------------------------------------------------------ cohort trees
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("axis,name", [(a, n) for a, reg in AXES.items() for n in reg.names()])
+def test_every_policy_keeps_cohort_limits_on_random_trees(axis, name, seed):
+    """Teams nested under random cohort trees: every cycle keeps the invariants (``check_cycle``), among them no
+    team or cohort over its limits (``tree_quota_ok``) and no reclaim from a team within its nominal quota or from
+    a cohort within its subtree's nominal (``crosses_to``), and everything runs to the end."""
+    rng = random.Random(f"tree/{axis}/{name}/{seed}")
+    cfg = random_config(rng, **{axis: name})
+    scn = random_scenario(rng.randint(0, 10**6), cfg, tree=True)
+    assert any(t.cohort is not None for t in scn.teams.values())
+    assert_all_ran(scn, drive(scn))
+
+
+def test_tree_invariants_can_fail():
+    """The tree checks are not vacuous: a cohort over its borrowing limit, a root pool overdrawn through a cohort
+    that lends nothing, and a victim whose cohort was within its nominal are each caught."""
+    dept = Cohort("d", {"gpu": Quota(0.0, 1.0, 0.0)})
+    teams = {"a": Team("a", {"gpu": Quota(4.0)}, cohort=dept), "b": Team("b", {"gpu": Quota(4.0)}, cohort=dept),
+             "c": Team("c", {"gpu": Quota(4.0)})}
+    assert tree_quota_ok(teams, {"a": Resources(gpu=9)})
+    assert not tree_quota_ok(teams, {"a": Resources(gpu=10)})  # d may take 1 beyond its 8
+    assert not tree_quota_ok(teams, {"c": Resources(gpu=5)})  # d lends nothing: c has nothing to borrow
+    snap = Snapshot((), (), {}, teams)
+    assert not crosses_to(snap, {"a": Resources(gpu=6)}, "a", "c")  # a borrows b's quota, inside d
+    assert crosses_to(snap, {"a": Resources(gpu=9)}, "a", "c")
+    assert crosses_to(snap, {"a": Resources(gpu=6)}, "a", "b")  # siblings: no boundary between them
+
+
+def test_tree_scenarios_do_reclaim_across_cohorts():
+    """The tree conformance runs are not vacuous: across a dozen scenarios under the default policies, teams reclaim
+    from teams of another cohort (whose borrowing crossed into theirs), with every cycle checked."""
+    across = 0
+
+    def check(snap, res, now):
+        nonlocal across
+        check_cycle(snap, res, now)
+        team_of = {l.id: l.team for l in snap.leases}
+        for p in res.preempted:
+            mine = snap.teams[p.preemptor.team].cohort
+            for v in p.victims:
+                theirs = snap.teams[team_of[v]].cohort
+                across += theirs is not None and (mine is None or theirs.name != mine.name)
+
+    for seed in range(12):
+        rng = random.Random(f"tree-reclaim/{seed}")
+        cfg = random_config(rng, preemption="default", admission="quota")
+        scn = random_scenario(rng.randint(0, 10**6), cfg, tree=True, n_workloads=24)
+        d = Driver(ClusterState(scn.nodes, scn.teams, cfg), scn.workloads, scn.durations, check=check)
+        assert_all_ran(scn, d.run(max_cycles=3000))
+    assert across > 0

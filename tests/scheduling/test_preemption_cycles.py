@@ -163,3 +163,17 @@ def test_no_preemption_for_a_workload_the_reservation_would_not_let_start():
     out = decide(ns, teams, runs, [pend[0], wl("c").cls(CRITICAL).gpus(4).at(2).est(60)], ordering="fifo",
                  backfill="easy", preemption="default")
     assert out.preempted == {"c": ("s",)}
+
+
+def test_in_quota_work_past_the_window_takes_the_place_of_a_borrower_in_it():
+    # nlp borrows 1 of cv's GPUs; 1 GPU is free. nlp's borrowers b1, b2 fill a window of 2; cv's c, within cv's
+    # nominal, comes after. Admitting b1 let c into the next cycle's window, where c reclaimed b1; b1, requeued ahead
+    # of c, pushed it out again: a livelock at one instant (Philly, the priority preset under quotas). Now c takes
+    # the place of the window's last borrower, b2, which is not reached (at most ``max_examined`` are examined).
+    run = [running(wl(f"r{i}").gpus(1), on=["n1"]) for i in range(3)]
+    queue = [wl("b1").gpus(1).at(1), wl("b2").gpus(1).at(2), wl("c").team("cv").gpus(1).at(3)]
+    out = decide(nodes(1, gpus=4), [team("nlp", gpu=2), team("cv", gpu=2)], run, queue, max_examined=2,
+                 ordering="fifo")
+    assert out.admitted == {"c": ("n1",)} and out.preempted == {}
+    assert out.positions == {"b1": 1} and "b2" not in out.pending
+    assert out.pending["b1"] == QuotaExceeded("nlp", "gpu", used=3, nominal=2, borrowable=0, needed=1)

@@ -14,7 +14,8 @@ from raylane.sim import COMPARISON, PRESETS, SimOptions, Simulator, apply_preset
 from raylane.sim import load_trace, summarize
 from raylane.sim.presets import HYSTERESIS
 
-from tests.sim.builders import PHILLY, TIRESIAS
+from tests.scheduling.builders import team
+from tests.sim.builders import PHILLY, TIRESIAS, job, outcome, replay, trace
 
 
 
@@ -59,3 +60,20 @@ def test_las_presets_and_only_they_hold_the_hysteresis(name):
         assert held == (HYSTERESIS["hysteresis_min_run_s"], 0.0) and held[0] == 3600.0
     else:  # the SRTF oracle stays the unconstrained reference
         assert held == (0.0, 0.0)
+
+
+def test_the_priority_preset_under_quotas_decides_as_a_deep_window_would():
+    # Philly 2017-10-09 on 16 x 8 with a nominal quota per virtual cluster livelocked here (the cycles at one instant
+    # never settled). In miniature: a's four borrowers fill the priority preset's window of 4; b's job, within b's
+    # nominal, waits past it. When x ended, a3 was admitted (a borrower: nothing in quota had been examined), then
+    # b0, now inside the window, reclaimed it; a3, requeued ahead of b0, pushed it out again, and so on. In-quota
+    # work past the window is examined before any borrower is admitted: b0 reclaims when it arrives, as it would at
+    # the live depth.
+    tr = trace(*[job(f"a{i}").team("a").runs(1000) for i in range(3)], job("x").team("a").runs(50),
+               *[job(f"a{i}").team("a").at(10).runs(100) for i in range(3, 7)], job("b0").team("b").at(20).runs(100))
+    teams = {"a": team("a", gpu=2), "b": team("b", gpu=2)}
+    shallow = replay(tr, nodes=1, gpus=4, preset="priority", config=dict(admission="quota"), teams=teams)
+    deep = replay(tr, nodes=1, gpus=4, preset="priority", config=dict(admission="quota"), teams=teams,
+                  max_examined=MAX_EXAMINED)
+    assert outcome(shallow) == outcome(deep)
+    assert outcome(shallow)["b0"] == (20.0, 120.0, 0) and sum(shallow.preemptions) == 1

@@ -27,7 +27,7 @@ from pydantic_core import ValidationError as CoreValidationError
 
 from raylane.config.models import Allowed, Duration, Memory, _Model
 from raylane.scheduling.autoscale import ScaleGroup
-from raylane.scheduling.types import Node, Resources
+from raylane.scheduling.types import SPOT_LABEL, Node, Resources
 
 MAX_NODES = 100_000
 COUNT_ALLOWED = (f"an integer from 0 to {MAX_NODES}: the group's nodes (at least 1 for a group without min and "
@@ -116,6 +116,10 @@ class NodeGroup(_Model):
         """The most nodes the group may have (``count`` for a fixed group)."""
         return self.count if self.max is None else self.max
 
+    def node_labels(self) -> Dict[str, str]:
+        """The labels the core sees on a node of the group: its own, and ``SPOT_LABEL`` on a spot group's."""
+        return {**self.labels, SPOT_LABEL: "true"} if self.spot else dict(self.labels)
+
     def scale_group(self, count: Optional[int] = None) -> ScaleGroup:
         """The group as scale-up demand reads it, with ``count`` nodes now (default: the nodes it starts with)."""
         return ScaleGroup(self.name, Resources(float(self.gpus), float(self.cpus), float(self.memory)),
@@ -157,7 +161,7 @@ class ClusterFile(_Model):
         for g in self.nodes:
             cap = Resources(float(g.gpus), float(g.cpus), float(g.memory))
             for i in range(g.count):
-                out.append(Node(f"{g.name}-{i}", cap, cap, frozenset(g.features), dict(g.labels), g.node_type,
+                out.append(Node(f"{g.name}-{i}", cap, cap, frozenset(g.features), g.node_labels(), g.node_type,
                                 frozenset(g.datasets)))
         return out
 

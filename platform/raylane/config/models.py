@@ -26,17 +26,21 @@ from typing import Annotated, Any, Callable, Dict, List, Literal, Mapping, Optio
 
 import pydantic
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WrapValidator,
-                      field_validator)
-from pydantic_core import PydanticCustomError
+                      field_validator, model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import ValidationError as CoreValidationError
 
 from raylane.errors import UnknownNameError, ValidationError
 from raylane.scheduling.admission import ADMISSIONS
 from raylane.scheduling.backfill import BACKFILLS
+from raylane.scheduling.cohorts import CohortTree
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS
-from raylane.scheduling.preemption import PREEMPTIONS
+from raylane.scheduling.runlimit import ON_MAX_RUNTIME
+from raylane.scheduling.preemption import PREEMPTIONS, VICTIM_COSTS
 from raylane.scheduling.types import (
     RESOURCE_NAMES,
+    Cohort,
     Gang,
     Quota,
     Resources,
@@ -66,6 +70,9 @@ __all__ = [
     "WorkloadClassSpec",
     "QuotaSpec",
     "TeamSpec",
+    "CohortQuotaSpec",
+    "CohortSpec",
+    "cohort_errors",
     "ClusterPolicy",
     "ResourcesSpec",
     "WorkersRange",
@@ -84,6 +91,7 @@ __all__ = [
 ORDERING_POLICIES: Tuple[str, ...] = tuple(ORDERINGS.names())
 BACKFILL_POLICIES: Tuple[str, ...] = tuple(BACKFILLS.names())
 PREEMPTION_POLICIES: Tuple[str, ...] = tuple(PREEMPTIONS.names())
+VICTIM_COST_NAMES: Tuple[str, ...] = tuple(VICTIM_COSTS.names())
 ADMISSION_POLICIES: Tuple[str, ...] = tuple(ADMISSIONS.names())
 PLACEMENT_STRATEGIES: Tuple[str, ...] = tuple(PLACEMENTS.names())
 # Workload kinds have no registry (yet): the drivers that run each kind will be looked up by these names.
@@ -94,6 +102,7 @@ _SCHED = SchedulerConfig()
 _CLASS = {f.name: f.default for f in dataclasses.fields(WorkloadClass) if f.default is not dataclasses.MISSING}
 _TEAM = {f.name: f.default for f in dataclasses.fields(Team) if f.default is not dataclasses.MISSING}
 _QUOTA = {f.name: f.default for f in dataclasses.fields(Quota) if f.default is not dataclasses.MISSING}
+_COHORT = {f.name: f.default for f in dataclasses.fields(Cohort) if f.default is not dataclasses.MISSING}
 _GANG = {f.name: f.default for f in dataclasses.fields(Gang) if f.default is not dataclasses.MISSING}
 _RES = Resources()
 
@@ -218,9 +227,11 @@ NonNegative = Annotated[float, Field(ge=0)]
 OrderingName = _one_of(ORDERING_POLICIES)
 BackfillName = _one_of(BACKFILL_POLICIES)
 PreemptionName = _one_of(PREEMPTION_POLICIES)
+VictimCostName = _one_of(VICTIM_COST_NAMES)
 AdmissionName = _one_of(ADMISSION_POLICIES)
 PlacementName = _one_of(PLACEMENT_STRATEGIES)
 KindName = _one_of(WORKLOAD_KINDS)
+OnMaxRuntimeName = _one_of(ON_MAX_RUNTIME)
 ResourceName = _one_of(RESOURCE_NAMES)
 
 
@@ -242,6 +253,8 @@ class SchedulerSpec(_Model):
     ordering: OrderingName = _SCHED.ordering
     backfill: BackfillName = _SCHED.backfill
     preemption: PreemptionName = _SCHED.preemption
+    # How victims of equal class priority are priced: lost_work (GPU-seconds since the last checkpoint) or recency.
+    victim_cost: VictimCostName = _SCHED.victim_cost
     admission: AdmissionName = _SCHED.admission
     max_admissions_per_cycle: int = Field(default=_SCHED.max_admissions_per_cycle, ge=1)
     # Attained GPU-time boundaries of the LAS queues; "1h" means 3600 GPU-seconds.
@@ -287,6 +300,33 @@ class WorkloadClassSpec(_Model):
     default_placement: PlacementName = _GANG["strategy"]
     # Whether its work may be resized: only then may a spec of this class ask for ``gang.workers: {min, max}``.
     resizable: bool = _CLASS["resizable"]
+    # Its work's run limit (null: none), and what is done with work that reaches it (raylane.scheduling.runlimit).
+    # Waiting for capacity that a node being added could give, how long its work waits for that node before it
+    # preempts anyone (raylane.control.state_scale; 0: it preempts at once). Needs growable node groups.
+    wait_for_scale_up: Duration = 0.0
+    # Spot nodes (labelled raylane.io/spot=true, which the cloud may reclaim): never on them, allowed, or preferred.
+    spot: Literal["never", "allow", "prefer"] = "allow"
+    max_runtime: Optional[Duration] = _CLASS["max_runtime_s"]
+    on_max_runtime: OnMaxRuntimeName = Field(default=_CLASS["on_max_runtime"], validate_default=True)
+
+    @field_validator("max_runtime")
+    @classmethod
+    def _limit_positive(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and v <= 0:
+            raise _err("positive", "a duration > 0, like 2h or 3d, or null for no limit")
+        return v
+
+    @field_validator("on_max_runtime")
+    @classmethod
+    def _requeue_keeps_work(cls, v: str, info: ValidationInfo) -> str:
+        # A requeued attempt keeps only the work up to its last checkpoint: without one within the limit, work that
+        # needs longer than the limit would be requeued from the same point for ever.
+        limit, every = info.data.get("max_runtime"), info.data.get("checkpoint_every")
+        if v == "requeue" and limit is not None and every is not None and not 0 < every <= limit:
+            raise _err("requeue", f"stop, or requeue with checkpoint_every > 0 and at most max_runtime "
+                                  f"({limit:g}s): a requeued attempt keeps only the work up to its last checkpoint "
+                                  f"(checkpoint_every is {every:g}s)")
+        return v
 
     def to_core(self, name: str) -> WorkloadClass:
         return WorkloadClass(
@@ -299,6 +339,9 @@ class WorkloadClassSpec(_Model):
             retry_budget=self.retry_budget,
             queue_time_target_s=self.queue_time_target,
             resizable=self.resizable,
+            max_runtime_s=self.max_runtime,
+            wait_for_scale_up_s=self.wait_for_scale_up,
+            on_max_runtime=self.on_max_runtime,
         )
 
 
@@ -331,8 +374,35 @@ class TeamSpec(_Model):
     budget: Optional[Annotated[float, Field(gt=0), Allowed("a number > 0 (a month's budget, in the currency "
                                                            "of prices)")]] = None
 
-    def to_core(self, name: str) -> Team:
-        return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight)
+    # The team's nearest cohort (``cohorts:``); none: the team is under the whole cluster, as in a flat policy.
+    cohort: Optional[Name] = None
+
+    def to_core(self, name: str, cohort: Optional[Cohort] = None) -> Team:
+        return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight,
+                    cohort=cohort)
+
+
+class CohortQuotaSpec(_Model):
+    """One resource of a cohort's own quota (``raylane.scheduling.cohorts``): a nominal of its own (0: the cohort
+    only groups what its members lend), how much its subtree may borrow from outside it and how much of its subtree
+    quota may leave it (null: no limit)."""
+
+    nominal: NonNegative = 0.0
+    borrowing_limit: Optional[NonNegative] = _QUOTA["borrowing_limit"]
+    lending_limit: Optional[NonNegative] = _QUOTA["lending_limit"]
+
+    def to_core(self) -> Quota:
+        return Quota(self.nominal, self.borrowing_limit, self.lending_limit)
+
+
+class CohortSpec(_Model):
+    """A node of the quota tree: teams (``teams.NAME.cohort``) and cohorts (``parent``) under it lend to each other
+    first. No ``parent``: a top-level cohort, under the whole cluster."""
+
+    parent: Optional[Name] = None
+    quotas: Dict[ResourceName, CohortQuotaSpec] = Field(default_factory=dict)
+    # The subtree's share under fair-share ordering, against its siblings.
+    weight: float = Field(default=_COHORT["weight"], gt=0)
 
 
 class HealthSpec(_Model):
@@ -390,8 +460,22 @@ class ClusterPolicy(_Model):
     # The share of its monthly budget past which a team's spend raises an alert (raylane_rules.yml).
     budget_alert_share: Annotated[float, Field(gt=0, le=1), Allowed("a share of the budget: a number > 0 and <= 1, "
                                                                     "like 0.8")] = 0.8
+    # The share of its monthly budget from which a team's waiting gangs ask for no new node (raylane.control.
+    # state_scale); above 1, scale-up goes on past the budget until that share of it.
+    budget_stop_share: Annotated[float, Field(gt=0, le=10), Allowed("a share of the budget: a number > 0 and <= 10, "
+                                                                    "like 0.9")] = 0.9
     health: HealthSpec = Field(default_factory=HealthSpec)
     pipelines: PipelinesSpec = Field(default_factory=PipelinesSpec)
+    # The quota tree (``raylane.scheduling.cohorts``): cohort name -> its parent and own quotas. Empty: flat.
+    cohorts: Dict[Name, CohortSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cohort_tree(self) -> "ClusterPolicy":
+        bad = cohort_errors(self)
+        if bad:
+            raise CoreValidationError.from_exception_data("ClusterPolicy", [
+                InitErrorDetails(type=_err("cohort", allowed), loc=loc, input=value) for loc, value, allowed in bad])
+        return self
 
     def to_scheduler_config(self) -> SchedulerConfig:
         s = self.scheduler
@@ -400,6 +484,7 @@ class ClusterPolicy(_Model):
             admission=s.admission,
             backfill=s.backfill,
             preemption=s.preemption,
+            victim_cost=s.victim_cost,
             max_admissions_per_cycle=s.max_admissions_per_cycle,
             las_thresholds=tuple(s.las_thresholds),
             fair_share_half_life_s=s.fair_share_half_life,
@@ -415,8 +500,83 @@ class ClusterPolicy(_Model):
             raise UnknownNameError("workload class", name, list(self.classes))
         return spec.to_core(name)
 
+    def core_cohorts(self) -> Dict[str, Cohort]:
+        """Each cohort as the core knows it, its parent chain built in (the policy has no cycle)."""
+        out: Dict[str, Cohort] = {}
+
+        def build(name: str) -> Cohort:
+            got = out.get(name)
+            if got is None:
+                c = self.cohorts[name]
+                got = out[name] = Cohort(name, {r: q.to_core() for r, q in c.quotas.items()},
+                                         build(c.parent) if c.parent is not None else None, c.weight)
+            return got
+
+        for name in self.cohorts:
+            build(name)
+        return out
+
     def core_teams(self) -> Dict[str, Team]:
-        return {name: t.to_core(name) for name, t in self.teams.items()}
+        cohorts = self.core_cohorts() if self.cohorts else {}
+        return {name: t.to_core(name, cohorts.get(t.cohort) if t.cohort is not None else None)
+                for name, t in self.teams.items()}
+
+
+def cohort_errors(policy: ClusterPolicy) -> List[Tuple[Tuple[Any, ...], Any, str]]:
+    """Every way ``policy``'s cohort tree cannot hold, as (field location, value, what is allowed): a team's cohort
+    or a cohort's parent that is not a cohort of the policy; a parent chain that leads back to its cohort (a cycle,
+    reported once, at its first cohort in file order); a cohort named like a team; a cohort with no team under it
+    (its quota would serve no one); and a cohort's lending limit above its subtree quota (its own nominal plus what
+    its members lend: it cannot lend more than that). The last is checked only once the tree itself is sound."""
+    cohorts, teams = policy.cohorts, policy.teams
+    bad: List[Tuple[Tuple[Any, ...], Any, str]] = []
+    known = f"one of {_names(cohorts)}"
+    for name, t in teams.items():
+        if t.cohort is not None and t.cohort not in cohorts:
+            bad.append((("teams", name, "cohort"), t.cohort, f"a cohort of the policy: {known} (or omit it: the "
+                                                                f"team is then under the whole cluster)"))
+    for name, c in cohorts.items():
+        if name in teams:
+            bad.append((("cohorts", name), name, f"a name no team has (team {name} exists): teams and cohorts are "
+                                                   f"nodes of one tree"))
+        if c.parent is not None and c.parent not in cohorts:
+            bad.append((("cohorts", name, "parent"), c.parent,
+                        f"a cohort of the policy: {known} (or omit it: a top-level cohort)"))
+    in_cycle: set = set()
+    for name in cohorts:
+        chain, c = [name], cohorts[name].parent
+        while c is not None and c in cohorts and c not in chain and c not in in_cycle:
+            chain.append(c)
+            c = cohorts[c].parent
+        if c is not None and c in chain:
+            loop = chain[chain.index(c):]
+            in_cycle.update(loop)
+            bad.append((("cohorts", loop[0], "parent"), cohorts[loop[0]].parent,
+                        f"a parent that does not lead back to {loop[0]} ({' > '.join(loop + [loop[0]])} is a cycle)"))
+    if bad:
+        return bad
+    used = {t.cohort for t in teams.values() if t.cohort is not None}
+    for name in list(used):
+        c = cohorts[name].parent
+        while c is not None and c not in used:
+            used.add(c)
+            c = cohorts[c].parent
+    for name in cohorts:
+        if name not in used:
+            bad.append((("cohorts", name), name, "a cohort with at least one team under it (no team names it or a "
+                                                 "cohort below it): its quota would serve no one"))
+    if bad:
+        return bad
+    # The core's arithmetic: one definition of what a cohort can lend.
+    tree = CohortTree(policy.core_teams())
+    for name, c in cohorts.items():
+        for r, q in c.quotas.items():
+            s, g, _ = tree.limits[name][r]
+            if q.lending_limit is not None and q.lending_limit > s + 1e-9:
+                bad.append((("cohorts", name, "quotas", r, "lending_limit"), q.lending_limit,
+                            f"a number from 0 to {s:g} (what cohort {name} can lend: its own nominal {q.nominal:g} "
+                            f"plus what its members lend, {s - q.nominal:g}), or null to lend all of it"))
+    return bad
 
 
 # -------------------------------------------------------------------------------------------------- spec
@@ -521,6 +681,16 @@ class GangSpec(_Model):
     # For the ``group`` placement: the node label all workers must share.
     group_by: str = Field(default=_GANG["group_by"], min_length=1)
     features: List[Name] = Field(default_factory=list)
+    # Flavors: the node types it may run on, most preferred first (placed on the first with room now); empty: any.
+    node_types: List[Name] = Field(default_factory=list, max_length=16)
+
+    @field_validator("node_types")
+    @classmethod
+    def _each_type_once(cls, v: List[str]) -> List[str]:
+        seen = [t for i, t in enumerate(v) if t in v[:i]]
+        if seen:
+            raise _err("node_types", f"each node type once, most preferred first (named twice: {', '.join(seen)})")
+        return v
 
     @property
     def lo(self) -> int:
@@ -672,6 +842,8 @@ class WorkloadSpec(_Model):
             group_by=g.group_by,
             min_workers=g.lo if g.elastic else None,
             max_workers=g.hi if g.elastic else None,
+            node_types=tuple(g.node_types),
+            spot=cls_spec.spot,
         )
         return Workload(
             id=workload_id,

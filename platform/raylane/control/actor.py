@@ -137,9 +137,9 @@ class ControlActor:
 
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
                  admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None,
-                 cancel_grace_s: float = ends.CANCEL_GRACE_S):
-        """``auth``: see ``ControlState``."""
-        self.shell = ControlShell(policy, journal_path, tick_s, admit_timeout_s, auth, cancel_grace_s)
+                 cancel_grace_s: float = ends.CANCEL_GRACE_S, cluster: Optional[Dict[str, Any]] = None):
+        """``auth``, ``cluster``: see ``ControlState``."""
+        self.shell = ControlShell(policy, journal_path, tick_s, admit_timeout_s, auth, cancel_grace_s, cluster)
 
     async def request(self, credential: Any, call: Any, args: Any = None) -> Any:
         """The one entry point (``ControlShell.request``)."""
@@ -154,13 +154,13 @@ class ControlShell:
     """The actor's work: its loop, requests, and carrying out the state machine's effects."""
 
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float, admit_timeout_s: float,
-                 auth: Optional[Dict[str, Any]], cancel_grace_s: float):
+                 auth: Optional[Dict[str, Any]], cancel_grace_s: float, cluster: Optional[Dict[str, Any]] = None):
         self.tick_s = tick_s
         self.admit_timeout_s = admit_timeout_s
         self.host = RayHost()
         # Group commit: one commit per turn of the event loop (_durable), and before each effect (_carry_out).
         self.cs = ControlState(policy, Journal(journal_path, batched=True), self.host, time.time, tick_s, auth,
-                               cancel_grace_s)
+                               cancel_grace_s, cluster)
         self._commit_waiters: Optional[asyncio.Future] = None
         self._wake: Optional[asyncio.Event] = None
         self._admitted: Dict[str, asyncio.Event] = {}
@@ -254,6 +254,9 @@ class ControlShell:
             self._spawn(self._probe_all(e))
         elif isinstance(e, ends.CloseRun):
             self._spawn(self._close_run(e))
+        elif isinstance(e, fx.RequestNodes):
+            # A GCS round trip (the coordinator is found by name): off the loop, on a thread of the default pool.
+            asyncio.get_event_loop().run_in_executor(None, request_nodes, e)
         else:
             raise TypeError(f"unknown effect {e!r}")
 
@@ -350,6 +353,36 @@ class ControlShell:
             if full:
                 last_full = time.time()
             await asyncio.sleep(CYCLE_SPACING_S)
+
+
+# The requester id under which the control plane's ask reaches Ray's autoscaling coordinator.
+REQUESTER_ID = "raylane-control"
+
+
+def request_nodes(e: fx.RequestNodes) -> None:
+    """Carry out ``e`` through Ray's autoscaling coordinator, which merges the asks of every requester on the
+    cluster (Ray Data and Ray Train ask through it too) into one ``ray.autoscaler.sdk.request_resources`` call. A
+    direct call would be overwritten by the coordinator's own within its next tick (20 s) once it exists."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:  # a Ray without the coordinator: no other requester to merge with
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[dict(b) for b in e.bundles],
+                          bundle_label_selectors=[dict(s) for s in e.selectors] if e.bundles else None)
+        return
+    try:
+        coordinator = get_or_create_autoscaling_coordinator()
+        if e.bundles:
+            coordinator.request_resources.remote(requester_id=REQUESTER_ID, resources=[dict(b) for b in e.bundles],
+                                                 expire_after_s=e.expire_s,
+                                                 label_selectors=[dict(s) for s in e.selectors])
+        else:
+            coordinator.cancel_request.remote(REQUESTER_ID)
+    except Exception:  # noqa: BLE001 - asked again at the next renewal; logged
+        log.exception("asking the autoscaler for %d bundles failed", len(e.bundles))
 
 
 @ray.remote(num_cpus=0, max_retries=0)

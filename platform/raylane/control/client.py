@@ -310,10 +310,13 @@ def policy_dict(policy: Union[str, Path, Dict[str, Any], None]) -> Dict[str, Any
 
 def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal: Optional[str] = None,
                   *, tick_s: float = 1.0, admit_timeout_s: float = 30.0, auth_enabled: bool = True,
-                  operator: str = "operator", token: Optional[str] = None) -> ControlClient:
+                  operator: str = "operator", token: Optional[str] = None,
+                  cluster: Union[str, Path, Dict[str, Any], None] = None) -> ControlClient:
     """Create the detached control actor (or find the running one) in the ``raylane`` namespace; returns a client
     holding an operator token (with ``auth_enabled``; its digest alone reaches the actor, which journals it).
-    ``token``: that operator token (a caller that retries passes the same one); default a fresh one."""
+    ``token``: that operator token (a caller that retries passes the same one); default a fresh one. ``cluster``:
+    the cluster file (a path or its dict), whose growable node groups the control plane asks Ray's autoscaler to
+    grow for waiting gangs (``raylane.control.state_scale``); None: it asks for no node."""
     # On the head node, beside its journal: an actor that asks for no CPU could otherwise land on any node.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -334,7 +337,10 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
         # job supervisors do (ray.dashboard.modules.job.job_manager).
         runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
     )
-    handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s, boot)
+    if cluster is not None and not isinstance(cluster, dict):
+        cluster, _ = read_yaml(Path(cluster), "cluster file")
+    handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s, boot,
+                           cluster=cluster)
     client = ControlClient(handle, token if auth_enabled else None)
     client.ping()
     try:

@@ -61,4 +61,14 @@ class Wake:
     workload_id: str
 
 
-Effect = Union[Reserve, RemoveReservation, KillWorkers, StopJob, RunProbes, Wake, CloseRun]
+@dataclass(frozen=True)
+class RequestNodes:
+    """Ask Ray's autoscaler for room for ``bundles`` (each with the label selector at the same index of
+    ``selectors``), replacing the previous ask, kept for ``expire_s`` unless asked again (``raylane.control.
+    state_scale``); no bundles: withdraw the ask."""
+    bundles: Tuple[Dict[str, float], ...]
+    selectors: Tuple[Dict[str, str], ...]
+    expire_s: float
+
+
+Effect = Union[Reserve, RemoveReservation, KillWorkers, StopJob, RunProbes, Wake, CloseRun, RequestNodes]

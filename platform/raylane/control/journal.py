@@ -34,10 +34,12 @@ class Kind(str, enum.Enum):
     PREEMPTING = "preempting"  # preempted: asked to save a checkpoint and stop by a deadline
     RESIZING = "resizing"  # an elastic gang asked to stop and restart at another size
     RESIZED = "resized"  # ... restarted on the same lease at its new size
+    RUN_LIMIT = "run_limit"  # its class's max_runtime reached: asked to stop by a deadline, to requeue or to end
     REQUEUED = "requeued"  # its lease ended without an end: back in the queue
     FINISHED = "finished"  # ended: SUCCEEDED or FAILED (``state``)
     CANCELLED = "cancelled"  # ended: cancelled
     NODE = "node"  # raylane.control.nodes: a node joined, was lost, cordoned, drained, ...
+    SCALE = "scale"  # raylane.control.state_scale: new nodes asked for a waiting gang, or that ask withdrawn
     POLICY = "policy"  # the policy now in force (workload id ``@policy``)
     PIPELINE = "pipeline"  # raylane.control.pipelines: a pipeline submitted, an output, a re-plan, its end
     TOKEN = "token"  # raylane.control.gate: a token's digest created, rotated or revoked

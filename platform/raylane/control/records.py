@@ -5,7 +5,8 @@ reservation), running, preempting, and its end. Only the control actor changes r
 journal entries (``apply``), so the live path and recovery run the same code.
 
 States: PENDING -> ADMITTED -> RUNNING -> (PREEMPTING -> PENDING)* -> SUCCEEDED | FAILED | CANCELLED;
-REJECTED at submit. An elastic gang also goes RUNNING -> RESIZING -> ADMITTED (the same lease at its new size): the
+REJECTED at submit. A gang that reached its class's run limit (``run_limit``) is PREEMPTING too: asked to stop, then
+PENDING again (``on_max_runtime: requeue``) or FAILED (``stop``). An elastic gang also goes RUNNING -> RESIZING -> ADMITTED (the same lease at its new size): the
 gang saves a checkpoint and stops, and its driver restarts it at the size the scheduling core chose.
 """
 from __future__ import annotations
@@ -90,6 +91,13 @@ class Record:
     # The resize under way (state RESIZING): from_workers, to_workers, placement and devices at the new size, reason.
     resize: Dict[str, Any] = field(default_factory=dict)
     resizes: int = 0
+    # Run limits (raylane.scheduling.runlimit): when its current attempt was admitted (a resize does not change it),
+    # the seconds its earlier attempts held their leases, and the limit reached (``run_limit`` entry: action,
+    # ran_s, limit_s, reason) while its gang stops for it; ``run_limits``: how many times one was reached.
+    attempt_started: Optional[float] = None
+    past_run_s: float = 0.0
+    run_limit: Dict[str, Any] = field(default_factory=dict)
+    run_limits: int = 0
     # The MLflow run its driver named (``mlflow_run_id`` of a report), or why the driver could not start one: a gang
     # may start before the run exists, and its workers wait for one or the other (``raylane.train``).
     mlflow_run_id: Optional[str] = None
@@ -142,6 +150,7 @@ class Record:
     def _admitted(self, e: Entry) -> None:
         self._hold(e)
         self.attempts += 1
+        self.attempt_started, self.run_limit = e.ts, {}
         self.reason, self.position, self.reason_data = "", None, {}
 
     def _running(self, e: Entry) -> None:
@@ -181,6 +190,15 @@ class Record:
         self.preemptions += 1 if d.get("preemption", True) else 0
         self.resize = {}  # a preemption during a resize stops the gang: it is not restarted at the new size
 
+    def _run_limited(self, e: Entry) -> None:
+        d = e.data
+        self.state = State.PREEMPTING
+        self.stop_deadline = d.get("deadline")
+        self.run_limit = {k: d.get(k) for k in ("action", "ran_s", "limit_s", "reason")}
+        self.reason = d.get("reason", "")
+        self.run_limits += 1
+        self.resize = {}
+
     def _resizing(self, e: Entry) -> None:
         d = e.data
         self.state = State.RESIZING
@@ -212,6 +230,7 @@ class Record:
         self.placement, self.pg_name, self.admitted_at, self.stop_deadline = (), None, None, None
         self.devices = ()
         self.resize = {}
+        self._attempt_over(e)
 
     def _finished(self, e: Entry) -> None:
         self._end(e, State(e.data.get("state", State.SUCCEEDED.value)))
@@ -228,6 +247,13 @@ class Record:
         self.stop_deadline = None
         self.job_stop_at = d.get("job_stop_at")
         self.run_to_close = bool(d.get("close_run"))
+        self._attempt_over(e)
+
+    def _attempt_over(self, e: Entry) -> None:
+        """Its lease ended (a requeue or an end): the attempt's time joins that of the earlier ones."""
+        if self.attempt_started is not None:
+            self.past_run_s += max(0.0, e.ts - self.attempt_started)
+        self.attempt_started = None
 
     def _hold(self, e: Entry) -> None:
         """A lease (an admission, or the same lease at its new size after a resize): its nodes, devices and
@@ -265,6 +291,7 @@ _APPLY: Dict[Kind, Callable[[Record, Entry], None]] = {
     Kind.PREEMPTING: Record._preempting,
     Kind.RESIZING: Record._resizing,
     Kind.RESIZED: Record._resized,
+    Kind.RUN_LIMIT: Record._run_limited,
     Kind.REQUEUED: Record._requeued,
     Kind.FINISHED: Record._finished,
     Kind.CANCELLED: Record._cancelled,

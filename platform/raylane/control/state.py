@@ -41,8 +41,10 @@ from raylane.control import ends
 from raylane.control.gate import Gate, target_team
 from raylane.control.journal import Journal, Kind
 from raylane.control.state_admin import AdminCalls
+from raylane.control.state_limits import RunLimitCalls
 from raylane.control.state_nodes import GiB, NodeCalls
 from raylane.control.state_pipelines import PipelineCalls
+from raylane.control.state_scale import ScaleCalls
 from raylane.control.state_views import ViewCalls
 from raylane.control.nodes import HealthRules, NodeBook, NodeState
 from raylane.control.pipelines import PipelineBook
@@ -54,7 +56,7 @@ from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.gcpace import gc_paused
-from raylane.scheduling.types import Resize, Resources
+from raylane.scheduling.types import SPOT_LABEL, Resize, Resources
 
 log = logging.getLogger("raylane.control")
 
@@ -106,10 +108,11 @@ def bundle_for(per_worker: Resources) -> Dict[str, float]:
     return b or {"CPU": 0.001}
 
 
-class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
+class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
+                   RunLimitCalls):
     def __init__(self, policy: Dict[str, Any], journal: Journal, host: Optional[Host] = None,
                  clock: Callable[[], float] = None, tick_s: float = 1.0, auth: Optional[Dict[str, Any]] = None,
-                 cancel_grace_s: float = ends.CANCEL_GRACE_S):
+                 cancel_grace_s: float = ends.CANCEL_GRACE_S, cluster: Optional[Dict[str, Any]] = None):
         """``journal``: opened by the caller (the actor opens it batched: one commit per turn of its loop).
         ``clock``: seconds since the epoch (``time.time`` live, a fake one in tests). ``auth``: ``{"enabled": bool,
         "bootstrap": {"user", "id", "salt", "digest"}}``, the first operator token (its digest only;
@@ -167,6 +170,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
         self._waiting: set = set()
         self._started = self.clock()
         self.cycles = 0
+        self._init_scale(cluster)  # the growable node groups of ``cluster`` (the cluster file), if any
         self._recover()
         # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
         # since the last export, from this start on.
@@ -205,6 +209,9 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
                 continue
             if e.kind == Kind.PIPELINE:
                 self.pipes.apply(e)
+                continue
+            if e.kind == Kind.SCALE:
+                self._scale_apply(e)
                 continue
             if e.kind == Kind.SUBMITTED:
                 self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
@@ -256,6 +263,10 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
                 if not recovering or rec.pg_name in existing or rec.job_id or rec.state is not State.ADMITTED:
                     # The devices journaled with the admission (none in older journals: Ray's rule again).
                     lifecycle.admit(self.state, Admit(w, rec.placement, devices=rec.devices), rec.admitted_at or self.clock())
+                    if rec.last_checkpoint is not None:
+                        # What a stop would lose prices the victims (preemption.victim_cost); one from an earlier
+                        # attempt counts as none (the cost counts from the start then).
+                        self.state.checkpointed(rec.id, rec.last_checkpoint)
                     if rec.state is State.PREEMPTING or (
                             rec.state is State.RESIZING and rec.resize["to_workers"] < rec.resize["from_workers"]):
                         lifecycle.begin_stop(self.state, rec.id)  # a shrink keeps the whole gang booked until it stops
@@ -317,10 +328,13 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
         if full:
             self._service_pipelines(now)
             self._enforce_deadlines(now)
+            self._enforce_run_limits(now)  # a class's max_runtime (state_limits)
         lap("waiting, pipelines, deadlines")
         self.state.decay(now)
         examined = MAX_EXAMINED if full else CHANGE_EXAMINED
         snap = self.state.snapshot(limit=examined)  # the heads of the queues: a cycle decides exactly as on them all
+        if self.scale_hold:  # gangs that wait for a new node before they preempt (raylane.control.state_scale)
+            snap = replace(snap, scale_wait=self.scale_hold)
         lap("snapshot")
         t0 = perf_counter()
         with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)
@@ -349,7 +363,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
             rec.reason_data = {"type": type(p.reason).__name__, **_fields(p.reason)}
             if rec.id in self._lost_capacity:
                 in_service = in_service if in_service is not None else [
-                    n for n in self.state.nodes.values() if n.schedulable]
+                    n for n in self.state.nodes.values() if n.schedulable] + self.potential_nodes()
                 why = check_feasible(p.workload, in_service, self.state.teams, self.state.config.admission)
                 if why is not None:
                     rec.reason = (f"the capacity it ran on is gone (a node was lost) and the nodes in service "
@@ -373,6 +387,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
             lap("etas")
             self._export_costs(now)
             lap("costs")
+            self._plan_scale(result.pending, now)  # after the costs: it reads each team's spend
+            lap("scale-up")
         total = sum(took.values())
         if total > SLOW_TICK_S:
             log.warning("slow %s tick: %.0f ms (%s); %d pending, %d leases", "full" if full else "cycle-only",
@@ -425,16 +441,36 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
         pg_name = PG_PREFIX + rec.id
         self._confirmed.discard(rec.id)
         # Journal first, then act; roll back if the reservation cannot be made.
+        choice = self._flavor_choice(a)
         self._append(Kind.ADMITTED, rec, placement=list(a.placement), pg_name=pg_name, borrowing=a.borrowing,
-                     devices=[list(d) for d in a.devices],
+                     devices=[list(d) for d in a.devices], **(choice or {}),
                      note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
-                          + (" (borrowing)" if a.borrowing else ""))
+                          + (" (borrowing)" if a.borrowing else "") + (f": {choice['why']}" if choice else ""))
         lifecycle.admit(self.state, a, now)
+        self._track_run_limit(rec)  # when its class's max_runtime falls due (state_limits)
         w = a.workload
         metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())
         metrics.QUEUE_WAIT.observe(max(0.0, now - (rec.queued_since or rec.submit_time)), team=w.team,
                                    workload_class=w.cls.name)
         self._reserve(rec, w, a.placement)
+
+    def _flavor_choice(self, a: Admit) -> Optional[Dict[str, Any]]:
+        """For a gang that names node types or whose class prefers or avoids spot nodes: the node type and the kind
+        of node (spot or on-demand) it was admitted on, and why, as the admission journals it; None otherwise."""
+        g = a.workload.gang
+        if not g.node_types and g.spot == "allow":
+            return None
+        nodes = [self.state.nodes.get(nid) for nid in a.placement]
+        ntype = nodes[0].node_type if nodes and nodes[0] is not None else ""
+        spot = bool(nodes) and all(n is not None and n.labels.get(SPOT_LABEL) == "true" for n in nodes)
+        kind = "spot" if spot else "on-demand"
+        if g.node_types:
+            rank = g.node_types.index(ntype) if ntype in g.node_types else 0
+            why = f"on {kind} {ntype} nodes, {'its first choice' if rank == 0 else f'choice {rank + 1}'} of " \
+                  f"{', '.join(g.node_types)}" + (f" (no room on {', '.join(g.node_types[:rank])} now)" if rank else "")
+        else:
+            why = f"on {kind} nodes (its class's spot: {g.spot})"
+        return {"node_type": ntype, "spot": spot, "why": why}
 
     def _reserve(self, rec: Record, w, placement) -> None:
         """Hold the lease's capacity in Ray: a detached placement group, one bundle per worker pinned to its node,
@@ -552,6 +588,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
         """A preempted lease is over: free it and put the workload back at its original place."""
         if rec.id not in self.state.leases:
             return
+        if self._end_run_limited(rec, now, outcome, step):  # it stopped for its run limit, not a preemption
+            return
         lease = lifecycle.end(self.state, rec.id, now)
         metrics.PREEMPTIONS.inc(team=rec.team, workload_class=rec.cls,
                                 preemptor_class=self._preemptor_cls.pop(rec.id, ""),
@@ -616,9 +654,9 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
         w = parsed.to_core(wid, self.policy, now)
         # The nodes as the last tick read them (Ray's node table is read once a tick, not per submission); a
         # request they could never hold is checked again against Ray's table now before it is refused.
-        why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+        why = check_feasible(w, self.feasibility_nodes(), self.state.teams, self.state.config.admission)
         if why is not None and self._refresh_nodes():
-            why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+            why = check_feasible(w, self.feasibility_nodes(), self.state.teams, self.state.config.admission)
         data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
         key = ref_key(data)
         ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")
@@ -643,6 +681,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls):
         rec = Record(wid, data, now, job_id=job_id)
         self.records[wid] = rec
         self._append_submitted(rec, data, now, job_id, p)
+        self.hold_for_scale_up(wid, now)
         if ref is None:
             self.state.enqueue(w)
         else:

@@ -113,6 +113,18 @@ class AdminCalls:
         for (team, what), v in self._gauge_keys(budgets, "_last_budgets").items():
             metrics.TEAM_BUDGET.set(v if (team, what) in budgets else -1, team=team, what=what)
 
+    def month_spend(self, now: float) -> Dict[str, float]:
+        """Each team's spend this calendar month, as of the last cost export (``_export_costs`` keeps it up); summed
+        from the journal up to that export when no figure is current (the first call, a new month, new prices)."""
+        prices = self.policy.prices
+        if (self._month_spend is None or self._month_spend[0] != month_start(now)
+                or self._month_spend[1] != prices):
+            self._cost_sync()
+            until = max(self._cost_exported_at, month_start(now))
+            month = self._ledger.report(prices, now=now, since=month_start(now), until=until, groups=("team",))
+            self._month_spend = (month_start(now), dict(prices), {r.key: r.cost for r in month.groups["team"]})
+        return self._month_spend[2]
+
     def _api_cost(self, p: Principal, req: api.Cost) -> Dict[str, Any]:
         """Spend from the journal (``raylane.cost.CostReport`` as a dict): the teams in the caller's scope (an
         operator's: all, or ``team``; anyone else's: their own teams, or ``team``, one of them, as the gate

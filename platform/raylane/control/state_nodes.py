@@ -22,7 +22,7 @@ from raylane.control.nodes import NODES_ID, NodeState
 from raylane.control.records import State
 from raylane.errors import ValidationError
 from raylane.scheduling import lifecycle
-from raylane.scheduling.types import Resources
+from raylane.scheduling.types import SPOT_LABEL, Resources
 
 log = logging.getLogger("raylane.control")
 
@@ -68,9 +68,10 @@ class NodeCalls:
         now = self.clock()
         for n in nodes:
             if self.nodes.get(n.id) is None:
+                spot = {"spot": True} if n.labels.get(SPOT_LABEL) == "true" else {}
                 self._node_event(n.id, "joined", node_type=n.node_type, gpus=n.capacity.gpu, cpus=n.capacity.cpu,
                                  memory_gib=n.capacity.memory, features=sorted(n.features),
-                                 address=self._addresses.get(n.id, ""))
+                                 address=self._addresses.get(n.id, ""), **spot)
         # Nodes the book holds alive that Ray no longer lists alive (also those lost while the control plane was
         # down): lost.
         for nid, st in list(self.nodes.nodes.items()):

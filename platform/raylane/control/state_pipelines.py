@@ -58,7 +58,7 @@ class PipelineCalls:
             except ValidationError as exc:
                 errors += [(f"stages.{stage}.workload.{f}", v, a) for f, v, a in exc.errors]
                 continue
-            why = check_feasible(w, self.state.nodes.values(), self.state.teams, self.state.config.admission)
+            why = check_feasible(w, self.feasibility_nodes(), self.state.teams, self.state.config.admission)
             if why is not None:
                 infeasible.append(f"stage {stage}: {why}")
             ref = ckrefs.parse_ref(parsed[stage].config.get(ckrefs.ref_key(s)), f"config.{ckrefs.ref_key(s)}")

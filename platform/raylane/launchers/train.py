@@ -285,8 +285,10 @@ def _after(ctl, wid, rec, tracker, retries: RetryRule, storage_path: str, out: D
         return None
     if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
         how = "yielded" if error is None else "stopped by force"
-        tracker.event("preempted", f"{how} at step {step}", step=step)
-        say(f"{wid} preempted ({how}) at step {step}; releasing the lease")
+        limit = (now_rec.get("run_limit") or {}).get("reason")  # its class's max_runtime, not a preemption
+        tracker.event("run limit" if limit else "preempted", f"{how} at step {step}" + (f": {limit}" if limit else ""),
+                      step=step)
+        say(f"{wid} {'reached its run limit' if limit else 'preempted'} ({how}) at step {step}; releasing the lease")
         ctl.release(wid, Outcome.YIELDED, step=step)
         retries.after_success()
         return None

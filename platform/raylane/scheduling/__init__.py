@@ -2,7 +2,7 @@
 
 No Ray import, no clock, no randomness: the control actor and the simulator are two drivers of the same ``cycle``.
 Policies are looked up by name in one registry per axis: ``ORDERINGS``, ``ADMISSIONS``, ``PLACEMENTS``,
-``BACKFILLS``, ``PREEMPTIONS``.
+``BACKFILLS``, ``PREEMPTIONS`` (and how preemption prices its victims, ``VICTIM_COSTS``).
 """
 from raylane.scheduling.admission import ADMISSIONS, AdmissionPolicy, QuotaLedger
 from raylane.scheduling.backfill import BACKFILLS, BackfillPolicy, Reservation
@@ -10,7 +10,7 @@ from raylane.scheduling.capacity import Capacity
 from raylane.scheduling.cycle import MAX_EXAMINED, check_feasible, cycle, team_usage
 from raylane.scheduling.ordering import ORDERINGS, OrderingPolicy
 from raylane.scheduling.placement import PLACEMENTS, RAY_STRATEGY, PlacementPolicy, place
-from raylane.scheduling.preemption import PREEMPTIONS, PreemptionPolicy, find_victims
+from raylane.scheduling.preemption import PREEMPTIONS, VICTIM_COSTS, PreemptionPolicy, find_victims
 from raylane.scheduling.state import ClusterState
 from raylane.scheduling.working import Holdings, Working
 from raylane.scheduling.types import *  # noqa: F401,F403
@@ -19,6 +19,6 @@ from raylane.scheduling.types import __all__ as _types_all  # type: ignore[attr-
 __all__ = [
     "ADMISSIONS", "AdmissionPolicy", "QuotaLedger", "BACKFILLS", "BackfillPolicy", "Reservation", "Capacity",
     "MAX_EXAMINED", "check_feasible", "cycle", "team_usage", "ORDERINGS", "OrderingPolicy", "PLACEMENTS",
-    "RAY_STRATEGY", "PlacementPolicy", "place", "PREEMPTIONS", "PreemptionPolicy", "find_victims", "ClusterState",
-    "Holdings", "Working",
+    "RAY_STRATEGY", "PlacementPolicy", "place", "PREEMPTIONS", "VICTIM_COSTS", "PreemptionPolicy", "find_victims",
+    "ClusterState", "Holdings", "Working",
 ] + list(_types_all)

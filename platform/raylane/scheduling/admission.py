@@ -8,6 +8,10 @@ Quotas follow Kueue's cohort model, with the whole cluster as one cohort:
 - A team *borrows* a resource when it holds more than its nominal quota of it.
 A resource a team has no quota entry for is not limited for that team.
 
+Teams may be nested under cohorts to any depth (``raylane.scheduling.cohorts``): then the pool is a tree, each
+cohort keeping the part of its subtree's quota it does not lend for its own members, and a team's room is what the
+tree makes available to it (Kueue's hierarchical cohorts). A flat policy has no tree and the one pool above.
+
 ``QuotaLedger`` is the cycle's mutable copy of team usage (changed through ``raylane.scheduling.working``); the
 policies read it. Policies: ``quota`` (the above)
 and ``none`` (capacity is the only limit; no work is ever "in quota", so no work is protected from preemption by it).
@@ -16,19 +20,25 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Protocol, Tuple
 
+from raylane.scheduling.cohorts import CohortTree, cohort_tree
 from raylane.scheduling.recorded import Recorded
 from raylane.scheduling.registry import Registry
 from raylane.scheduling.types import RESOURCE_NAMES, ZERO, QuotaExceeded, Resources, Team
+
+
+_INF = float("inf")
 
 
 class QuotaLedger(Recorded):
     """Team usage and the lending pool, changed by the cycle as it admits and as preemption searches try victims.
 
     ``limits`` holds, per known team, ``(resource, nominal, guaranteed, ceiling)`` for each resource it has a quota
-    for: read on every check, so worked out once.
+    for: read on every check, so worked out once. ``pool_cap`` and ``pool_used`` are the root's pool. With cohorts,
+    ``tree`` is the ``CohortTree`` and ``cohort_used`` each cohort's usage U per resource (its module's words);
+    both None for a flat policy.
     """
 
-    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "changes")
+    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "changes", "tree", "cohort_used")
 
     def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources]):
         super().__init__()
@@ -42,29 +52,64 @@ class QuotaLedger(Recorded):
         }
         self.pool_cap: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
         self.pool_used: Dict[str, float] = {r: 0.0 for r in RESOURCE_NAMES}
+        self.tree: Optional[CohortTree] = cohort_tree(teams)
+        self.cohort_used: Optional[Dict[str, Dict[str, float]]] = None
+        if self.tree is not None:
+            self._init_tree()
+            return
         for name, lim in self.limits.items():
             u = self.usage.get(name, ZERO)
             for r, nominal, guaranteed, _ in lim:
                 self.pool_cap[r] += nominal - guaranteed
                 self.pool_used[r] += max(0.0, getattr(u, r) - guaranteed)
 
+    def _init_tree(self) -> None:
+        tree = self.tree
+        self.pool_cap = {r: tree.root_quota(r) for r in RESOURCE_NAMES}
+        self.cohort_used = {c: {r: 0.0 for r in RESOURCE_NAMES} for c in tree.cohorts}
+        for name, lim in self.limits.items():
+            u = self.usage.get(name, ZERO)
+            self._push_up(tree.up[name], tuple((r, 0.0, max(0.0, getattr(u, r) - g)) for r, _, g, _ in lim))
+
+    def _push_up(self, up: Tuple[str, ...], deltas) -> None:
+        """Add to each cohort of ``up`` (nearest first), then to the root's pool, what a child's use beyond its
+        guaranteed part changes by: ``deltas`` is ``(resource, before, after)`` of that use. A cohort passes up only
+        what goes beyond its own guaranteed part."""
+        limits, used, pool_used = self.tree.limits, self.cohort_used, self.pool_used
+        for r, before, after in deltas:
+            d = after - before
+            for c in up:
+                if d == 0.0:
+                    break
+                u = used[c]
+                old = u[r]
+                g = limits[c][r][1]
+                u[r] = new = old + d
+                d = (new - g if new > g else 0.0) - (old - g if old > g else 0.0)
+            else:
+                pool_used[r] += d
+
     def copy(self) -> "QuotaLedger":
         c = QuotaLedger.__new__(QuotaLedger)
-        c.teams, c.limits = self.teams, self.limits
+        c.teams, c.limits, c.tree = self.teams, self.limits, self.tree
         c.usage, c.pool_cap, c.pool_used = dict(self.usage), dict(self.pool_cap), dict(self.pool_used)
+        c.cohort_used = None if self.cohort_used is None else {k: dict(v) for k, v in self.cohort_used.items()}
         Recorded.__init__(c)
         c.changes = 0
         return c
 
     def _restore(self, entry) -> None:
         self.changes += 1
-        team, old, pool = entry
+        team, old, pool = entry[:3]
         if old is None:
             self.usage.pop(team, None)
         else:
             self.usage[team] = old
         for r, v in pool:
             self.pool_used[r] = v
+        if len(entry) > 3:
+            for c, saved in entry[3]:
+                self.cohort_used[c] = dict(saved)
 
     def used(self, team: str) -> Resources:
         return self.usage.get(team, ZERO)
@@ -78,6 +123,9 @@ class QuotaLedger(Recorded):
     def _apply(self, team: str, new: Resources) -> None:
         self.changes += 1
         lim = self.limits.get(team)
+        if self.tree is not None:
+            self._apply_tree(team, new, lim)
+            return
         if self._log is not None:
             self._log.append((team, self.usage.get(team), tuple((r, self.pool_used[r]) for r, _, _, _ in lim or ())))
         if lim:
@@ -87,11 +135,25 @@ class QuotaLedger(Recorded):
                 pool_used[r] += max(0.0, getattr(new, r) - g) - max(0.0, getattr(old, r) - g)
         self.usage[team] = new
 
+    def _apply_tree(self, team: str, new: Resources, lim) -> None:
+        up = self.tree.up.get(team, ())
+        if self._log is not None:
+            self._log.append((team, self.usage.get(team), tuple((r, self.pool_used[r]) for r, _, _, _ in lim or ()),
+                              tuple((c, dict(self.cohort_used[c])) for c in up) if lim else ()))
+        if lim:
+            old = self.usage.get(team, ZERO)
+            self._push_up(up, tuple((r, max(0.0, getattr(old, r) - g), max(0.0, getattr(new, r) - g))
+                                    for r, _, g, _ in lim))
+        self.usage[team] = new
+
     def headroom(self, team: str, resource: str) -> float:
         """The most of ``resource`` the team could add now."""
         for r, _, guaranteed, ceiling in self.limits[team]:
             if r == resource:
-                return self.room(resource, guaranteed, ceiling, getattr(self.used(team), resource))
+                used = getattr(self.used(team), resource)
+                if self.tree is not None:
+                    return self.tree_room(team, resource, guaranteed, ceiling, used)
+                return self.room(resource, guaranteed, ceiling, used)
         raise KeyError(resource)
 
     def room(self, resource: str, guaranteed: float, ceiling: float, used: float) -> float:
@@ -100,6 +162,24 @@ class QuotaLedger(Recorded):
         pool = self.pool_cap[resource] - self.pool_used[resource] + (guaranteed - used if guaranteed > used else 0.0)
         room = ceiling - used
         return room if room < pool else pool
+
+    def tree_room(self, team: str, resource: str, guaranteed: float, ceiling: float, used: float) -> float:
+        """``room`` under a cohort tree: what the tree makes available to the team, A(team) (``cohorts``' words),
+        worked out from the root's pool down the team's cohorts."""
+        limits, cused = self.tree.limits, self.cohort_used
+        avail = self.pool_cap[resource] - self.pool_used[resource]
+        for c in reversed(self.tree.up.get(team, ())):
+            s, g, b = limits[c][resource]
+            u = cused[c][resource]
+            if b != _INF:
+                bound = s - g - (u - g if u > g else 0.0) + b
+                if bound < avail:
+                    avail = bound
+            avail += g - u if g > u else 0.0
+        bound = ceiling - guaranteed - (used - guaranteed if used > guaranteed else 0.0)
+        if bound < avail:
+            avail = bound
+        return avail + (guaranteed - used if guaranteed > used else 0.0)
 
     def borrowing(self, team: str) -> bool:
         u = self.usage.get(team, ZERO)
@@ -137,12 +217,16 @@ class QuotaAdmission:
         if lim is None:
             return QuotaExceeded(team, "gpu", ledger.used(team).gpu, 0.0, 0.0, need.gpu)
         u = ledger.usage.get(team, ZERO)
+        tree = ledger.tree
         for r, nominal, guaranteed, ceiling in lim:
             n = getattr(need, r)
             if n <= 0:
                 continue
             used = getattr(u, r)
-            room = ledger.room(r, guaranteed, ceiling, used)
+            if tree is None:
+                room = ledger.room(r, guaranteed, ceiling, used)
+            else:
+                room = ledger.tree_room(team, r, guaranteed, ceiling, used)
             if n > room + 1e-9:
                 borrowable = max(0.0, room - max(0.0, nominal - used))
                 return QuotaExceeded(team, r, used, nominal, borrowable, n)

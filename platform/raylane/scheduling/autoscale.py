@@ -27,11 +27,13 @@ Words
 
 Rules
 - Gangs are taken in queue order (the cycle's ``position``, then workload id); earlier gangs take headroom first.
-- The group for a gang: among the groups whose empty nodes can hold it within the group's ``max``, the one it was
-  given in the previous request while that one still holds it and has headroom (a request that moves to another
-  node type would waste the nodes already starting); otherwise the cheapest per hour for the nodes it needs (nodes
-  x node-hour price), unpriced groups last, then fewer nodes, then on-demand before spot at an equal price, then
-  the group name. A group without headroom is passed over for the next.
+- The group for a gang: among the groups whose empty nodes can hold it within the group's ``max`` (of its node
+  types, when it names some, and not spot groups when its class never runs on spot nodes: ``place`` decides), the
+  one it was given in the previous request while that one still holds it and has headroom (a request that moves to
+  another node type would waste the nodes already starting); otherwise the first of its node types in its order
+  (flavors), spot groups first when its class prefers spot, then the cheapest per hour for the nodes it needs
+  (nodes x node-hour price), unpriced groups last, then fewer nodes, then on-demand before spot at an equal price,
+  then the group name. A group without headroom is passed over for the next.
 - Why a gang gets no request, in this order: it does not wait for capacity; no group can ever hold it; its team's
   budget share is at or over ``stop_share``; every group that could hold it is at its maximum.
 """
@@ -44,6 +46,7 @@ from typing import Any, Collection, Dict, Iterable, List, Mapping, Optional, Tup
 from raylane.scheduling.capacity import Capacity
 from raylane.scheduling.placement import place
 from raylane.scheduling.types import (
+    SPOT_LABEL,
     BehindHead,
     BlockedByReservation,
     Displaced,
@@ -102,7 +105,8 @@ class ScaleGroup:
     def empty_nodes(self, n: int) -> List[Node]:
         """``n`` new, empty nodes of this group, ids ``<group>+<i>`` (zero-padded: id order is creation order)."""
         width = len(str(max(0, n - 1)))
-        return [Node(f"{self.name}+{i:0{width}d}", self.capacity, self.capacity, self.features, dict(self.labels),
+        labels = {**self.labels, SPOT_LABEL: "true"} if self.spot else dict(self.labels)
+        return [Node(f"{self.name}+{i:0{width}d}", self.capacity, self.capacity, self.features, labels,
                      self.node_type) for i in range(n)]
 
 
@@ -416,9 +420,14 @@ def _hourly(group: ScaleGroup, n: int) -> Optional[float]:
     return None if p is None else p * n
 
 
-def _preference(group: ScaleGroup, n: int) -> Tuple:
+def _preference(group: ScaleGroup, n: int, gang: Gang) -> Tuple:
+    """The order groups are chosen in for ``gang``: its node types in its order (flavors), spot groups first when
+    its class prefers them, then the cheapest for the nodes it needs (unpriced last), fewer nodes, on-demand before
+    spot at an equal price, the name."""
     cost = _hourly(group, n)
-    return (cost is None, cost or 0.0, n, group.spot, group.name)
+    flavor = gang.node_types.index(group.node_type) if group.node_type in gang.node_types else 0
+    spot_first = (not group.spot) if gang.spot == "prefer" else False
+    return (flavor, spot_first, cost is None, cost or 0.0, n, group.spot, group.name)
 
 
 def _request(w: Workload, position: int, group: ScaleGroup, n: int, plan: Tuple[str, ...]) -> NodeRequest:
@@ -471,7 +480,7 @@ def compute_demand(snapshot: ScaleSnapshot, *, memo: Optional[Dict[Tuple, Any]] 
             hold(BudgetSpent(w.team, s.spent, s.budget, snapshot.stop_share))
             continue
         # 4. The group it had, while that still serves; else the cheapest with headroom.
-        order = sorted(fits.values(), key=lambda f: _preference(f[0], f[1][0]))
+        order = sorted(fits.values(), key=lambda f: _preference(f[0], f[1][0], w.gang))
         kept = fits.get(before.get(w.id, ""))
         if kept is not None:
             order.remove(kept)

@@ -12,6 +12,10 @@ workloads waiting for those leases have *claimed* of it. A *fresh* admission is 
 Rules that keep the room a preemption makes for the workload it was made for (each once a livelock):
 - Work within its team's nominal quota is examined before borrowers (Kueue's rule), so reclaimed capacity is not
   lent out again first, and a borrower admitted in this cycle never makes its team's older work look borrowed.
+- When borrowers fill the window of ``max_examined``, the work within its team's nominal quota past it (among each
+  team's first ``max_examined``) takes the places of the window's last borrowers, which are not reached: such work
+  would reclaim a borrower admitted now as soon as that admission let it into the window, and the borrower, requeued
+  ahead of it, would push it out again.
 - Nothing starts now on what a waiting workload has claimed of the future (capacity or quota).
 - A preemptor takes back fresh admissions before it stops running work: they have not started, so nothing is lost
   (``Displaced``), where starting them would only have them preempted in the next cycle. Never behind a
@@ -40,6 +44,7 @@ from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
 from raylane.scheduling.working import Working
 from raylane.scheduling.types import (
+    SPOT_LABEL,
     Admit,
     BehindHead,
     BlockedByReservation,
@@ -70,10 +75,11 @@ MAX_EXAMINED = 500
 
 
 class _TeamView:
-    __slots__ = ("team", "usage")
+    # ``ledger``: what every team uses now, for orderings that compare cohorts (fair share under a cohort tree).
+    __slots__ = ("team", "usage", "ledger")
 
-    def __init__(self, team: Team, usage: Resources):
-        self.team, self.usage = team, usage
+    def __init__(self, team: Team, usage: Resources, ledger: Optional[QuotaLedger] = None):
+        self.team, self.usage, self.ledger = team, usage, ledger
 
 
 def team_usage(leases) -> Dict[str, Resources]:
@@ -95,7 +101,7 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
 
     # 1. Merge the team queues by the ordering's head key.
     ledger, queues, head_key = w8.ledger, snapshot.queues, order.head_key
-    views = {team: _TeamView(teams.get(team, _NO_TEAM), ZERO) for team, q in queues.items() if q}
+    views = {team: _TeamView(teams.get(team, _NO_TEAM), ZERO, ledger) for team, q in queues.items() if q}
 
     def key_of(team: str, w: Workload) -> Tuple:
         view = views[team]
@@ -132,19 +138,29 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
         else:
             heapq.heappop(heap)
         position += 1
-        if w.gang.max_workers is not None and w.cls.resizable and w.gang.workers != w.gang.lo:
-            w = _at_size(w, w.gang.lo)  # an elastic gang is admitted at its minimum; it grows when nothing waits
+        w = _at_minimum(w)
         need = w.gang.total
         if defer and not ledger.within_nominal(team, need):
             deferred.append((w, position, need))
             continue
-        if w8.decide(w, position, need) and i + 1 < len(q):
+        admitted = w8.decide(w, position, need)
+        if admitted and ledger.tree is not None:
+            # Under a cohort tree a head key may read what the team's cohorts hold (fair share): re-key every team.
+            heap = [(key_of(t, queues[t][cursor[t]]), s, t) for _, s, t in heap]
+            heapq.heapify(heap)
+            keys.update((t, k) for k, _, t in heap)
+        elif admitted and i + 1 < len(q):
             # Re-key this team: what it holds changed, and its head key may depend on that (fair share).
             key = key_of(team, q[i + 1])
             if key != keys[team]:
                 keys[team] = key
                 heap = [(key, s, t) if t == team else (k, s, t) for k, s, t in heap]
                 heapq.heapify(heap)
+
+    # 2b. The window is full and borrowers wait: in-quota work past it takes the last borrowers' places.
+    skipped: List[Workload] = []  # borrowers the cursors passed without examining them
+    if deferred and heap and position >= max_examined:
+        skipped = _in_quota_past_window(w8, queues, heap, cursor, key_of, max_examined, position, deferred)
 
     # 3. The borrowers, in queue order, while the admission budget lasts.
     for w, pos, need in deferred:
@@ -159,12 +175,47 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
             """The highest class priority of any workload still waiting (examined or not)."""
             prios = [p.workload.cls.priority for p in w8.pending]
             prios += [w.cls.priority for team, q in queues.items() for w in q[cursor.get(team, 0):]]
+            prios += [w.cls.priority for w in skipped]
             return max(prios, default=None)
         w8.grow(waiting_priority)
 
     # 5. Everything examined has a decision; pending ones are reported in queue order.
     w8.pending.sort(key=lambda p: p.position)
     return CycleResult(tuple(w8.admitted), tuple(w8.preempted), tuple(w8.pending), tuple(w8.resized))
+
+
+def _in_quota_past_window(w8: "_Walk", queues, heap, cursor, key_of, limit: int, position: int,
+                          deferred: List) -> List[Workload]:
+    """Decide, in queue order, the workloads past the window that are within their team's nominal quota, among each
+    team's first ``limit`` (which every snapshot a cycle of that depth is given holds), each in the place of the last
+    borrower still ``deferred`` (taken out: not reached in this cycle, so no more than ``limit`` are examined); the
+    borrowers past the window are not reached either. ``heap``: the merged queue where step 2 left it. Returns the
+    borrowers taken out or passed over: they still wait."""
+    ledger, skipped = w8.ledger, []
+    while heap and deferred and w8.budget > 0:
+        _, s, team = heap[0]
+        q, i = queues[team], cursor[team]
+        end = min(len(q), limit)
+        j = i
+        while j < end and not ledger.within_nominal(team, _at_minimum(q[j]).gang.total):
+            j += 1
+        if j >= end:
+            heapq.heappop(heap)
+        elif j > i:
+            skipped += q[i:j]
+            cursor[team] = j  # its next in-quota workload may come after another team's: order by that one
+            heapq.heapreplace(heap, (key_of(team, q[j]), s, team))
+        else:
+            cursor[team] = i + 1
+            if i + 1 < end:
+                heapq.heapreplace(heap, (key_of(team, q[i + 1]), s, team))
+            else:
+                heapq.heappop(heap)
+            w = _at_minimum(q[i])
+            skipped.append(deferred.pop()[0])
+            position += 1
+            w8.decide(w, position, w.gang.total)
+    return skipped
 
 
 _NO_TEAM = Team("", {})
@@ -250,6 +301,7 @@ class _Walk:
     def __init__(self, snapshot: Snapshot, now: float, admission, backfill, preemption, order):
         cfg = snapshot.config
         self.snapshot, self.now, self.cfg = snapshot, now, cfg
+        self.scale_wait = snapshot.scale_wait
         self.admission, self.backfill, self.preemption = admission, backfill, preemption
         self.cap = Capacity(snapshot.nodes)
         usage = snapshot.usage if snapshot.usage is not None else team_usage(snapshot.leases)
@@ -315,7 +367,10 @@ class _Walk:
                 return False
 
         # b. Preemption: victims chosen (it waits for them), or only this cycle's admissions given back (it starts).
-        if res is None or quota_reason is not None:
+        #    Not while it waits for a node being added for it (``Snapshot.scale_wait``): a new node may give it room
+        #    with nothing stopped. Quota is not capacity: a new node does not change it.
+        if (res is None or quota_reason is not None) and not (
+                quota_reason is None and self.scale_wait and self.scale_wait.get(w.id, 0.0) > self.now):
             outcome = self._preempt_for(w, need, position, quota_reason, res)
             if outcome is not None:
                 return outcome
@@ -635,6 +690,13 @@ def _growable(w: Workload) -> bool:
     return w.cls.resizable and w.gang.max_workers is not None and w.gang.elastic
 
 
+def _at_minimum(w: Workload) -> Workload:
+    """An elastic gang as it is admitted: at its minimum (it grows when nothing waits)."""
+    if w.gang.max_workers is not None and w.cls.resizable and w.gang.workers != w.gang.lo:
+        return _at_size(w, w.gang.lo)
+    return w
+
+
 def _at_size(w: Workload, n: int) -> Workload:
     """``w`` with its gang at ``n`` workers (bounds kept)."""
     return w if n == w.gang.workers else replace(w, gang=w.gang.at(n))
@@ -678,6 +740,12 @@ def check_feasible(w: Workload, nodes, teams, admission_name: str = "quota") -> 
     missing = set(w.gang.features) - set().union(*(n.features for n in empty)) if empty else set(w.gang.features)
     if missing:
         return Infeasible("gang.features", f"no node has {', '.join(sorted(missing))}")
+    if w.gang.node_types and not {n.node_type for n in empty} & set(w.gang.node_types):
+        there = sorted({n.node_type for n in empty if n.node_type})
+        return Infeasible("gang.node_types", f"no node of node type {', '.join(w.gang.node_types)}; the node types "
+                                             f"there are: {', '.join(there) or '(none)'}")
+    if w.gang.spot == "never" and empty and all(n.labels.get(SPOT_LABEL) == "true" for n in empty):
+        return Infeasible("class.spot", "its class never runs on spot nodes, and every node is a spot node")
     cap = Capacity(empty)
     if place(w.gang, cap, w.data_snapshot) is None:
         best, free = cap.best_node_for(w.gang.per_worker, w.gang.features)

@@ -21,16 +21,22 @@ emptiest nodes, as for whole GPUs.
 
 Before any strategy, a gang with preferred nodes (``Gang.prefer``: a pipeline stage's planned node, then the nodes
 holding its inputs) goes whole onto the first of them that holds it now; otherwise the strategy decides.
+
+Flavors and spot (``tiers``): a gang that names node types (``Gang.node_types``, most preferred first) is placed on
+nodes of one type at a time, the first type with room now winning, whatever the strategy; a gang whose class prefers
+spot nodes (``Gang.spot``) tries each type's spot nodes before its on-demand ones, and one that never runs on them
+is not placed there. The strategy places the gang within a tier, never across two.
 """
 from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import replace
 from typing import Dict, Iterable, List, Optional, Protocol, Tuple
 
 from raylane.scheduling.capacity import Capacity
 from raylane.scheduling.registry import Registry
-from raylane.scheduling.types import Gang, Resources
+from raylane.scheduling.types import SPOT_LABEL, Gang, Resources
 
 Placement = Tuple[str, ...]
 
@@ -66,8 +72,14 @@ def slots(free: Resources, per_worker: Resources) -> int:
 
 def _matching(cap: Capacity, gang: Gang, ids: Iterable[str]) -> Iterable[Tuple[str, int]]:
     feats, pw, node_slots = gang.features, gang.per_worker, cap.slots
+    types, spot = gang.node_types, gang.spot
+    spot_rule = spot == "never" or spot == "only"
     for nid in ids:
         if feats and not feats <= cap.nodes[nid].features:
+            continue
+        if types and cap.nodes[nid].node_type not in types:
+            continue
+        if spot_rule and (cap.nodes[nid].labels.get(SPOT_LABEL) == "true") != (spot == "only"):
             continue
         k = node_slots(nid, pw)
         if k > 0:
@@ -204,7 +216,30 @@ class DataLocality:
         return Pack().place(gang, cap)
 
 
+def tiers(gang: Gang) -> Tuple[Gang, ...]:
+    """The gang as it is tried, in order: one node type of its ``node_types`` at a time (most preferred first) and,
+    for ``spot: prefer``, on that type's spot nodes before its on-demand ones; just the gang when there is no
+    choice to make."""
+    if len(gang.node_types) <= 1 and gang.spot != "prefer":
+        return (gang,)
+    types = [(t,) for t in gang.node_types] or [()]
+    spots = ("only", "never") if gang.spot == "prefer" else (gang.spot,)
+    return tuple(replace(gang, node_types=t, spot=s) for t in types for s in spots)
+
+
 def place(gang: Gang, cap: Capacity, data_snapshot: Optional[str] = None) -> Optional[Placement]:
+    """Where ``gang`` goes now on ``cap`` (its preferred nodes, then its strategy), on the first of its ``tiers``
+    that has room; None when none has."""
+    if len(gang.node_types) > 1 or gang.spot == "prefer":
+        for tier in tiers(gang):
+            got = _place(tier, cap, data_snapshot)
+            if got is not None:
+                return got
+        return None
+    return _place(gang, cap, data_snapshot)
+
+
+def _place(gang: Gang, cap: Capacity, data_snapshot: Optional[str]) -> Optional[Placement]:
     if gang.prefer:
         got = _single_node(gang, cap, [nid for nid in gang.prefer if nid in cap.nodes])
         if got is not None:

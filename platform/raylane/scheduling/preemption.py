@@ -10,7 +10,9 @@ Rules every policy keeps (enforced here, not by each policy):
 - non-preemptible work is never a candidate; neither is work younger than its class's minimum runtime, nor a lease
   that is already terminating;
 - another team's work is touched only while that team's running leases hold more than its nominal quota, when the
-  admission policy protects in-quota work (``PreemptionContext.protected``).
+  admission policy protects in-quota work (``PreemptionContext.protected``); with cohorts, only while each cohort
+  between that team and the lowest cohort it shares with the preemptor's team holds more than its subtree's nominal
+  quota too: a borrowing that stays inside another cohort is that cohort's business (``reclaimable``).
 
 Policies: ``default`` (Kueue-like: within a team a higher class preempts a lower one, and work of equal priority
 takes back what the team's elastic gangs of that priority grew into, by shrinking them, never by stopping them; a team
@@ -18,9 +20,14 @@ that stays within its nominal quota reclaims what others borrowed), ``ordering``
 preemptor under the ordering policy: LAS demotion, SRTF; but none (re)started too recently for the config's hysteresis,
 ``settled_after``, so that no workload is stopped over and over), ``none``.
 
-Cost of a victim, smallest first: class priority, then GPU-seconds of work since its last checkpoint (what a stop
-loses), then the most recently started. Cheaper than any of them: a workload admitted earlier in the same cycle
-(*fresh*), which has not started; the cycle gives its place back (``Displaced``) instead of stopping it next cycle.
+Cost of a victim, smallest first (``VICTIM_COSTS``, chosen by the config's ``victim_cost``): class priority, then,
+under ``lost_work`` (the default), the GPU-seconds of work since its last checkpoint, or since its start when it has
+none (what a stop loses: a lease that just checkpointed is the cheap one), then the most recently started; under
+``recency`` (Kueue's order, the baseline it is measured against) the most recently started, checkpoints ignored.
+Cheaper than any of them: a workload admitted earlier in the same cycle (*fresh*), which has not started; the cycle
+gives its place back (``Displaced``) instead of stopping it next cycle. The cost orders the ``default`` policy's
+candidates and, for every policy, which victims ``find_victims`` gives back (the most expensive first), so the set
+chosen is the cheapest the search finds that frees enough.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from dataclasses import replace
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from raylane.scheduling.admission import AdmissionPolicy, QuotaLedger
+from raylane.scheduling.cohorts import crosses
 from raylane.scheduling.working import Holdings, Working
 from raylane.scheduling.registry import Registry
 from raylane.scheduling.types import Lease, LeaseState, Resources, SchedulerConfig, Workload
@@ -63,6 +71,7 @@ class PreemptionContext:
         self._by_class: Dict[str, Dict[int, List[Lease]]] = {}  # team -> class priority -> leases
         self._unsorted: set = set()  # (team, class priority) lists not sorted yet
         self._cost: Dict[str, Tuple] = {}
+        self._victim_key = VICTIM_COSTS.get(cfg.victim_cost).key
         # ``ranked`` lists, all and settled only (see ``ranked``); the driver's lease order, when it keeps one.
         self._ranked: Dict[bool, List[Tuple[Tuple, Lease]]] = {}
         self._order = lease_order
@@ -138,14 +147,15 @@ class PreemptionContext:
         return out + [l for l in self.fresh.values() if l.workload.cls.preemptible]
 
     def cost(self, lease: Lease) -> Tuple:
-        """``victim_cost``, fresh leases first; cached for the cycle. A shrink option costs less than stopping any
-        lease of its class: the gang saves a checkpoint and goes on with fewer workers, nothing is lost."""
+        """The config's victim cost (``VICTIM_COSTS``), fresh leases first; cached for the cycle. A shrink option
+        costs less than stopping any lease of its class: the gang saves a checkpoint and goes on with fewer workers,
+        nothing is lost."""
         c = self._cost.get(lease.id)
         if c is None:
             if lease.id in self.shrinks:
-                c = (True, lease.workload.cls.priority, -1.0, -lease.start_time, lease.id)
+                c = (True, lease.workload.cls.priority, _SHRINK, -lease.start_time, lease.id)
             else:
-                c = (lease.id not in self.fresh,) + victim_cost(lease, self.now)
+                c = (lease.id not in self.fresh,) + self._victim_key(lease, self.now)
             self._cost[lease.id] = c
         return c
 
@@ -217,6 +227,27 @@ class PreemptionContext:
         u = self.holdings.of(team, with_fresh)
         return any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items())
 
+    def reclaimable(self, team: str, preemptor_team: str, with_fresh: bool = False) -> bool:
+        """Whether ``preemptor_team`` may reclaim from ``team``: ``team`` borrows (``team_borrows``) and, under a
+        cohort tree, its borrowing of some resource crosses every cohort boundary up to the lowest cohort the two
+        share (``cohorts.crosses``). For a flat policy, ``team_borrows``."""
+        tree = self.ledger.tree
+        if tree is None or not tree.below_common(team, preemptor_team):
+            return self.team_borrows(team, with_fresh)
+        t = self.ledger.teams.get(team)
+        if t is None:
+            return False
+        held = self.holdings.of
+        u = held(team, with_fresh)
+        over = [r for r, q in t.quotas.items() if u.get(r) > q.nominal + 1e-9]
+        return bool(over) and crosses(tree, team, preemptor_team, over, lambda x: held(x, with_fresh))
+
+    def tier(self, team: str, preemptor_team: str) -> int:
+        """How far ``team`` is from the preemptor's in the cohort tree (``CohortTree.distance``; 0 for a flat
+        policy): reclaim takes from the nearest borrowers first, as lending lends the nearest quota first."""
+        tree = self.ledger.tree
+        return 0 if tree is None else tree.distance(preemptor_team, team)
+
     def borrowed(self, lease: Lease) -> bool:
         """Whether ``lease``'s team borrows; for a fresh lease, counting the team's fresh admissions too."""
         return self.team_borrows(lease.team, lease.id in self.fresh)
@@ -231,6 +262,8 @@ class PreemptionContext:
         not make it look borrowing (the fresh admissions are displaced first). For a fresh one, that counts too."""
         if not self.admission.protects_in_quota or lease.team == preemptor.team:
             return False
+        if self.ledger.tree is not None:
+            return not self.reclaimable(lease.team, preemptor.team, lease.id in self.fresh)
         return not self.borrowed(lease)
 
     # -- changes made by the cycle -----------------------------------------------------------------------------
@@ -261,16 +294,45 @@ def _rank_of(entry):
     return entry[0]
 
 
-def victim_cost(lease: Lease, now: float) -> Tuple:
-    """Smaller is cheaper to stop: lower class priority, then less work lost since the last checkpoint (GPU-seconds),
-    then the most recently started."""
-    w = lease.workload
-    gpus = max(w.gang.per_worker.gpu * w.gang.workers, 1e-3)
-    start = lease.start_time
-    ref = lease.last_checkpoint_time
-    if ref is None or ref < start:
-        ref = start
-    return (w.cls.priority, max(0.0, now - ref) * gpus, -start, lease.id)
+# A shrink option's place after its class priority: before any stop of its class, under every victim cost.
+_SHRINK = float("-inf")
+
+
+class VictimCost(Protocol):
+    """How much stopping a running lease costs, as a sort key: smaller is cheaper.
+
+    Contract: the key starts with the lease's class priority (``PreemptionContext.team_candidates`` reads the classes
+    in ascending priority, lazily, and a shrink option goes right after it), ends with the lease id (a total order,
+    the same on every run), and reads nothing but the lease and ``now``."""
+
+    def key(self, lease: Lease, now: float) -> Tuple: ...
+
+
+VICTIM_COSTS: Registry[VictimCost] = Registry("victim cost", default="lost_work")
+
+
+@VICTIM_COSTS.register("lost_work")
+class LostWork:
+    """Class priority, then the GPU-seconds a stop loses (since the last checkpoint, or since the start when there is
+    none or it is older than this start), then the most recently started."""
+
+    def key(self, lease, now):
+        w = lease.workload
+        gpus = max(w.gang.per_worker.gpu * w.gang.workers, 1e-3)
+        return (w.cls.priority, lease.progress_at_risk_s(now) * gpus, -lease.start_time, lease.id)
+
+
+@VICTIM_COSTS.register("recency")
+class Recency:
+    """Kueue's order: class priority, then the most recently started; checkpoints ignored."""
+
+    def key(self, lease, now):
+        return (lease.workload.cls.priority, -lease.start_time, lease.id)
+
+
+def victim_cost(lease: Lease, now: float, kind: str = "lost_work") -> Tuple:
+    """The cost of stopping ``lease`` at ``now`` under the victim cost named ``kind``; smaller is cheaper."""
+    return VICTIM_COSTS.get(kind).key(lease, now)
 
 
 class PreemptionPolicy(Protocol):
@@ -312,6 +374,8 @@ class DefaultPreemption:
                  if l.workload.cls.preemptible and l.workload.cls.priority < prio]
         # Reclaim takes only from teams that borrow, whatever the admission policy: two teams both under their
         # nominal quota would otherwise take the same GPUs from each other in turn.
+        if reclaim and ctx.ledger.tree is not None:
+            return self._reclaim_in_tree(team, streams[0], fresh, ctx)
         if reclaim:
             streams += [ctx.team_candidates(t) for t in ctx.teams() if t != team and ctx.team_borrows(t)]
             fresh += [l for t, ls in ctx.fresh_by_team.items() if t != team and ls and ctx.team_borrows(t, True)
@@ -320,6 +384,20 @@ class DefaultPreemption:
             return streams[0]  # lazy: find_victims usually needs only the first few
         fresh.sort(key=ctx.cost)
         return itertools.chain(fresh, heapq.merge(*streams, key=ctx.cost))
+
+    @staticmethod
+    def _reclaim_in_tree(team, own, fresh, ctx):
+        """Reclaim under a cohort tree: the nearest borrowers first (``ctx.tier``: those under the team's own
+        cohort, then under its parent's, ...), each tier cheapest first, the team's own candidates in the first;
+        fresh admissions before any running lease, in the same order. Only teams ``ctx.reclaimable`` by it."""
+        tiers: Dict[int, List] = {0: [own]}
+        for t in ctx.teams():
+            if t != team and ctx.reclaimable(t, team):
+                tiers.setdefault(ctx.tier(t, team), []).append(ctx.team_candidates(t))
+        fresh += [l for t, ls in ctx.fresh_by_team.items() if t != team and ls and ctx.reclaimable(t, team, True)
+                  for l in ls if l.workload.cls.preemptible]
+        fresh.sort(key=lambda l: (ctx.tier(l.team, team), ctx.cost(l)))
+        return itertools.chain(fresh, *(heapq.merge(*tiers[k], key=ctx.cost) for k in sorted(tiers)))
 
 
 @PREEMPTIONS.register("ordering")
@@ -343,7 +421,7 @@ class OrderingPreemption:
         # Leases of teams that are within their quota now stay protected throughout the search (a search only
         # takes away): leave them out rather than have find_victims step over each.
         team = preemptor.team
-        open_ = {t: t == team or not ctx.protects() or ctx.team_borrows(t) for t in ctx.teams()}
+        open_ = {t: t == team or not ctx.protects() or ctx.reclaimable(t, team) for t in ctx.teams()}
         # The worst-ranked go first: under LAS the most-served, under SRTF the longest remaining.
         return itertools.chain((l for _, l in fresh),
                                (ranked[i][1] for i in range(len(ranked) - 1, after - 1, -1)

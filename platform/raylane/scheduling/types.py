@@ -161,6 +161,12 @@ class Gang:
     # ``workers`` stays the current (or requested) size, so every policy that reads it sees the size to place.
     min_workers: Optional[int] = None
     max_workers: Optional[int] = None
+    # Flavors: the node types it may run on, most preferred first (Kueue's resource flavors); empty: any. It is
+    # placed on the first that has room now (``raylane.scheduling.placement.place``).
+    node_types: Tuple[str, ...] = ()
+    # Spot nodes (labelled ``SPOT_LABEL``): "never" on them, "allow" (any node), "prefer" (spot nodes first, of each
+    # node type), or "only" (spot nodes alone: one tier of "prefer"). From its class's ``spot``.
+    spot: str = "allow"
     # ``per_worker`` times ``workers``, worked out once: every quota check of a cycle reads it.
     total: Resources = field(init=False, repr=False, compare=False)
 
@@ -200,6 +206,13 @@ class WorkloadClass:
     # Whether its work may run at another size than it started with (an elastic gang of this class may grow and
     # shrink); the spec refuses an elastic gang on a class that says no.
     resizable: bool = False
+    # Its work's run limit (seconds; None: none) and what happens when it is reached: "requeue" (stopped after a
+    # checkpoint, back to its queue) or "stop" (stopped, and it ends FAILED). raylane.scheduling.runlimit.
+    max_runtime_s: Optional[float] = None
+    on_max_runtime: str = "requeue"
+    # How long its work, waiting for capacity that a node being added could give, waits for that node before it
+    # preempts anyone (seconds; 0: it preempts at once). The driver says which workloads wait (``Snapshot.scale_wait``).
+    wait_for_scale_up_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,12 +288,34 @@ class Quota:
 
 
 @dataclass(frozen=True, slots=True)
+class Cohort:
+    """A node of the quota tree (``raylane.scheduling.cohorts``): teams and cohorts under it share what they lend.
+
+    ``quotas`` are the cohort's own: a ``nominal`` of its own (added to what its members lend), a ``borrowing_limit``
+    on what its subtree may take from outside it and a ``lending_limit`` on what may leave it. ``parent`` None: a
+    child of the implicit root, the whole cluster. ``weight``: its subtree's share under fair share."""
+
+    name: str
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    parent: Optional["Cohort"] = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Team:
     name: str
     quotas: Mapping[str, Quota]
     weight: float = 1.0
     # GPU-seconds of past usage with exponential decay, maintained by the driver (fair share reads it).
     decayed_usage: float = 0.0
+    # The team's nearest cohort; None: a child of the implicit root cohort, the whole cluster (a flat policy).
+    cohort: Optional[Cohort] = None
+
+
+# The node label that marks a spot (reclaimable) node, as ``raylane.localcluster.node_labels`` and the deploy files
+# write it for a node group with ``spot: true``.
+SPOT_LABEL = "raylane.io/spot"
+SPOT_MODES = ("never", "allow", "prefer")
 
 
 # The default LAS queue thresholds in GPU-seconds: 1, 4, 16, 64 and 256 GPU-hours.
@@ -294,6 +329,10 @@ class SchedulerConfig:
     admission: str = "quota"
     backfill: str = "easy"
     preemption: str = "default"
+    # How victims of equal class priority are priced (``raylane.scheduling.preemption.VICTIM_COSTS``): ``lost_work``
+    # (the GPU-seconds since each one's last checkpoint, or its start) or ``recency`` (Kueue's: the most recently
+    # started first, checkpoints ignored).
+    victim_cost: str = "lost_work"
     # Upper bound on admissions in one cycle, so a cycle stays short; the rest wait for the next cycle.
     max_admissions_per_cycle: int = 64
     # LAS: attained-service thresholds (GPU-seconds) of the discretized queues, Tiresias-style: a geometric ladder,
@@ -335,6 +374,9 @@ class Snapshot:
     # The same leases in the orders a cycle reads them in (``raylane.scheduling.leaseorder.LeaseOrder``), kept by
     # a driver as leases start and end; None: the cycle sorts them (the same decisions).
     lease_order: Optional[Any] = None
+    # Workload id -> the time until which it preempts nobody: it waits for a node that the autoscaler is adding or
+    # may add for it (its class's ``wait_for_scale_up_s``, kept by a driver that asks an autoscaler). None: none waits.
+    scale_wait: Optional[Mapping[str, float]] = None
 
     def pending(self) -> Tuple[Workload, ...]:
         return tuple(w for q in self.queues.values() for w in q)
@@ -512,8 +554,8 @@ class CycleResult:
 
 
 __all__ = [
-    "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "device_count", "node_devices", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
-    "Lease", "Quota", "Team", "LAS_LADDER", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
+    "SPOT_LABEL", "SPOT_MODES", "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "device_count", "node_devices", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
+    "Lease", "Quota", "Cohort", "Team", "LAS_LADDER", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
     "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
     "Preempt", "Pending", "Reject", "Resize", "Decision", "CycleResult",
 ]

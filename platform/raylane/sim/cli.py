@@ -31,12 +31,13 @@ from rich.table import Table
 
 from raylane.config.models import parse_duration
 from raylane.errors import FatalError, ValidationError
+from raylane.scheduling.preemption import VICTIM_COSTS
 from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import (DEFAULT_CLASS, ELASTIC_SPEEDUP_ALLOWED, ESTIMATES, SimOptions, SimResult, Simulator,
                                 speedup_table)
 from raylane.sim.generate import MIXES, generate, write_csv
-from raylane.sim.metrics import CAPACITY_FIGURES, FIGURES, OUTAGE_FIGURES, get, summarize
+from raylane.sim.metrics import CAPACITY_FIGURES, FIGURES, OUTAGE_FIGURES, RUN_LIMIT_FIGURES, get, summarize
 from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
@@ -165,8 +166,11 @@ def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
         table.add_column(name + (" (partial)" if s["partial"] else ""), justify="right")
     outages = any(s["outages"]["failures"] or s["outages"]["drains"] for s in summaries.values())
     capacity = any("capacity" in s for s in summaries.values())
-    for key, label, _ in FIGURES + (OUTAGE_FIGURES if outages else ()) + (CAPACITY_FIGURES if capacity else ()):
-        table.add_row(label, *[_fmt(key, get(s, key)) if "capacity" in s or not key.startswith("capacity.")
+    limits = any("run_limits" in s for s in summaries.values())
+    for key, label, _ in (FIGURES + (OUTAGE_FIGURES if outages else ()) + (CAPACITY_FIGURES if capacity else ())
+                          + (RUN_LIMIT_FIGURES if limits else ())):
+        section = key.split(".", 1)[0]
+        table.add_row(label, *[_fmt(key, get(s, key)) if section in s or section not in ("capacity", "run_limits")
                                else "-" for s in summaries.values()])
     ratios = comparison_rows(summaries)
     names = {"jct.mean": "JCT avg", "queueing.p95": "queue p95", "wait.mean": "wait avg"}
@@ -231,6 +235,7 @@ class SimArgs:
     ordering: Optional[str] = None
     backfill: Optional[str] = None
     preemption: Optional[str] = None
+    victim_cost: Optional[str] = None
     admission: Optional[str] = None
     las_thresholds: Optional[str] = None
     hysteresis_min_run: Optional[str] = None
@@ -298,6 +303,9 @@ def sim(
     ordering: Optional[str] = typer.Option(_D.ordering, help="override the ordering policy"),
     backfill: Optional[str] = typer.Option(_D.backfill, help="override the backfill policy"),
     preemption: Optional[str] = typer.Option(_D.preemption, help="override the preemption policy"),
+    victim_cost: Optional[str] = typer.Option(
+        _D.victim_cost, "--victim-cost", help="how victims of one class priority are priced: "
+                                              + ", ".join(VICTIM_COSTS.names()) + " (default lost_work)"),
     admission: Optional[str] = typer.Option(_D.admission, help="override the admission policy (quota | none)"),
     las_thresholds: Optional[str] = typer.Option(_D.las_thresholds,
                                                  help="LAS queue thresholds in GPU-time, e.g. '1h,10h'"),
@@ -423,6 +431,11 @@ def _parse(a: SimArgs) -> _Parsed:
     if a.generate_mix is None and a.write_trace is not None:
         errors.append(("--write-trace", str(a.write_trace), "only with --generate MIX"))
     config: Dict[str, Any] = {}
+    if a.victim_cost is not None:
+        if a.victim_cost in VICTIM_COSTS:
+            config["victim_cost"] = a.victim_cost
+        else:
+            errors.append(("--victim-cost", a.victim_cost, "one of " + ", ".join(VICTIM_COSTS.names())))
     if a.hysteresis_min_run is not None:
         try:
             config["hysteresis_min_run_s"] = parse_duration(a.hysteresis_min_run)

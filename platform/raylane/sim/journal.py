@@ -245,12 +245,13 @@ def _outages(events: List[Tuple[float, str, str]], origin: float) -> Outages:
 
 
 def stop_delays(entries) -> List[float]:
-    """Seconds from each stop the control plane asked of a gang (``preempting``, ``resizing``) to the end of that
-    attempt (its ``requeued`` or ``resized``): the gangs' measured stop delays, what ``--stop-delay`` stands for."""
+    """Seconds from each stop the control plane asked of a gang (``preempting``, ``resizing``, ``run_limit``) to the
+    end of that attempt (its ``requeued``, ``resized`` or end): the gangs' measured stop delays, what
+    ``--stop-delay`` stands for."""
     asked: Dict[str, float] = {}
     out: List[float] = []
     for e in entries:
-        if e.kind in ("preempting", "resizing"):
+        if e.kind in ("preempting", "resizing", "run_limit"):
             asked.setdefault(e.workload_id, e.ts)
         elif e.kind in ("requeued", "resized", "finished", "cancelled") and e.workload_id in asked:
             out.append(e.ts - asked.pop(e.workload_id))

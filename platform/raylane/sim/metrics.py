@@ -15,6 +15,9 @@ This module owns the definitions (they are what ``docs/simulator.md`` and the JS
   itself; Themis' rho with the whole cluster as the isolated share); the spread is the worst team's over the best's.
 - *preemptions per job*: mean over finished jobs, the largest, and the fraction of jobs preempted at least once.
   Only the scheduler's preemptions: drains and failures are counted apart (``outages``).
+- *GPU-hours lost to preemption*: the work the scheduler's preemptions threw away (each victim's GPUs times its
+  progress since its last checkpoint, or its start), ``outages.lost_gpu_hours.preemption``; a headline figure, as
+  it is what the victim cost (``SchedulerConfig.victim_cost``) spends less of.
 - *preemptions per job-hour* (thrash): per finished job, its preemptions over the hours it ran (its *runtime*:
   the time its leases held GPUs, i.e. its duration plus the work it lost and had to redo); the mean over finished
   jobs, the largest (the worst-thrashed job, named in ``worst``) and how many jobs exceed 1 per hour.
@@ -34,6 +37,10 @@ This module owns the definitions (they are what ``docs/simulator.md`` and the JS
   is a slice of a steady stream is comparable across clusters (after it, a fixed cluster idles while the last long
   jobs run, which the whole replay's figures charge it for). A fixed cluster's report has no such section, so it
   reads as it always has.
+- *run limits* (only when a class has a ``max_runtime``; ``raylane.scheduling.runlimit``): requeues at the limit
+  (``on_max_runtime: requeue``; also under ``outages.requeues.run_limit``), the GPU-hours of work they lost (past
+  the last checkpoint), and jobs ended unfinished by ``on_max_runtime: stop``. A replay without limits has no such
+  section, so it reads as it always has.
 A partial replay (stopped early) reports these over what finished, counts the rest, and says ``partial: true``.
 """
 from __future__ import annotations
@@ -43,7 +50,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from raylane.sim.engine import SimResult
 
-__all__ = ["summarize", "capacity", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES", "CAPACITY_FIGURES"]
+__all__ = ["summarize", "capacity", "run_limits", "RUN_LIMIT_FIGURES", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES", "CAPACITY_FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -62,6 +69,7 @@ FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("preemptions.per_job", "preempt/job", ""),
     ("preemptions.per_hour.mean", "preempt/job-h avg", ""),
     ("preemptions.per_hour.max", "preempt/job-h max", ""),
+    ("outages.lost_gpu_hours.preemption", "lost GPU-h (preempt)", "GPU-h"),
     ("fairness.ftf_spread", "FTF spread", ""),
     ("fragmentation.stranded_mean", "stranded GPUs avg", "GPUs"),
     ("fragmentation.stranded_p95", "stranded GPUs p95", "GPUs"),
@@ -89,6 +97,14 @@ CAPACITY_FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("capacity.nodes_mean", "nodes avg", ""),
     ("capacity.nodes_max", "nodes max", ""),
     ("capacity.reclaims", "spot reclaims", ""),
+)
+
+
+# Shown when a run's policy gives a class a ``max_runtime`` (its summary has a ``run_limits`` section).
+RUN_LIMIT_FIGURES: Tuple[Tuple[str, str, str], ...] = (
+    ("run_limits.requeues", "run-limit requeues", ""),
+    ("run_limits.stops", "run-limit stops", ""),
+    ("run_limits.lost_gpu_hours", "lost GPU-h (run limit)", "GPU-h"),
 )
 
 
@@ -245,7 +261,14 @@ def summarize(r: SimResult) -> Dict[str, Any]:
         "outages": _outages(r),
         "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s, **cycle_latency(r)},
         **({"capacity": capacity(r, gpu_s_used, t0, t1)} if r.capacity is not None else {}),
+        **({"run_limits": run_limits(r)} if r.run_limit_stops is not None else {}),
     }
+
+
+def run_limits(r: SimResult) -> Dict[str, Any]:
+    """The *run limits* figures: requeues at a class's ``max_runtime``, the work they lost, the jobs it ended."""
+    return {"requeues": r.requeues.get("run_limit", 0), "stops": r.run_limit_stops,
+            "lost_gpu_hours": r.lost_gpu_s.get("run_limit", 0.0) / 3600.0}
 
 
 def capacity(r: SimResult, gpu_s_used: float, t0: float, t1: float) -> Dict[str, Any]:
@@ -305,7 +328,8 @@ def _setup(r: SimResult) -> Dict[str, Any]:
     return {
         "policy": {
             "ordering": cfg.ordering, "admission": cfg.admission, "backfill": cfg.backfill,
-            "preemption": cfg.preemption, "las_thresholds": list(cfg.las_thresholds),
+            "preemption": cfg.preemption, "victim_cost": cfg.victim_cost,
+            "las_thresholds": list(cfg.las_thresholds),
             "max_admissions_per_cycle": cfg.max_admissions_per_cycle,
             "hysteresis_min_run_s": cfg.hysteresis_min_run_s,
             "hysteresis_service_fraction": cfg.hysteresis_service_fraction,

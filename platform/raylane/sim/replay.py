@@ -8,7 +8,9 @@ a lease runs until its work is done or it is told to stop. The words (*instant*,
 *outage*, *elastic job*, *resize*) are those of ``raylane.sim.engine``.
 
 Events on the heap are ``(time, kind, job index, attempt)``: an event of an attempt that has since been stopped,
-resized or finished is stale and skipped. Node events carry an index into ``node_events`` instead of a job's.
+resized or finished is stale and skipped. A job of a class with a ``max_runtime`` has an event when its attempt
+reaches it (``raylane.scheduling.runlimit``, the control plane's rule): it is then stopped as a preemption's victim
+is, and requeued (cause ``run_limit``, not a preemption) or, for ``on_max_runtime: stop``, ended unfinished. Node events carry an index into ``node_events`` instead of a job's.
 
 A cluster with growable, priced or spot groups (``ClusterSpec.elastic``) also has a ``Fleet``
 (``raylane.sim.autoscaled``): after the cycles of each instant settle, the last cycle's ``Pending`` decisions make
@@ -25,7 +27,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from raylane.scheduling import lifecycle
+from raylane.scheduling import lifecycle, runlimit
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.state import ClusterState
 from raylane.scheduling.types import Admit, Lease, LeaseState, Node, Resize, Workload
@@ -40,10 +42,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Jobs", "Replay"]
 
-# Kinds of heap events, in the order they are applied at one time.
-_FINISH, _STOPPED, _NODE = 0, 1, 3
+# Kinds of heap events, in the order they are applied at one time (work that ends as its limit falls due ends).
+_FINISH, _STOPPED, _LIMIT, _NODE = 0, 1, 2, 3
 
 heappush, heappop = heapq.heappush, heapq.heappop
+
+# The stop cause of a job ended by its class's ``on_max_runtime: stop`` (it is not requeued).
+_LIMIT_STOP = "run_limit_stop"
 
 
 class Jobs:
@@ -53,7 +58,7 @@ class Jobs:
 
     __slots__ = ("job", "w", "gang0", "gpus", "ckpt_every", "curve", "shape", "remaining", "held", "rate", "ovh",
                  "start_at", "stop_req", "stop_cause", "first_start", "finish", "preemptions", "lost", "attempt",
-                 "resizes")
+                 "resizes", "attempt_at", "ran_before")
 
     def __init__(self, jobs: List[TraceJob], workloads: List[Workload], curves: List[Speedup], shapes: List[int]):
         n = len(workloads)
@@ -80,6 +85,10 @@ class Jobs:
         self.lost = [0.0] * n  # seconds of work lost to requeues
         self.attempt = [0] * n
         self.resizes = [0] * n
+        # Run limits: when the current attempt was admitted (a resize does not change it), and the seconds the
+        # earlier attempts held their leases.
+        self.attempt_at = [-1.0] * n
+        self.ran_before = [0.0] * n
 
 
 class Replay:
@@ -114,6 +123,13 @@ class Replay:
         self.requeues = {c: 0 for c in CAUSES}
         self.lost_gpu_s = {c: 0.0 for c in CAUSES}
         self.resize_overhead_gpu_s = 0.0
+        # Run limits, only when a class has one (a replay without reports as it always has): requeues and work lost
+        # by cause ``run_limit``, and the jobs ended by ``on_max_runtime: stop``.
+        self.limits = any(w.cls.max_runtime_s is not None for w in sim.workloads)
+        self.run_limit_stops = 0
+        if self.limits:
+            self.requeues["run_limit"] = 0
+            self.lost_gpu_s["run_limit"] = 0.0
         # Sampled after every instant (see ``SimResult``), and each cycle's wall time and pending workloads.
         self.times: List[float] = []
         self.busy_s: List[float] = []
@@ -205,6 +221,8 @@ class Replay:
                 continue  # an event of an attempt that was stopped since
             if kind == _FINISH:
                 self._finished(j, t)
+            elif kind == _LIMIT:
+                self._limit(j, t)
             else:
                 self._stopped(j, t)
             changed = True
@@ -342,6 +360,9 @@ class Replay:
         heappush(self.events, (now + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
         if self.can_preempt and c.ckpt_every[j] > 0:
             heappush(self.ckpts, (now + c.ckpt_every[j], j, c.attempt[j]))
+        if self.limits:
+            c.attempt_at[j] = now
+            self._push_limit(j)
         self.busy += c.held[j]
         self.nrunning += 1
         if g.elastic:
@@ -378,6 +399,8 @@ class Replay:
         heappush(self.events, (now + overhead + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
         if self.can_preempt and c.ckpt_every[j] > 0:
             heappush(self.ckpts, (now + overhead + c.ckpt_every[j], j, c.attempt[j]))
+        if self.limits:
+            self._push_limit(j)  # the same attempt goes on: its limit falls due as before
 
     def _finished(self, j: int, now: float) -> None:
         c = self.jobs
@@ -396,6 +419,8 @@ class Replay:
         self.team_gpu_s[c.job[j].team] += c.held[j] * (now - c.start_at[j])
         if c.w[j].gang.elastic:
             self.elastic_running -= 1
+        if self.limits:
+            c.ran_before[j] += now - c.attempt_at[j]
         if self.fleet is not None:
             self._push_fleet(self.fleet.maybe_idle(self.where.pop(j, ()), self.state.nodes, now))
 
@@ -411,11 +436,37 @@ class Replay:
             stops.append(j)
 
     def _stopped(self, j: int, now: float) -> None:
-        """Job ``j``'s lease, told to stop, has stopped: it ends and goes back to its queue."""
+        """Job ``j``'s lease, told to stop, has stopped: it ends and goes back to its queue (or, stopped for its
+        class's ``on_max_runtime: stop``, ends unfinished)."""
         c = self.jobs
         lease = lifecycle.end(self.state, c.w[j].id, now)
         self._ended(j, now)
+        if c.stop_cause[j] == _LIMIT_STOP:
+            c.start_at[j] = c.stop_req[j] = -1.0
+            c.attempt[j] += 1
+            self.run_limit_stops += 1
+            self.done += 1
+            return
         self._back(j, lease, now, c.stop_req[j], c.stop_cause[j])
+
+    def _push_limit(self, j: int) -> None:
+        c = self.jobs
+        due = runlimit.due_at(c.w[j].cls, c.attempt_at[j], c.ran_before[j])
+        if due is not None:
+            heappush(self.events, (due, _LIMIT, j, c.attempt[j]))
+
+    def _limit(self, j: int, now: float) -> None:
+        """Job ``j``'s attempt reached its class's ``max_runtime``: it is told to stop, to be requeued (cause
+        ``run_limit``) or ended. One stopping already (a preemption, a drain) is left to that stop."""
+        c = self.jobs
+        w = c.w[j]
+        hit = runlimit.reached(w.id, w.cls, now, c.attempt_at[j], c.ran_before[j])
+        if c.stop_req[j] >= 0 or hit is None:
+            return
+        stops: List[int] = []
+        self._stop(j, now, "run_limit" if hit.requeues else _LIMIT_STOP, stops)
+        for k in stops:
+            self._stopped(k, now)
 
     def _back(self, j: int, lease: Lease, now: float, until: float, cause: str) -> None:
         """Requeue job ``j``, whose lease (ended at ``now``) did its work until ``until`` (a stop's request, or a
@@ -590,6 +641,7 @@ class Replay:
             drains=[tuple(d) for d in self.drains], down_gpu_s=self.down_gpu_s,
             resizes=c.resizes, resize_overhead_gpu_s=self.resize_overhead_gpu_s,
             capacity=self.fleet.close(t) if self.fleet is not None else None,
+            run_limit_stops=self.run_limit_stops if self.limits else None,
         )
 
 

@@ -173,4 +173,7 @@ class SimResult:
     # The nodes' lives and cost, for a cluster with growable, priced or spot groups (``raylane.sim.autoscaled``);
     # None for a fixed cluster, whose report leaves the section out.
     capacity: Optional[Any] = None
+    # Jobs ended by their class's ``on_max_runtime: stop``; None when no class has a ``max_runtime`` (the report then
+    # leaves the run-limit section out). Their requeues and lost work are those of cause ``run_limit``.
+    run_limit_stops: Optional[int] = None
 
