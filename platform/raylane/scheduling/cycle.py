@@ -190,15 +190,16 @@ def _in_quota_past_window(w8: "_Walk", queues, heap, cursor, key_of, limit: int,
     team's first ``limit`` (which every snapshot a cycle of that depth is given holds), each in the place of the last
     borrower still ``deferred`` (taken out: not reached in this cycle, so no more than ``limit`` are examined); the
     borrowers past the window are not reached either. ``heap``: the merged queue where step 2 left it. Returns the
-    borrowers taken out or passed over: they still wait."""
+    borrowers taken out or passed over: they still wait.
+
+    Cost: a team over its nominal quota is passed over whole; another's queue is read from its cursor to its next
+    workload within quota (``_next_within``), each workload once in the step."""
     ledger, skipped = w8.ledger, []
     while heap and deferred and w8.budget > 0:
         _, s, team = heap[0]
         q, i = queues[team], cursor[team]
         end = min(len(q), limit)
-        j = i
-        while j < end and not ledger.within_nominal(team, _at_minimum(q[j]).gang.total):
-            j += 1
+        j = _next_within(ledger, team, q, i, end)
         if j >= end:
             heapq.heappop(heap)
         elif j > i:
@@ -216,6 +217,29 @@ def _in_quota_past_window(w8: "_Walk", queues, heap, cursor, key_of, limit: int,
             position += 1
             w8.decide(w, position, w.gang.total)
     return skipped
+
+
+def _next_within(ledger, team: str, q, i: int, end: int) -> int:
+    """The index of ``team``'s first workload from ``i`` on (before ``end``) that its nominal quota still holds
+    (``QuotaLedger.within_nominal`` of the gang at its minimum), ``end`` when none: the room is worked out once and
+    each gang compared with it, the step's inner loop."""
+    lim = ledger.limits.get(team)
+    if lim is None:
+        return end
+    used = ledger.usage.get(team, ZERO)
+    room = tuple((r, nominal - getattr(used, r) + 1e-9) for r, nominal, _, _ in lim)
+    if any(left < 0 for _, left in room):  # over its nominal already: none of its work is within it
+        return end
+    for j in range(i, end):
+        g = q[j].gang
+        lo = g.lo if g.max_workers is not None and q[j].cls.resizable else g.workers
+        pw = g.per_worker
+        for r, left in room:
+            if getattr(pw, r) * lo > left:
+                break
+        else:
+            return j
+    return end
 
 
 _NO_TEAM = Team("", {})
