@@ -181,7 +181,7 @@ def test_a_members_pages_load(alice, env):
     alice.goto(env["url"] + "/teams")
     for team in ("team-a", "team-b"):
         expect(alice.locator(f'#teams tr[data-team="{team}"][data-resource="gpu"]')).to_be_visible()
-    expect(alice.locator('#teams tr[data-team="team-a"] td').nth(3)).to_have_text("2")  # nominal GPUs
+    expect(alice.locator('#teams tr[data-team="team-a"] td').nth(4)).to_have_text("2")  # nominal GPUs
     # Spend this month against the budget (policies/local.yaml: 200): shown for one's own teams only.
     expect(alice.locator('#teams tr[data-team="team-a"] td.budget')).to_contain_text("of 200.00", timeout=UPDATE_S)
     expect(alice.locator('#teams tr[data-team="team-b"] td.budget')).to_have_text("n/a")

@@ -163,6 +163,28 @@ def test_admission_is_ready_only_once_the_reservation_is_placed(ctl):
     drain(ctl)
 
 
+def test_a_departments_idle_quota_goes_to_its_sibling_team_and_is_reclaimed_when_its_owner_submits(ctl):
+    """The quota tree live: two departments with two teams each (1 GPU nominal each) on the cluster's 4 GPUs."""
+    from tests.test_control_cohorts import tree_policy
+
+    drain(ctl)
+    ctl.reload_policy(tree_policy())
+    try:
+        bs = [ctl.submit(spec(f"{t}-own", t, "pretrain", gpu=1)).id for t in ("b1", "b2")]
+        wide = ctl.submit(spec("a1-wide", "a1", "pretrain", gpu=2)).id  # its own GPU and its sibling a2's
+        wait_for(lambda: all(ctl.wait_admission(w, 0.5).ready for w in bs + [wide]), what="all three admitted")
+        rows = {c["cohort"]: c for c in ctl.cohorts()}
+        assert (rows["dept-1"]["used"]["gpu"], rows["dept-1"]["borrowed"]["gpu"]) == (2, 0)
+        own = ctl.submit(spec("a2-own", "a2", "pretrain", gpu=1)).id
+        wait_for(lambda: ctl.wait_admission(own, 0.5).ready, what="a2 admitted on what it reclaimed")
+        assert ctl.status(wide).state is not State.ADMITTED  # its own department's borrower gave way
+        assert all(ctl.status(w).state is State.ADMITTED for w in bs)  # the other department was not touched
+        assert {t["team"]: t["cohorts"] for t in ctl.teams()}["a2"] == ["org", "dept-1"]
+    finally:
+        drain(ctl)
+        ctl.reload_policy(local_policy())
+
+
 def test_the_actor_class_exposes_request_and_ping_only():
     # Ray makes every method of an actor class callable through its handle: the state machine and the shell's own
     # methods are attributes, so the checked entry point is the only way in besides the health check.

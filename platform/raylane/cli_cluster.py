@@ -399,6 +399,10 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
     for r, q in (out.get("team_quota") or {}).items():
         console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
+    for c in out.get("team_cohorts") or []:  # the quota tree above its team, top-down
+        console.print(f"  cohort {c['cohort']}: GPUs used {c['used']['gpu']:g} of nominal {c['nominal']['gpu']:g}, "
+                      f"borrowed {c['borrowed']['gpu']:g}, idle {c['idle']['gpu']:g} (lendable "
+                      f"{c['lendable']['gpu']:g})", highlight=False)
     workers = f" workers={out['workers']}" if out.get("workers") else ""
     resizes = f" resizes={out['resizes']}" if out.get("resizes") else ""
     limits = f" run_limits={out['run_limits']}" if out.get("run_limits") else ""  # its class's max_runtime reached

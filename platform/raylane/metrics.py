@@ -38,6 +38,7 @@ __all__ = [
     "PREEMPTIONS",
     "LEASES_RUNNING",
     "GPUS_HELD",
+    "COHORT_GPUS",
     "QUEUE_WAIT",
     "QUEUE_ETA_WAIT",
     "ETA_SECONDS",
@@ -209,6 +210,11 @@ GPUS_HELD = Metric(
     "raylane_team_gpus", "gauge",
     "GPUs a team's leases hold, and its quota. Labels: team, what (held, nominal, ceiling).",
     ("team", "what"))
+COHORT_GPUS = Metric(
+    "raylane_cohort_gpus", "gauge",
+    "A quota cohort's GPUs (policies with cohorts only). Labels: cohort, what (nominal: its subtree's nominal "
+    "quota; used: what its teams hold; borrowed: held beyond its nominal; lendable: its idle nominal others may use).",
+    ("cohort", "what"))
 QUEUE_WAIT = Metric(
     "raylane_queue_wait_seconds", "histogram",
     "Seconds from submit (or requeue after a preemption) to admission. Labels: team, workload_class.",
@@ -282,7 +288,7 @@ TEAM_BUDGET = Metric(
 ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
-    QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, QUEUE_WAIT, CYCLE_SECONDS,
+    QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, COHORT_GPUS, QUEUE_WAIT, CYCLE_SECONDS,
     QUEUE_ETA_WAIT, ETA_SECONDS,
     NODE_STATE, NODE_QUARANTINES, NODE_PROBES, STRANDED_GPUS,
     COST, IDLE_COST, TEAM_SPEND, TEAM_BUDGET,

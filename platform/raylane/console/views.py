@@ -52,11 +52,12 @@ def queue(client, settings, include_done: bool = False) -> Dict[str, Any]:
 
 
 def teams(client, settings) -> Dict[str, Any]:
-    """Each team's use of its quota (nominal, borrowing and lending limits) and, where cost accounting exists, its
-    spend against its budget."""
+    """Each team's use of its quota (nominal, borrowing and lending limits), the cohorts above it (a quota tree's)
+    and, where cost accounting exists, its spend against its budget; the tree's cohorts with their figures."""
     rows, why = _optional(client, "teams")
     spend = _team_spend(client)
-    return {"available": why is None, "why": why, "teams": rows or [], "spend": spend}
+    cohorts, _ = _optional(client, "cohorts") if why is None else (None, None)
+    return {"available": why is None, "why": why, "teams": rows or [], "spend": spend, "cohorts": cohorts or []}
 
 
 def _team_spend(client) -> Dict[str, Any]:

@@ -235,6 +235,12 @@ class Teams(Request):
     workloads wait and run. Any caller may read it, as ``explain`` shows any workload's team quota."""
 
 
+class Cohorts(Request):
+    """The quota tree's cohorts (none for a flat policy), top-down: each one's parent, members and, per resource,
+    its subtree's nominal quota, what its teams hold, what it borrows beyond its nominal, what lies idle and what
+    of that it may lend. Any caller may read it, as ``teams``."""
+
+
 class TokenCreate(Request):
     user: StrictStr
     teams: List[StrictStr] = Field(default_factory=list, max_length=64)
@@ -355,7 +361,7 @@ CALLS: Dict[str, Type[Request]] = {
     "submit": Submit, "cancel": Cancel, "release": Release, "report": Report, "checkpoint_saved": CheckpointSaved,
     "register_workers": RegisterWorkers, "should_stop": ShouldStop, "resolve_checkpoint": ResolveCheckpoint,
     "status": Status, "explain": Explain, "wait_admission": WaitAdmission, "find_job": FindJob, "queue": Queue,
-    "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "teams": Teams,
+    "class_info": ClassInfo, "info": Info, "whoami": WhoAmI, "teams": Teams, "cohorts": Cohorts,
     "token_create": TokenCreate, "job_token": JobToken,
     "token_rotate": TokenRotate, "token_revoke": TokenRevoke, "token_list": TokenList, "audit": Audit,
     "reload_policy": ReloadPolicy, "cost": Cost,

@@ -224,10 +224,15 @@ class ControlClient:
     def whoami(self) -> Dict[str, Any]:
         return self._call("whoami")
 
+    def cohorts(self) -> List[Dict[str, Any]]:
+        """The quota tree's cohorts, top-down (empty for a flat policy): ``cohort``, ``parent``, ``teams`` and, per
+        resource, ``nominal``, ``used``, ``borrowed``, ``idle`` and ``lendable``."""
+        return self._call("cohorts")
+
     def teams(self) -> List[Dict[str, Any]]:
         """Every team: ``team``, ``weight``, ``used`` (per resource), ``pending`` and ``running`` workload counts,
-        and ``quotas`` (per resource: ``used``, ``nominal``, ``borrowing_limit``, ``lending_limit``; a limit of None
-        is unlimited)."""
+        ``quotas`` (per resource: ``used``, ``nominal``, ``borrowing_limit``, ``lending_limit``; a limit of None
+        is unlimited) and ``cohorts`` (the cohorts above it, top-down; empty for a flat policy)."""
         return self._call("teams")
 
     # -------------------------------------------------------------------------------- operators: tokens, policy

@@ -54,6 +54,7 @@ from raylane.errors import InfeasibleError, NotFoundError, RaylaneError
 from raylane.ids import new_id
 from raylane.scheduling import Admit, ClusterState, RAY_STRATEGY, check_feasible, cycle, lifecycle
 from raylane.scheduling.cycle import MAX_EXAMINED
+from raylane.scheduling.cohorts import cohort_usage
 from raylane.scheduling.fragmentation import stranded_gpus
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.types import SPOT_LABEL, Resize, Resources
@@ -421,6 +422,11 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._stranded = stranded_gpus(self.state.snapshot(), self._stranded_memo)
         for ntype, v in self._gauge_keys(dict(self._stranded.stranded), "_last_stranded").items():
             metrics.STRANDED_GPUS.set(v, node_type=ntype)
+        cohorts = {(c.name, what): getattr(c, what).gpu
+                   for c in cohort_usage(self.state.teams, self.state.usage).values()
+                   for what in ("nominal", "used", "borrowed", "lendable")}
+        for (name, what), v in self._gauge_keys(cohorts, "_last_cohorts").items():
+            metrics.COHORT_GPUS.set(v, cohort=name, what=what)
         for name, team in self.state.teams.items():
             q = team.quotas.get("gpu")
             metrics.GPUS_HELD.set(self.state.usage.get(name, Resources()).gpu, team=name, what="held")
@@ -1029,6 +1035,7 @@ HANDLERS: Dict[type, Callable[[ControlState, Principal, api.Request], Any]] = {
     api.Info: ControlState._api_info,
     api.WhoAmI: ControlState._api_whoami,
     api.Teams: ControlState._api_teams,
+    api.Cohorts: ControlState._api_cohorts,
     api.TokenCreate: ControlState._api_token_create,
     api.JobToken: ControlState._api_job_token,
     api.TokenRotate: ControlState._api_token_rotate,

@@ -14,6 +14,7 @@ from raylane.control import api
 from raylane.control.journal import Kind
 from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, month_start
 from raylane.errors import PermissionDeniedError, ValidationError
+from raylane.scheduling.cohorts import cohort_path, cohort_row, cohort_usage
 from raylane.scheduling.types import Resources
 
 # The cost counters and budget gauges are brought up to date every this many ticks (raylane.cost).
@@ -39,11 +40,15 @@ class AdminCalls:
         for name, team in sorted(self.state.teams.items()):
             used = self.state.usage.get(name, Resources())
             rows.append({"team": name, "weight": team.weight, "used": dict(used.items()),
+                         "cohorts": cohort_path(team),
                          "pending": counts.get((name, "pending"), 0), "running": counts.get((name, "running"), 0),
                          "quotas": {r: {"used": used.get(r), "nominal": q.nominal,
                                         "borrowing_limit": q.borrowing_limit, "lending_limit": q.lending_limit}
                                     for r, q in team.quotas.items()}})
         return rows
+
+    def _api_cohorts(self, p: Principal, req: api.Cohorts) -> List[Dict[str, Any]]:
+        return [cohort_row(c) for c in cohort_usage(self.state.teams, self.state.usage).values()]
 
     def _token_reply(self, token: str) -> Dict[str, Any]:
         """A new token (its only copy, for the caller) with its record."""

@@ -13,6 +13,7 @@ from raylane.auth import Principal
 from raylane.control import api
 from raylane.control.journal import Kind
 from raylane.control.records import State
+from raylane.scheduling.cohorts import cohort_path, cohort_row, cohort_usage
 from raylane.scheduling.types import Resources
 
 # Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, and
@@ -146,6 +147,10 @@ class ViewCalls:
             used = self.state.usage.get(rec.team, Resources())
             out["team_quota"] = {r: {"used": used.get(r), "nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
                                      "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
+            path = cohort_path(team)
+            if path:  # the cohorts it borrows through, nearest last, each with its numbers now
+                rows = cohort_usage(self.state.teams, self.state.usage)
+                out["team_cohorts"] = [cohort_row(rows[c]) for c in path if c in rows]
         return out
 
     def _api_info(self, p: Principal, req: api.Info) -> Dict[str, Any]:

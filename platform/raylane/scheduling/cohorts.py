@@ -30,7 +30,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from raylane.scheduling.types import RESOURCE_NAMES, ZERO, Cohort, Resources, Team
 
-__all__ = ["CohortTree", "CohortUsage", "cohort_tree", "cohort_usage"]
+__all__ = ["CohortTree", "CohortUsage", "cohort_tree", "cohort_usage", "cohort_path", "cohort_row"]
 
 _INF = math.inf
 
@@ -207,6 +207,24 @@ def cohort_usage(teams: Mapping[str, Team], usage: Mapping[str, Resources]) -> D
                 vals[k][r] = x
         out[c] = CohortUsage(c, co.parent.name if co.parent is not None else None, tree.members[c],
                              **{k: Resources(**x) for k, x in vals.items()})
+    return out
+
+
+def cohort_path(team: Team) -> List[str]:
+    """The cohorts above ``team``, top-down (``["org", "research"]``); empty under a flat policy."""
+    out: List[str] = []
+    c = team.cohort
+    while c is not None:
+        out.append(c.name)
+        c = c.parent
+    return out[::-1]
+
+
+def cohort_row(c: CohortUsage) -> Dict[str, object]:
+    """``c`` as a reply's dict: ``cohort``, ``parent``, ``teams`` and, per figure, resource -> amount."""
+    out: Dict[str, object] = {"cohort": c.name, "parent": c.parent, "teams": list(c.teams)}
+    for k in ("nominal", "used", "borrowed", "idle", "lendable"):
+        out[k] = dict(getattr(c, k).items())
     return out
 
 

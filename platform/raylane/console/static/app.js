@@ -134,8 +134,10 @@ VIEWS.teams = function (snap) {
     const spend = snap.spend[t.team];
     const resources = Object.entries(t.quotas);
     if (!resources.length) resources.push(["gpu", {used: t.used.gpu, nominal: 0, borrowing_limit: null, lending_limit: null, unlimited: true}]);
+    const path = (t.cohorts || []).join(" › ");
     resources.forEach(([res, q], i) => rows.push(el("tr", {"data-team": t.team, "data-resource": res},
       el("td", {}, i === 0 ? teamTag(t.team) : ""),
+      el("td", {class: "cohort", text: i === 0 ? (path || "-") : ""}),
       el("td", {text: res.toUpperCase()}),
       el("td", {class: "num used", text: fmtNum(q.used)}),
       el("td", {class: "num", text: q.unlimited ? "no quota" : fmtNum(q.nominal)}),
@@ -148,10 +150,29 @@ VIEWS.teams = function (snap) {
   }
   return [
     el("p", {class: "hint", text: "Use against quota: the bar is the team's ceiling (nominal + borrowing limit), the mark its nominal quota; past the mark the team borrows."}),
-    table(["Team", "Resource", "Used", "Nominal", "Borrowing limit", "Lending limit", "", "Running / pending", "Spent this month"],
+    table(["Team", "Cohorts", "Resource", "Used", "Nominal", "Borrowing limit", "Lending limit", "", "Running / pending", "Spent this month"],
           rows, {id: "teams", class: "grid"}),
-  ];
+  ].concat(cohortTable(snap.cohorts || []));
 };
+
+function cohortTable(cohorts) {
+  // The quota tree (policies with cohorts): each cohort's GPUs, top-down, indented by depth.
+  if (!cohorts.length) return [];
+  const depth = {};
+  const rows = cohorts.map(c => {
+    depth[c.cohort] = c.parent ? (depth[c.parent] || 0) + 1 : 0;
+    return el("tr", {"data-cohort": c.cohort},
+      el("td", {text: "\u00a0\u00a0".repeat(depth[c.cohort]) + c.cohort}),
+      el("td", {text: c.teams.join(", ")}),
+      el("td", {class: "num", text: fmtNum(c.nominal.gpu)}), el("td", {class: "num used", text: fmtNum(c.used.gpu)}),
+      el("td", {class: "num", text: fmtNum(c.borrowed.gpu)}), el("td", {class: "num", text: fmtNum(c.lendable.gpu)}));
+  });
+  return [
+    el("h2", {text: "Cohorts"}),
+    el("p", {class: "hint", text: "Unused quota is lent inside the nearest cohort first; a team borrows through the cohorts above it."}),
+    table(["Cohort", "Teams", "Nominal GPUs", "Used", "Borrowed", "Lendable"], rows, {id: "cohorts", class: "grid"}),
+  ];
+}
 
 const NODE_STATES = ["ready", "cordoned", "draining", "drained", "quarantined", "lost"];
 
