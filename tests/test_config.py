@@ -32,7 +32,7 @@ from raylane.config.models import (
     validate_spec_against_policy,
 )
 from raylane.errors import NotFoundError, UnknownNameError, ValidationError
-from raylane.scheduling.types import Gang, Quota, Resources, SchedulerConfig, Team, WorkloadClass
+from raylane.scheduling.types import Gang, Quota, Resources, SchedulerConfig, Team, UserRule, WorkloadClass
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "policies" / "default.yaml"
@@ -188,6 +188,16 @@ POLICY_CASES = [
      "a number >= 0 or null"),
     ("quota typo", "teams.team-a.quotas.gpu.borrow", 1, "teams.team-a.quotas.gpu.borrow", 1,
      "allowed fields: nominal, borrowing_limit, lending_limit"),
+    ("user order unknown", "teams.team-a.users", {"order": "round-robin"}, "teams.team-a.users.order",
+     "round-robin", "one of fair, queue"),
+    ("user share above 1", "teams.team-a.users", {"max_share": 1.5}, "teams.team-a.users.max_share", 1.5,
+     "a number > 0 and <= 1"),
+    ("user share 0", "teams.team-a.users", {"max_share": 0}, "teams.team-a.users.max_share", 0,
+     "a number > 0 and <= 1"),
+    ("user rule typo", "teams.team-a.users", {"max_shares": 0.5}, "teams.team-a.users.max_shares", 0.5,
+     "allowed fields: order, max_share"),
+    ("user share without gpu quota", "teams.team-a", {"users": {"max_share": 0.5}}, "teams.team-a.users",
+     {"max_share": 0.5}, "max_share only with a gpu quota"),
     ("feature tag", "node_features.GPU A100", "x", "node_features.GPU A100", "GPU A100", "lowercase letters"),
     ("feature description", "node_features.ssd", None, "node_features.ssd", None, "a string"),
     ("price negative", "prices.local", -1, "prices.local", -1, "a number >= 0"),
@@ -412,6 +422,13 @@ def test_core_teams():
             "memory": Quota(4096, 2048, None),
         },
     )
+
+
+def test_core_teams_user_rule():
+    doc = with_field(raw(LOCAL), "teams.team-a.users", {"max_share": 0.5})
+    teams = load_policy_from_dict(doc).core_teams()
+    assert teams["team-a"].users == UserRule(fair=True, max_share=0.5)
+    assert load_policy_from_dict(raw(LOCAL)).core_teams()["team-a"].users is None  # default: off
 
 
 def test_unknown_workload_class(local_policy):

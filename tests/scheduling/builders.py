@@ -57,8 +57,10 @@ class WorkloadBuilder:
         self._data: Optional[str] = None
         self._attained = 0.0
         self._bounds: Tuple[Optional[int], Optional[int]] = (None, None)
+        self._user: Optional[str] = None
 
     def team(self, t: str): self._team = t; return self
+    def user(self, u: Optional[str]): self._user = u; return self
     def cls(self, c: WorkloadClass): self._cls = c; return self
     def workers(self, n: int): self._workers = n; return self
     def gpus(self, g: float): self._per = replace(self._per, gpu=g); return self
@@ -85,7 +87,7 @@ class WorkloadBuilder:
             gang=Gang(self._workers, self._per, self._strategy, self._features, self._group_by,
                       min_workers=self._bounds[0], max_workers=self._bounds[1]),
             submit_time=self._t, runtime_estimate_s=self._est, data_snapshot=self._data,
-            attained_gpu_s=self._attained,
+            attained_gpu_s=self._attained, user=self._user,
         )
 
 
@@ -137,10 +139,11 @@ def nodes(n: int, gpus: float = 8, prefix: str = "n", **kw) -> List[NodeBuilder]
 
 
 def team(name: str, gpu: Optional[float] = None, borrow: Optional[float] = None, lend: Optional[float] = None,
-         weight: float = 1.0, decayed: float = 0.0) -> Team:
-    """A team with a GPU quota (``gpu`` nominal, ``borrow`` limit, ``lend`` limit); no quota when ``gpu`` is None."""
+         weight: float = 1.0, decayed: float = 0.0, users=None, user_usage=None) -> Team:
+    """A team with a GPU quota (``gpu`` nominal, ``borrow`` limit, ``lend`` limit); no quota when ``gpu`` is None.
+    ``users``: its ``UserRule``; ``user_usage``: decayed GPU-seconds per user."""
     quotas = {} if gpu is None else {"gpu": Quota(gpu, borrow, lend)}
-    return Team(name, quotas, weight, decayed)
+    return Team(name, quotas, weight, decayed, users=users, user_usage=dict(user_usage or {}))
 
 
 @dataclass

@@ -27,6 +27,7 @@ class JobBuilder:
     def runs(self, s: float): self._kw["duration"] = float(s); return self
     def gpus(self, n: int): self._kw["gpus"] = n; return self
     def team(self, t: str): self._kw["team"] = t; return self
+    def user(self, u: str): self._kw["user"] = u; return self
     def workers(self, n: int): self._kw["workers"] = n; return self
     def cls(self, c: str): self._kw["cls"] = c; return self
     def estimate(self, s: float): self._kw["estimate"] = float(s); return self

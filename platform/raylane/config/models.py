@@ -46,6 +46,7 @@ from raylane.scheduling.types import (
     Resources,
     SchedulerConfig,
     Team,
+    UserRule,
     Workload,
     WorkloadClass,
     gpu_request_error,
@@ -365,6 +366,23 @@ class QuotaSpec(_Model):
         return Quota(self.nominal, self.borrowing_limit, self.lending_limit)
 
 
+USER_ORDERS = ("fair", "queue")
+
+
+class UserRuleSpec(_Model):
+    """Fairness between a team's users (``raylane.scheduling.users``). ``order``: ``fair`` orders the team's work,
+    inside each class priority, by its users' decayed usage plus what they hold (least first); ``queue`` keeps the
+    team queue's own order. ``max_share``: the most of the team's nominal GPU quota one user may hold (null: no
+    cap); borrowing never raises it."""
+
+    order: _one_of(USER_ORDERS) = "fair"
+    max_share: Optional[Annotated[float, Field(gt=0, le=1), Allowed("a number > 0 and <= 1 (a share of the team's "
+                                                                    "nominal GPUs), or null for no cap")]] = None
+
+    def to_core(self) -> UserRule:
+        return UserRule(fair=self.order == "fair", max_share=self.max_share)
+
+
 class TeamSpec(_Model):
     weight: float = Field(default=_TEAM["weight"], gt=0)
     # A resource with no entry is not limited for this team.
@@ -376,10 +394,21 @@ class TeamSpec(_Model):
 
     # The team's nearest cohort (``cohorts:``); none: the team is under the whole cluster, as in a flat policy.
     cohort: Optional[Name] = None
+    # Fairness between the team's users; none: off (the team queue's own order, no per-user cap).
+    users: Optional[UserRuleSpec] = None
+
+    @field_validator("users")
+    @classmethod
+    def _cap_needs_gpu_quota(cls, v: Optional[UserRuleSpec], info: ValidationInfo) -> Optional[UserRuleSpec]:
+        quotas = info.data.get("quotas")
+        if v is not None and v.max_share is not None and quotas is not None and "gpu" not in quotas:
+            raise _err("users_max_share", "max_share only with a gpu quota (it is a share of the nominal GPUs); "
+                                          "add quotas.gpu or drop max_share")
+        return v
 
     def to_core(self, name: str, cohort: Optional[Cohort] = None) -> Team:
         return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight,
-                    cohort=cohort)
+                    cohort=cohort, users=None if self.users is None else self.users.to_core())
 
 
 class CohortQuotaSpec(_Model):
@@ -854,6 +883,7 @@ class WorkloadSpec(_Model):
             runtime_estimate_s=self.runtime_estimate,
             data_snapshot=self.run.data_snapshot,
             kind=self.kind,
+            user=self.run.owner,
         )
 
 

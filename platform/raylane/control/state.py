@@ -286,6 +286,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
 
     def _core(self, rec: Record):
         spec = load_spec_from_dict(rec.spec, f"workload {rec.id}", policy=self.policy)
+        # Its user (``Workload.user``, which a team's user rule reads) is the spec's ``run.owner``: under the gate the
+        # record's owner, whom submit wrote there; without it, who the spec says (every caller is then anonymous).
         w = spec.to_core(rec.id, self.policy, rec.submit_time)
         return self._stage_prefer(rec, replace(w, attained_gpu_s=rec.attained_gpu_s))
 

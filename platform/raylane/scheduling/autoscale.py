@@ -60,6 +60,7 @@ from raylane.scheduling.types import (
     Reason,
     Reserved,
     Resources,
+    UserShareExceeded,
     WaitingForPreemption,
     Workload,
 )
@@ -181,6 +182,7 @@ class NodeRequest:
 # What a pending reason that makes no demand waits for, in words.
 _WAITS_FOR = (
     (QuotaExceeded, "its team's quota"),
+    (UserShareExceeded, "its user's share of its team's quota"),
     (WaitingForPreemption, "preempted work to stop"),
     ((BehindHead, BlockedByReservation, Displaced), "its turn"),
     (NotReached, "the scheduler to look at it"),

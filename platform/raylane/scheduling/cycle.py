@@ -42,6 +42,7 @@ from raylane.scheduling.leaseorder import InEndOrder
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
+from raylane.scheduling.users import cap_reason, held_by_user, order_by_user, user_cap
 from raylane.scheduling.working import Working
 from raylane.scheduling.types import (
     SPOT_LABEL,
@@ -99,8 +100,12 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     w8 = _Walk(snapshot, now, admission, BACKFILLS.get(cfg.backfill), PREEMPTIONS.get(cfg.preemption), order)
     teams = snapshot.teams
 
-    # 1. Merge the team queues by the ordering's head key.
+    # 1. Merge the team queues by the ordering's head key; a team with a user rule first orders its own queue by
+    #    its users' shares (``raylane.scheduling.users``).
     ledger, queues, head_key = w8.ledger, snapshot.queues, order.head_key
+    ruled = [t for t in teams.values() if t.users is not None]
+    if ruled:
+        queues = w8.with_user_rules(ruled, queues)
     views = {team: _TeamView(teams.get(team, _NO_TEAM), ZERO, ledger) for team, q in queues.items() if q}
 
     def key_of(team: str, w: Workload) -> Tuple:
@@ -364,6 +369,43 @@ class _Walk:
         self.reasons: Dict[Tuple, Tuple[int, NoCapacity]] = {}
         # Quota answers: (ledger, team, need) -> (``ledger.changes`` then, the answer).
         self.checks: Dict[Tuple, Tuple[int, object]] = {}
+        # Teams whose users are capped: team -> (the team, its cap in GPUs, GPUs per user held now and admitted in
+        # this cycle). None: no team has a cap (``with_user_rules``).
+        self.user_caps: Optional[Dict[str, Tuple[Team, float, Dict]]] = None
+
+    def with_user_rules(self, ruled: List[Team], queues):
+        """``queues`` with the queue of each team of ``ruled`` whose rule is ``fair`` ordered by its users' shares;
+        the caps of those with ``max_share`` kept for ``decide``."""
+        snap, out = self.snapshot, dict(queues)
+        by_team = snap.leases_by_team
+        for t in ruled:
+            q = queues.get(t.name)
+            cap = user_cap(t)
+            if not q and cap is None:
+                continue
+            leases = by_team.get(t.name, ()) if by_team is not None else [l for l in snap.leases if l.team == t.name]
+            held = held_by_user(leases)
+            if q and t.users.fair:
+                out[t.name] = order_by_user(q, t, held, self.cfg)
+            if cap is not None:
+                if self.user_caps is None:
+                    self.user_caps = {}
+                self.user_caps[t.name] = (t, cap, held)
+        return out
+
+    def _over_user_cap(self, w: Workload, gpus: float):
+        """``UserShareExceeded`` when ``w``'s user may not take ``gpus`` more GPUs of its team, else None."""
+        got = self.user_caps.get(w.team)
+        if got is None:
+            return None
+        team, cap, held = got
+        return cap_reason(team, cap, w.user, held.get(w.user, 0.0), gpus)
+
+    def _user_holds(self, w: Workload, gpus: float) -> None:
+        """``w``'s user takes (or, negative, gives back) ``gpus`` GPUs in this cycle."""
+        got = self.user_caps.get(w.team)
+        if got is not None:
+            got[2][w.user] = got[2].get(w.user, 0.0) + gpus
 
     def decide(self, w: Workload, position: int, need: Resources) -> bool:
         """Admit ``w`` (which needs ``need`` in all), choose victims for it or say why it waits. True when admitted."""
@@ -371,6 +413,12 @@ class _Walk:
         # A borrower examined in the second pass may come before the reserved head in queue order: it does not
         # yield to it (it would have been decided before the head was even looked at).
         res = self.reservation if position > self.head_position else None
+        if self.user_caps is not None:
+            # Over its user's cap it waits whatever else is free: no victim could lift a cap.
+            why = self._over_user_cap(w, need.gpu)
+            if why is not None:
+                self.pending.append(Pending(w, why, position))
+                return False
         quota_reason = self._quota_now(w, need)
         plan = None if quota_reason is not None else self._place_now(w)
 
@@ -571,6 +619,8 @@ class _Walk:
         self.positions[w.id] = position
         self.pctx.admit(lease)
         self.budget -= 1
+        if self.user_caps is not None:
+            self._user_holds(w, need.gpu)
         # A new candidate for its team's preemptors, and, when its team now borrows, for other teams' reclaim.
         self.team_version[w.team] = self.team_version.get(w.team, 0) + 1
         if self.pctx.team_borrows(w.team, True):
@@ -586,6 +636,8 @@ class _Walk:
             self.future.unclaim(lease)
         self.pctx.stop(lease)
         self.budget += 1
+        if self.user_caps is not None:
+            self._user_holds(w, -w.gang.total.gpu)
         self.version += 1
         self.pending.append(Pending(w, Displaced(by.id), self.positions.pop(w.id)))
 
@@ -625,6 +677,8 @@ class _Walk:
         for k in range(g.hi - len(have), 0, -1):
             if self._quota_now(w, g.per_worker.scale(k)) is not None:
                 continue
+            if self.user_caps is not None and self._over_user_cap(w, g.per_worker.gpu * k) is not None:
+                continue
             plan = place(replace(g.at(k), prefer=prefer), cap, w.data_snapshot)
             if plan is not None:
                 return k, plan, cap.pick(plan, g.per_worker)
@@ -633,6 +687,8 @@ class _Walk:
     def _take_more(self, w: Workload, k: int, plan, devices):
         part = _at_size(w, k)
         devices = self.present.take(part, plan, devices)
+        if self.user_caps is not None:
+            self._user_holds(w, part.gang.total.gpu)
         if self.future is not None:
             self.future.claim(part, plan, devices)
         self.budget -= 1
@@ -747,6 +803,10 @@ def check_feasible(w: Workload, nodes, teams, admission_name: str = "quota") -> 
     why = gpu_request_error(w.gang.per_worker.gpu)
     if why is not None:
         return Infeasible("gang.per_worker.gpu", f"{w.gang.per_worker.gpu:g} GPUs per worker; allowed: {why}")
+    cap = user_cap(teams[w.team]) if w.team in teams else None
+    if cap is not None and w.gang.total.gpu > cap + 1e-9:
+        return Infeasible("gang", f"needs {w.gang.total.gpu:g} GPUs in all but a user of team {w.team} may hold at "
+                          f"most {cap:g} (users.max_share {teams[w.team].users.max_share:g} of its nominal GPUs)")
     if admission.protects_in_quota:
         if w.team not in teams:
             return Infeasible("team", f"unknown team {w.team!r}; known: {', '.join(sorted(teams))}")

@@ -2,7 +2,8 @@
 
 ``ClusterState`` owns: nodes and what is free on them (per GPU device too: ``Node.devices``, and each lease's
 ``Lease.devices``), the team queues (each kept sorted by the ordering's queue
-key), the leases, team usage and decayed usage. Only a driver (the control actor, the simulator) changes it, and
+key), the leases, team usage and decayed usage (per user too, for a team whose user rule is on:
+``raylane.scheduling.users``). Only a driver (the control actor, the simulator) changes it, and
 only through these methods; the cycle reads the immutable ``Snapshot`` it returns. Keeping usage and free capacity
 up to date incrementally is what lets a cycle over 10,000 pending workloads and 1,000 nodes stay in milliseconds.
 
@@ -21,6 +22,7 @@ from raylane.scheduling.leaseorder import LeaseOrder, SortedLeases, static_end
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.backfill import BACKFILLS
 from raylane.scheduling.preemption import PREEMPTIONS, settled_after
+from raylane.scheduling.users import per_user_head
 from raylane.scheduling.types import (
     Admit,
     Lease,
@@ -237,7 +239,7 @@ class ClusterState:
         self._adjust(lease.placement, w.gang.per_worker, lease.devices, +1)
         self.usage[w.team] = (self.usage.get(w.team, Resources()) - w.gang.total).rounded()
         self._leases_cache = None
-        self._charge(w.team, w.gang.total.gpu * max(0.0, now - lease.start_time), now)
+        self._charge(w.team, w.gang.total.gpu * max(0.0, now - lease.start_time), now, w.user)
         return lease
 
     def requeue(self, lease: Lease, now: float, attained_gpu_s: Optional[float] = None) -> Workload:
@@ -273,11 +275,20 @@ class ClusterState:
         return lease
 
     # -- fair share ------------------------------------------------------------------------------------------
-    def _charge(self, team: str, gpu_s: float, now: float) -> None:
+    def _user_fair(self, team: str) -> bool:
+        t = self.teams.get(team)
+        return t is not None and t.users is not None and t.users.fair
+
+    def _charge(self, team: str, gpu_s: float, now: float, user: Optional[str] = None) -> None:
         if team in self.teams and gpu_s > 0:
             self.decay(now)
             t = self.teams[team]  # read after the decay, or the charged team's own decay would be undone
-            self.teams[team] = replace(t, decayed_usage=t.decayed_usage + gpu_s)
+            if t.users is None:
+                self.teams[team] = replace(t, decayed_usage=t.decayed_usage + gpu_s)
+            else:
+                per_user = dict(t.user_usage)
+                per_user[user] = per_user.get(user, 0.0) + gpu_s
+                self.teams[team] = replace(t, decayed_usage=t.decayed_usage + gpu_s, user_usage=per_user)
 
     def decay(self, now: float) -> None:
         """Age every team's decayed usage to ``now`` with the configured half-life."""
@@ -288,7 +299,10 @@ class ClusterState:
         if dt <= 0:
             return
         f = math.pow(0.5, dt / self.config.fair_share_half_life_s)
-        self.teams = {k: replace(t, decayed_usage=t.decayed_usage * f) for k, t in self.teams.items()}
+        self.teams = {k: replace(t, decayed_usage=t.decayed_usage * f) if t.users is None else
+                      replace(t, decayed_usage=t.decayed_usage * f,
+                              user_usage={u: v * f for u, v in t.user_usage.items()})
+                      for k, t in self.teams.items()}
         self._decayed_at = now
 
     # -- snapshot ------------------------------------------------------------------------------------------
@@ -304,7 +318,10 @@ class ClusterState:
             per_limit = self._queue_cache.setdefault(team, {})
             t = per_limit.get(limit)
             if t is None:
-                t = per_limit[limit] = tuple(w for _, w in (q if limit is None else q[:limit]))
+                if limit is not None and self._user_fair(team):
+                    t = per_limit[limit] = per_user_head((w for _, w in q), limit)
+                else:
+                    t = per_limit[limit] = tuple(w for _, w in (q if limit is None else q[:limit]))
             if t:
                 queues[team] = t
         by_team = {}

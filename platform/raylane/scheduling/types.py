@@ -228,6 +228,9 @@ class Workload:
     # GPU-seconds this workload already received in earlier attempts (for LAS and for progress accounting).
     attained_gpu_s: float = 0.0
     kind: str = "train"
+    # Who submitted it (the control plane: the record's owner; the simulator: a trace's user column). None: not
+    # known; all such work of a team counts as one anonymous user under its team's user rule (``UserRule``).
+    user: Optional[str] = None
 
     @property
     def priority(self) -> int:
@@ -302,6 +305,18 @@ class Cohort:
 
 
 @dataclass(frozen=True, slots=True)
+class UserRule:
+    """Fairness between the users of one team (``raylane.scheduling.users``; Slurm's Fair Tree inside an account).
+
+    ``fair``: the team's pending work is ordered, inside each class priority, by its user's decayed usage plus what
+    the user holds now (least first). ``max_share``: a user may hold at most this share of the team's nominal GPU
+    quota (None: no cap); borrowing raises what the team may hold, never a user's cap."""
+
+    fair: bool = True
+    max_share: Optional[float] = None
+
+
+@dataclass(frozen=True, slots=True)
 class Team:
     name: str
     quotas: Mapping[str, Quota]
@@ -310,6 +325,11 @@ class Team:
     decayed_usage: float = 0.0
     # The team's nearest cohort; None: a child of the implicit root cohort, the whole cluster (a flat policy).
     cohort: Optional[Cohort] = None
+    # Fairness between its users; None: off (the team queue's own order, no per-user cap).
+    users: Optional[UserRule] = None
+    # Per user (None: the anonymous user), GPU-seconds of past usage with the same decay as ``decayed_usage``;
+    # kept by the driver only while ``users`` is set.
+    user_usage: Mapping[Optional[str], float] = field(default_factory=dict)
 
 
 # The node label that marks a spot (reclaimable) node, as ``raylane.localcluster.node_labels`` and the deploy files
@@ -402,6 +422,23 @@ class QuotaExceeded:
 
 
 @dataclass(frozen=True, slots=True)
+class UserShareExceeded:
+    """Its user holds ``held`` GPUs of the team, and the team's user rule caps a user at ``cap`` (``max_share`` of
+    the team's nominal GPUs)."""
+
+    team: str
+    user: Optional[str]
+    held: float
+    cap: float
+    needed: float
+
+    def __str__(self) -> str:
+        who = "(unknown user)" if self.user is None else self.user
+        return (f"user {who} holds {self.held:g} of team {self.team}'s GPUs; a user may hold at most {self.cap:g} "
+                f"(max_share of its nominal); this gang needs {self.needed:g}")
+
+
+@dataclass(frozen=True, slots=True)
 class NoCapacity:
     workers: int
     per_worker: Resources
@@ -487,7 +524,7 @@ class Infeasible:
 
 Reason = Union[
     QuotaExceeded, NoCapacity, Reserved, BlockedByReservation, BehindHead, WaitingForPreemption, Displaced, NotReached,
-    Infeasible,
+    Infeasible, UserShareExceeded,
 ]
 
 
@@ -555,7 +592,7 @@ class CycleResult:
 
 __all__ = [
     "SPOT_LABEL", "SPOT_MODES", "RESOURCE_NAMES", "Resources", "ZERO", "GPU_EPS", "gpu_request_error", "Node", "device_count", "node_devices", "Strategy", "Gang", "WorkloadClass", "Workload", "LeaseState",
-    "Lease", "Quota", "Cohort", "Team", "LAS_LADDER", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
-    "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "Reason", "Admit",
+    "Lease", "Quota", "Cohort", "UserRule", "Team", "LAS_LADDER", "SchedulerConfig", "Snapshot", "QuotaExceeded", "NoCapacity", "Reserved",
+    "BlockedByReservation", "BehindHead", "WaitingForPreemption", "Displaced", "NotReached", "Infeasible", "UserShareExceeded", "Reason", "Admit",
     "Preempt", "Pending", "Reject", "Resize", "Decision", "CycleResult",
 ]

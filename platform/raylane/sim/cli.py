@@ -37,7 +37,8 @@ from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import (DEFAULT_CLASS, ELASTIC_SPEEDUP_ALLOWED, ESTIMATES, SimOptions, SimResult, Simulator,
                                 speedup_table)
 from raylane.sim.generate import MIXES, generate, write_csv
-from raylane.sim.metrics import CAPACITY_FIGURES, FIGURES, OUTAGE_FIGURES, RUN_LIMIT_FIGURES, get, summarize
+from raylane.sim.metrics import (CAPACITY_FIGURES, FIGURES, OUTAGE_FIGURES, RUN_LIMIT_FIGURES, USER_FIGURES, get,
+                                 summarize)
 from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
@@ -136,7 +137,7 @@ def _fmt(key: str, v: Any) -> str:
         return f"{v:,.1f}"
     if key.startswith("fragmentation") or "gpu_hours" in key:
         return f"{v:,.1f}"
-    if key.startswith(("preemptions", "fairness")):
+    if key.startswith(("preemptions", "fairness", "user_fairness.slowdown", "user_fairness.within")):
         return f"{v:.2f}"
     return f"{v:,.0f}"
 
@@ -167,10 +168,12 @@ def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
     outages = any(s["outages"]["failures"] or s["outages"]["drains"] for s in summaries.values())
     capacity = any("capacity" in s for s in summaries.values())
     limits = any("run_limits" in s for s in summaries.values())
+    users = any("user_fairness" in s for s in summaries.values())
     for key, label, _ in (FIGURES + (OUTAGE_FIGURES if outages else ()) + (CAPACITY_FIGURES if capacity else ())
-                          + (RUN_LIMIT_FIGURES if limits else ())):
+                          + (RUN_LIMIT_FIGURES if limits else ()) + (USER_FIGURES if users else ())):
         section = key.split(".", 1)[0]
-        table.add_row(label, *[_fmt(key, get(s, key)) if section in s or section not in ("capacity", "run_limits")
+        table.add_row(label, *[_fmt(key, get(s, key)) if section in s or section not in ("capacity", "run_limits",
+                                                                                          "user_fairness")
                                else "-" for s in summaries.values()])
     ratios = comparison_rows(summaries)
     names = {"jct.mean": "JCT avg", "queueing.p95": "queue p95", "wait.mean": "wait avg"}
@@ -221,6 +224,7 @@ class SimArgs:
     write_trace: Optional[Path] = None
     format: Optional[str] = None
     team_column: Optional[str] = None
+    user_column: Optional[str] = None
     start: Optional[str] = None
     end: Optional[str] = None
     limit: Optional[int] = None
@@ -288,6 +292,9 @@ def sim(
     team_column: Optional[str] = typer.Option(_D.team_column, "--team-column",
                                               help="column whose value is the job's team ('none': one team); "
                                                    "default: Philly's cluster, generic team or user"),
+    user_column: Optional[str] = typer.Option(_D.user_column, "--user-column",
+                                              help="column whose value is the job's user (a team's user rule reads "
+                                                   "it; 'none': no users); default: a 'user' column if present"),
     start: Optional[str] = typer.Option(_D.start, help="keep jobs submitted from this date (or second) on"),
     end: Optional[str] = typer.Option(_D.end, help="keep jobs submitted before this date (or second)"),
     limit: Optional[int] = typer.Option(_D.limit, help="keep only the first N jobs (after --start/--end)"),
@@ -534,8 +541,8 @@ def _trace(a: SimArgs, spec: ClusterSpec) -> Trace:
             write_csv(trace, a.write_trace)
             _err.print(f"wrote the generated trace to {a.write_trace}", markup=False)
     else:
-        trace = load_trace(a.trace_path, format=a.format, team_column=a.team_column, start=a.start, end=a.end,
-                           limit=a.limit)
+        trace = load_trace(a.trace_path, format=a.format, team_column=a.team_column, user_column=a.user_column,
+                           start=a.start, end=a.end, limit=a.limit)
     if not trace.jobs:
         raise ValidationError(str(a.trace_path), [("(rows)", 0, "at least one job in the chosen window")])
     return trace

@@ -155,7 +155,7 @@ class Simulator:
                 raise SimulationError(f"job {job.id}: min_workers {gang.lo}, max_workers {gang.hi} on class "
                                       f"{cls.name}, which is not resizable; allowed: a fixed size (no bounds, or "
                                       "equal ones) or a class with resizable: true")
-            w = Workload(job.id, job.team, cls, gang, job.submit, self._estimate(job, rng))
+            w = Workload(job.id, job.team, cls, gang, job.submit, self._estimate(job, rng), user=job.user)
             fkey = (gang, job.team)
             if fkey not in feasible:
                 why = check_feasible(w, largest, self.teams, config.admission)

@@ -100,6 +100,15 @@ CAPACITY_FIGURES: Tuple[Tuple[str, str, str], ...] = (
 )
 
 
+# Shown when the trace names users (its summary has a ``user_fairness`` section).
+USER_FIGURES: Tuple[Tuple[str, str, str], ...] = (
+    ("user_fairness.users", "users", ""),
+    ("user_fairness.slowdown_spread", "user slowdown spread", ""),
+    ("user_fairness.within_team_spread", "user spread in team avg", ""),
+    ("user_fairness.slowdown_jain", "user slowdown Jain", ""),
+)
+
+
 # Shown when a run's policy gives a class a ``max_runtime`` (its summary has a ``run_limits`` section).
 RUN_LIMIT_FIGURES: Tuple[Tuple[str, str, str], ...] = (
     ("run_limits.requeues", "run-limit requeues", ""),
@@ -262,6 +271,40 @@ def summarize(r: SimResult) -> Dict[str, Any]:
         "replay": {"cycles": r.cycles, "instants": r.instants, "wall_s": r.wall_s, **cycle_latency(r)},
         **({"capacity": capacity(r, gpu_s_used, t0, t1)} if r.capacity is not None else {}),
         **({"run_limits": run_limits(r)} if r.run_limit_stops is not None else {}),
+        **({"user_fairness": user_fairness(r, done)} if any(job.user is not None for job in jobs) else {}),
+    }
+
+
+def user_fairness(r: SimResult, done: Sequence[int]) -> Dict[str, Any]:
+    """Per user (``team/user``; a job with no user is its team's ``(none)``): jobs, finished jobs and mean slowdown
+    (JCT / duration over its finished jobs, as ``ftf`` per team); then across users the spread (worst mean over
+    best), Jain's index of the means, and the mean over teams of two or more users of the spread inside each."""
+    jobs = r.jobs
+    slow: Dict[Tuple[str, str], List[float]] = {}
+    count: Dict[Tuple[str, str], int] = {}
+    for job in jobs:
+        k = (job.team, job.user if job.user is not None else "(none)")
+        count[k] = count.get(k, 0) + 1
+        slow.setdefault(k, [])
+    for j in done:
+        job = jobs[j]
+        slow[(job.team, job.user if job.user is not None else "(none)")].append(
+            (r.finish[j] - job.submit) / job.duration)
+    per_user = {f"{t}/{u}": {"jobs": count[(t, u)], "finished": len(v), "slowdown": sum(v) / len(v) if v else math.nan}
+                for (t, u), v in sorted(slow.items())}
+    means = [v["slowdown"] for v in per_user.values() if not math.isnan(v["slowdown"])]
+    by_team: Dict[str, List[float]] = {}
+    for (t, _), v in slow.items():
+        if v:
+            by_team.setdefault(t, []).append(sum(v) / len(v))
+    inside = [max(m) / min(m) for m in by_team.values() if len(m) > 1]
+    return {
+        "users": len(per_user),
+        "per_user": per_user,
+        "slowdown_max": max(means, default=math.nan),
+        "slowdown_spread": max(means) / min(means) if means else math.nan,
+        "slowdown_jain": sum(means) ** 2 / (len(means) * sum(x * x for x in means)) if means else math.nan,
+        "within_team_spread": sum(inside) / len(inside) if inside else math.nan,
     }
 
 

@@ -9,6 +9,8 @@ Words
 - *duration*: the seconds a job needs once running, without interruption. The simulator knows it; a policy sees it
   only as a runtime estimate, and only where the replay is told to give one.
 - *team*: who the job belongs to; from a column chosen per format (Philly: the virtual cluster ``cluster``).
+- *user*: who submitted it, from a ``user`` column where the header has one (any format; the original Philly logs
+  have one, the republished file shipped here does not) or the column ``user_column`` names.
 
 Formats (chosen by ``format=`` or recognised from the header)
 - ``philly``: ``timestamp,duration,num_gpus,gpu_time,cluster`` (Microsoft Philly 2017 as republished by Sia and
@@ -83,6 +85,8 @@ class TraceJob:
     min_workers: Optional[int] = None
     max_workers: Optional[int] = None
     speedup: Optional[str] = None
+    # Who submitted it, from the user column (None: the trace names no users); a team's user rule reads it.
+    user: Optional[str] = None
 
 
 SPEEDUP_ALLOWED = "linear, or amdahl:P with a serial fraction P >= 0 and < 1 (like amdahl:0.05)"
@@ -207,13 +211,16 @@ def load_trace(
     *,
     format: Optional[str] = None,
     team_column: Optional[str] = None,
+    user_column: Optional[str] = None,
     start: Optional[Union[str, float]] = None,
     end: Optional[Union[str, float]] = None,
     limit: Optional[int] = None,
 ) -> Trace:
     """Read a trace, sorted by submit time (ties keep file order).
 
-    ``team_column``: the column whose value is a job's team (``"none"``: one team for all). ``start``/``end``:
+    ``team_column``: the column whose value is a job's team (``"none"``: one team for all). ``user_column``: the
+    column whose value is a job's user (``"none"``: no users; default: ``user`` where the header has it, in any
+    format; an empty value: no user for that job). ``start``/``end``:
     keep jobs submitted in ``[start, end)``, as dates (``2017-10-01``) for traces with dates or seconds otherwise;
     submit times are then counted from ``start``. ``limit``: keep only the first ``limit`` jobs after that.
     """
@@ -252,6 +259,11 @@ def load_trace(
     if team_column != "none" and team_column not in header:
         errors.append(("team column", team_column, "a column of the header (" + ", ".join(header)
                        + ") or 'none' for one team"))
+    if user_column is None:
+        user_column = "user" if "user" in header else "none"
+    if user_column != "none" and user_column not in header:
+        errors.append(("user column", user_column, "a column of the header (" + ", ".join(header)
+                       + ") or 'none' for no users"))
     if errors:
         raise ValidationError(str(p), errors)
 
@@ -272,6 +284,8 @@ def load_trace(
         job = parse(acc, row, rec, team_col)
         if job is None:
             continue
+        if user_column != "none":
+            job = replace(job, user=rec[user_column].strip() or None)
         if job.id in seen:
             acc.bad(row, "id" if fmt == "generic" else "job_id", job.id, f"a unique job id (row {seen[job.id]} has it)")
             continue
