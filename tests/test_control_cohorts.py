@@ -85,3 +85,13 @@ def test_a_flat_policy_has_no_cohorts_and_exports_none(tmp_path):
         assert "team_cohorts" not in flat.call("explain", workload_id=submit(flat, "x", "team-a"))
     finally:
         flat.close()
+
+
+def test_the_queue_footer_shows_each_cohorts_gpus(h):
+    from raylane.cli_cluster import cohorts_footer
+
+    submit(h, "a1-wide", "a1", gpu=2)
+    h.tick()
+    line = cohorts_footer(h.call("cohorts"))
+    assert line.startswith("cohorts, GPUs held/nominal: org 2/4 (lends 2)")
+    assert "dept-1 2/2" in line and "dept-2 0/2 (lends 2)" in line

@@ -289,6 +289,7 @@ def queue(
         h = connect()
         rows = h.queue(all_)
         info = {} if as_json else h.info()
+        cohorts = [] if as_json else _cohorts_or_none(h)
     if as_json:
         if len(rows) > QUEUE_TABLE_ROWS:
             sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -303,6 +304,25 @@ def queue(
     footer = stranded_footer(info)
     if footer:
         console.print(footer, highlight=False)
+    if cohorts:
+        console.print(cohorts_footer(cohorts), highlight=False)
+
+
+def _cohorts_or_none(h) -> list:
+    """The quota tree's cohorts, or none from a control plane that predates the call."""
+    try:
+        return h.cohorts()
+    except ValidationError:  # an unknown call: an older control plane
+        return []
+
+
+def cohorts_footer(cohorts) -> str:
+    """The queue's footer line for a quota tree (``cohorts`` reply, top-down): each cohort's GPUs held of its
+    subtree's nominal quota, what it borrows from outside it, and what of its idle quota it may lend."""
+    parts = [f"{c['cohort']} {c['used']['gpu']:g}/{c['nominal']['gpu']:g}"
+             + (f" (+{c['borrowed']['gpu']:g} borrowed)" if c["borrowed"]["gpu"] else "")
+             + (f" (lends {c['lendable']['gpu']:g})" if c["lendable"]["gpu"] else "") for c in cohorts]
+    return "cohorts, GPUs held/nominal: " + " · ".join(parts)
 
 
 def stranded_footer(info) -> str:
