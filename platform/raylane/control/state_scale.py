@@ -70,13 +70,10 @@ def request_from(wid: str, d: Mapping[str, Any]) -> NodeRequest:
                        bool(d.get("spot")), d.get("hourly_cost"), d.get("startup_s"))
 
 
-def whole_node_ask(requests: Iterable[NodeRequest], groups: Mapping[str, ScaleGroup]
+def whole_node_ask(wanted: Mapping[str, int], groups: Mapping[str, ScaleGroup]
                    ) -> Tuple[Tuple[Dict[str, float], ...], Tuple[Dict[str, str], ...]]:
-    """The ask for ``requests`` (module words): per group with requests, in name order, one whole-node bundle per
-    node it has and per node requested, each selecting the group's node type."""
-    wanted: Dict[str, int] = {}
-    for r in requests:
-        wanted[r.group] = wanted.get(r.group, 0) + r.nodes
+    """The ask for ``wanted`` (group -> new nodes requested: ``Demand.nodes_by_group``; module words): per group, in
+    name order, one whole-node bundle per node it has and per node requested, each selecting the group's node type."""
     bundles: List[Dict[str, float]] = []
     selectors: List[Dict[str, str]] = []
     for name in sorted(wanted):
@@ -199,7 +196,7 @@ class ScaleCalls:
         self.scale_hold = {r.workload: self._scale_since[r.workload] + wait for r in demand.requests
                            if (wait := self._scale_wait_of(r.workload)) > 0}
         self._note_scale(demand)
-        ask = whole_node_ask(demand.requests, {g.name: g for g in groups})
+        ask = whole_node_ask(demand.nodes_by_group(), {g.name: g for g in groups})
         if ask != self._scale_sent or (ask[0] and now - self._scale_sent_at >= RENEW_S):
             self._scale_sent, self._scale_sent_at = ask, now
             self._emit(fx.RequestNodes(ask[0], ask[1], EXPIRE_S))
