@@ -419,6 +419,9 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
     for r, q in (out.get("team_quota") or {}).items():
         console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
+    for t, q in (out.get("team_flavors") or {}).items():  # per-flavor GPU quotas
+        console.print(f"  quota gpu on {t}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
+                      f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}", highlight=False)
     for c in out.get("team_cohorts") or []:  # the quota tree above its team, top-down
         console.print(f"  cohort {c['cohort']}: GPUs used {c['used']['gpu']:g} of nominal {c['nominal']['gpu']:g}, "
                       f"borrowed {c['borrowed']['gpu']:g}, idle {c['idle']['gpu']:g} (lendable "

@@ -75,18 +75,43 @@ def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path], *, co
 @policy_app.command("check")
 def policy_check(
     files: List[Path] = typer.Argument(..., help="Policy YAML files.", show_default=False),
+    cluster: Optional[Path] = typer.Option(
+        None, "--cluster", help="Also check the policy against this cluster file (deploy/clusters/*.yaml): the "
+        "node types that per-flavor quotas (teams.NAME.flavors) name."),
 ) -> None:
     """Validate policy files; print every error of each file, exit 1 if any file is invalid."""
     failed = False
+    node_types = None
+    if cluster is not None:
+        from raylane.config.cluster import load_cluster
+
+        try:
+            node_types = {g.node_type for g in load_cluster(cluster).nodes}
+        except FatalError as exc:
+            print_error(exc)
+            raise typer.Exit(1)
     for f in files:
         try:
             policy = load_policy(f)
+            if node_types is not None:
+                _check_flavors(f, policy, node_types, cluster)
         except FatalError as exc:
             print_error(exc)
             failed = True
         else:
             _out.print(policy_summary(f, policy), markup=False)
     raise typer.Exit(1 if failed else 0)
+
+
+def _check_flavors(path: Path, policy, node_types, cluster: Path) -> None:
+    """``ValidationError`` naming each flavor quota of ``policy`` whose node type no group of the cluster has."""
+    from raylane.errors import ValidationError
+    from raylane.scheduling.flavors import flavor_errors
+
+    bad = flavor_errors(policy.core_teams(), node_types)
+    if bad:
+        raise ValidationError(f"{path} (against {cluster})", [
+            (f"teams.{team}.flavors.{t}", t, allowed) for team, t, allowed in bad])
 
 
 @spec_app.command("check")

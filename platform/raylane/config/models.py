@@ -396,6 +396,22 @@ class TeamSpec(_Model):
     cohort: Optional[Name] = None
     # Fairness between the team's users; none: off (the team queue's own order, no per-user cap).
     users: Optional[UserRuleSpec] = None
+    # Per-flavor GPU quotas: node type -> how many GPUs of nodes of that type the team may hold, pooled per node
+    # type with the other teams' (raylane.scheduling.flavors). A node type with no entry is not limited by them.
+    flavors: Dict[Name, QuotaSpec] = Field(default_factory=dict)
+
+    @field_validator("flavors")
+    @classmethod
+    def _flavor_within_gpu_quota(cls, v: Dict[str, QuotaSpec], info: ValidationInfo) -> Dict[str, QuotaSpec]:
+        gpu = (info.data.get("quotas") or {}).get("gpu")
+        if gpu is None:
+            return v
+        ceiling = gpu.to_core().ceiling
+        over = sorted(name for name, q in v.items() if q.nominal > ceiling + 1e-9)
+        if over:
+            raise _err("flavor_nominal", f"a flavor's nominal at most the team's GPU quota ceiling ({ceiling:g}: "
+                                         f"quotas.gpu nominal + borrowing_limit); over it: {', '.join(over)}")
+        return v
 
     @field_validator("users")
     @classmethod
@@ -408,7 +424,8 @@ class TeamSpec(_Model):
 
     def to_core(self, name: str, cohort: Optional[Cohort] = None) -> Team:
         return Team(name=name, quotas={r: q.to_core() for r, q in self.quotas.items()}, weight=self.weight,
-                    cohort=cohort, users=None if self.users is None else self.users.to_core())
+                    cohort=cohort, users=None if self.users is None else self.users.to_core(),
+                    flavors={t: q.to_core() for t, q in self.flavors.items()})
 
 
 class CohortQuotaSpec(_Model):
@@ -941,4 +958,14 @@ def validate_spec_against_policy(spec: WorkloadSpec, policy: ClusterPolicy) -> L
                         f" may hold {q.nominal:g} nominal + {q.borrowing_limit:g} borrowed",
                     )
                 )
+        # Named node types whose flavor quotas are all too small for the gang: it could never be placed.
+        need = per_worker.gpu * spec.gang.lo
+        types = list(spec.gang.node_types)
+        ceilings = [team.flavors[t].to_core().ceiling if t in team.flavors else math.inf for t in types]
+        if types and need > 0 and all(need > c + 1e-9 for c in ceilings):
+            errors.append((
+                "gang.node_types", types,
+                f"a node type on which team {spec.team}'s flavor quota can hold the gang's {need:g} GPUs: it may hold "
+                f"at most " + ", ".join(f"{c:g} on {t}" for t, c in zip(types, ceilings))
+                + f" (teams.{spec.team}.flavors: nominal + borrowing_limit)"))
     return errors

@@ -34,6 +34,7 @@ from raylane.control.state_nodes import NODE_TYPE_LABEL
 from raylane.scheduling.autoscale import (
     BudgetSpent,
     Demand,
+    FlavorQuotaFull,
     GroupsAtMax,
     NodeRequest,
     NoGroupFits,
@@ -43,6 +44,8 @@ from raylane.scheduling.autoscale import (
     compute_demand,
     diff_requests,
 )
+from raylane.scheduling.admission import QuotaLedger
+from raylane.scheduling.flavors import flavor_usage, flavored
 from raylane.scheduling.types import Node, Pending, Resources
 
 # The ask is sent again this often while it is not empty, and the coordinator keeps it this long unless renewed.
@@ -176,7 +179,7 @@ class ScaleCalls:
             return None
         groups = self.live_scale_groups()
         snap = ScaleSnapshot(tuple(pending), groups, self._team_spend(now), self.policy.budget_stop_share,
-                             tuple(self.scale_requests.values()))
+                             tuple(self.scale_requests.values()), self._flavor_room())
         demand = compute_demand(snap, memo=self._scale_memo)
         admitted = {wid for wid in self.scale_requests
                     if (rec := self.records.get(wid)) is not None and rec.state not in (
@@ -202,6 +205,16 @@ class ScaleCalls:
             self._emit(fx.RequestNodes(ask[0], ask[1], EXPIRE_S))
         return demand
 
+    def _flavor_room(self) -> Tuple[Tuple[str, str, float], ...]:
+        """(team, node type, GPUs) each flavor quota still has room for, from what the leases hold now."""
+        st = self.state
+        if not flavored(st.teams):
+            return ()
+        leases = list(st.leases.values())
+        ledger = QuotaLedger(st.teams, st.usage, flavor_usage(leases, st.nodes.values(), st.teams))
+        return tuple((team, t, ledger.flavor_room(team, t)) for team, lim in sorted(ledger.flimits.items())
+                     for t in sorted(lim))
+
     def _note_scale(self, demand: Demand) -> None:
         """Each pending gang's reason with what scale-up does for it: the node it waits for, or why none is asked
         for (budget, maxima, no group that holds it); gangs that wait for something else keep the cycle's reason."""
@@ -217,7 +230,7 @@ class ScaleCalls:
                 notes[r.workload] += (f"; it preempts nobody before {_time.strftime('%H:%M:%S', _time.localtime(until))}"
                                       f" (its class waits {_duration(self._scale_wait_of(r.workload))} for scale-up)")
         for w in demand.withheld:
-            if isinstance(w.reason, (BudgetSpent, GroupsAtMax, NoGroupFits)):
+            if isinstance(w.reason, (BudgetSpent, GroupsAtMax, NoGroupFits, FlavorQuotaFull)):
                 notes[w.workload] = f"no new node asked for: {w.reason}"
         for wid in self._scale_noted | set(notes):
             rec = self.records.get(wid)

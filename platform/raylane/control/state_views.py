@@ -147,6 +147,14 @@ class ViewCalls:
             used = self.state.usage.get(rec.team, Resources())
             out["team_quota"] = {r: {"used": used.get(r), "nominal": q.nominal, "borrowing_limit": q.borrowing_limit,
                                      "lending_limit": q.lending_limit} for r, q in team.quotas.items()}
+            if team.flavors:  # its GPUs per node type, against each flavor quota
+                from raylane.scheduling.flavors import flavor_usage
+
+                held = flavor_usage(self.state.leases.values(), self.state.nodes.values(),
+                                    {rec.team: team}).get(rec.team, {})
+                out["team_flavors"] = {t: {"used": held.get(t, 0.0), "nominal": q.nominal,
+                                           "borrowing_limit": q.borrowing_limit, "lending_limit": q.lending_limit}
+                                       for t, q in sorted(team.flavors.items())}
             path = cohort_path(team)
             if path:  # the cohorts it borrows through, nearest last, each with its numbers now
                 rows = cohort_usage(self.state.teams, self.state.usage)

@@ -12,6 +12,9 @@ Teams may be nested under cohorts to any depth (``raylane.scheduling.cohorts``):
 cohort keeping the part of its subtree's quota it does not lend for its own members, and a team's room is what the
 tree makes available to it (Kueue's hierarchical cohorts). A flat policy has no tree and the one pool above.
 
+Teams may also have per-flavor GPU quotas (``raylane.scheduling.flavors``): the ledger then keeps, beside their
+usage, the GPUs they hold per node type, each node type a flat pool of its own (``flavor_room``).
+
 ``QuotaLedger`` is the cycle's mutable copy of team usage (changed through ``raylane.scheduling.working``); the
 policies read it. Policies: ``quota`` (the above)
 and ``none`` (capacity is the only limit; no work is ever "in quota", so no work is protected from preemption by it).
@@ -27,6 +30,8 @@ from raylane.scheduling.types import RESOURCE_NAMES, ZERO, QuotaExceeded, Resour
 
 
 _INF = float("inf")
+_FLAVOR = object()  # tags a recorded change of the flavor part
+_NO_FLAVORS: Dict[str, Dict[str, Tuple[float, float, float]]] = {}
 
 
 class QuotaLedger(Recorded):
@@ -36,13 +41,21 @@ class QuotaLedger(Recorded):
     for: read on every check, so worked out once. ``pool_cap`` and ``pool_used`` are the root's pool. With cohorts,
     ``tree`` is the ``CohortTree`` and ``cohort_used`` each cohort's usage U per resource (its module's words);
     both None for a flat policy.
+
+    Flavors (``raylane.scheduling.flavors``): ``flimits`` holds, per team with flavor quotas, ``node type ->
+    (nominal, guaranteed, ceiling)`` in GPUs (empty when no team has any: the rest is then never read); ``fused``
+    the GPUs each of those teams holds per node type (``flavor_usage``: what its leases hold now); ``fpool_cap`` and
+    ``fpool_used`` each node type's pool.
     """
 
-    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "changes", "tree", "cohort_used")
+    __slots__ = ("teams", "usage", "pool_cap", "pool_used", "limits", "changes", "tree", "cohort_used",
+                 "flimits", "fused", "fpool_cap", "fpool_used")
 
-    def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources]):
+    def __init__(self, teams: Mapping[str, Team], usage: Mapping[str, Resources],
+                 flavor_usage: Optional[Mapping[str, Mapping[str, float]]] = None):
         super().__init__()
         self.teams = teams
+        self._init_flavors(teams, flavor_usage or {})
         # How many changes (usage applied or restored): while it stays the same, every check answers as before.
         self.changes = 0
         self.usage: Dict[str, Resources] = dict(usage)
@@ -62,6 +75,18 @@ class QuotaLedger(Recorded):
             for r, nominal, guaranteed, _ in lim:
                 self.pool_cap[r] += nominal - guaranteed
                 self.pool_used[r] += max(0.0, getattr(u, r) - guaranteed)
+
+    def _init_flavors(self, teams: Mapping[str, Team], fu: Mapping[str, Mapping[str, float]]) -> None:
+        flimits = {name: {k: (q.nominal, q.guaranteed, q.ceiling) for k, q in t.flavors.items()}
+                   for name, t in teams.items() if t.flavors}
+        self.flimits = flimits or _NO_FLAVORS
+        self.fused = {name: dict(fu.get(name, {})) for name in flimits}
+        self.fpool_cap, self.fpool_used = {}, {}
+        for name, lim in flimits.items():
+            u = self.fused[name]
+            for k, (nominal, g, _) in lim.items():
+                self.fpool_cap[k] = self.fpool_cap.get(k, 0.0) + nominal - g
+                self.fpool_used[k] = self.fpool_used.get(k, 0.0) + max(0.0, u.get(k, 0.0) - g)
 
     def _init_tree(self) -> None:
         tree = self.tree
@@ -94,12 +119,17 @@ class QuotaLedger(Recorded):
         c.teams, c.limits, c.tree = self.teams, self.limits, self.tree
         c.usage, c.pool_cap, c.pool_used = dict(self.usage), dict(self.pool_cap), dict(self.pool_used)
         c.cohort_used = None if self.cohort_used is None else {k: dict(v) for k, v in self.cohort_used.items()}
+        c.flimits, c.fpool_cap = self.flimits, self.fpool_cap
+        c.fused, c.fpool_used = {k: dict(v) for k, v in self.fused.items()}, dict(self.fpool_used)
         Recorded.__init__(c)
         c.changes = 0
         return c
 
     def _restore(self, entry) -> None:
         self.changes += 1
+        if entry[0] is _FLAVOR:
+            self.fused[entry[1]], self.fpool_used = entry[2], entry[3]
+            return
         team, old, pool = entry[:3]
         if old is None:
             self.usage.pop(team, None)
@@ -114,11 +144,51 @@ class QuotaLedger(Recorded):
     def used(self, team: str) -> Resources:
         return self.usage.get(team, ZERO)
 
-    def add(self, team: str, res: Resources) -> None:
+    def add(self, team: str, res: Resources, flavors: Tuple[Tuple[str, float], ...] = ()) -> None:
+        """``team`` takes ``res`` more; ``flavors``: the GPUs of it on each node type (``flavors.placed_gpus``),
+        read only for a team with flavor quotas."""
         self._apply(team, self.used(team) + res)
+        if flavors and team in self.flimits:
+            self._apply_flavors(team, flavors, 1.0)
 
-    def remove(self, team: str, res: Resources) -> None:
+    def remove(self, team: str, res: Resources, flavors: Tuple[Tuple[str, float], ...] = ()) -> None:
         self._apply(team, self.used(team) - res)
+        if flavors and team in self.flimits:
+            self._apply_flavors(team, flavors, -1.0)
+
+    def _apply_flavors(self, team: str, flavors, sign: float) -> None:
+        self.changes += 1
+        lim, old = self.flimits[team], self.fused[team]
+        if self._log is not None:
+            self._log.append((_FLAVOR, team, old, dict(self.fpool_used)))
+        new = dict(old)
+        for k, gpus in flavors:
+            before = old.get(k, 0.0)
+            new[k] = after = before + sign * gpus
+            q = lim.get(k)
+            if q is not None:
+                g = q[1]
+                self.fpool_used[k] += max(0.0, after - g) - max(0.0, before - g)
+        self.fused[team] = new
+
+    def flavor_used(self, team: str, node_type: str) -> float:
+        """The GPUs ``team`` holds on nodes of ``node_type`` (counted for a team with flavor quotas only)."""
+        got = self.fused.get(team)
+        return got.get(node_type, 0.0) if got is not None else 0.0
+
+    def flavor_room(self, team: str, node_type: str) -> Optional[float]:
+        """The most GPUs ``team`` could add on nodes of ``node_type`` under its flavor quota for that type, as
+        ``room`` answers for a team quota; None when it has no flavor quota for that type (not limited)."""
+        lim = self.flimits.get(team)
+        q = lim.get(node_type) if lim is not None else None
+        if q is None:
+            return None
+        _, guaranteed, ceiling = q
+        used = self.fused[team].get(node_type, 0.0)
+        pool = (self.fpool_cap[node_type] - self.fpool_used[node_type]
+                + (guaranteed - used if guaranteed > used else 0.0))
+        room = ceiling - used
+        return room if room < pool else pool
 
     def _apply(self, team: str, new: Resources) -> None:
         self.changes += 1

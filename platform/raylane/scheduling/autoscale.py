@@ -34,8 +34,13 @@ Rules
   (flavors), spot groups first when its class prefers spot, then the cheapest per hour for the nodes it needs
   (nodes x node-hour price), unpriced groups last, then fewer nodes, then on-demand before spot at an equal price,
   then the group name. A group without headroom is passed over for the next.
+- Per-flavor quotas (``raylane.scheduling.flavors``): a group whose node type the gang's team has a flavor quota
+  for is passed over when that quota's room (``ScaleSnapshot.flavor_room``, less what earlier gangs of the team
+  were given nodes of that type for in this computation) cannot take the gang's GPUs: a node it could not use
+  under its quota would be bought for nothing.
 - Why a gang gets no request, in this order: it does not wait for capacity; no group can ever hold it; its team's
-  budget share is at or over ``stop_share``; every group that could hold it is at its maximum.
+  flavor quotas of every node type that could hold it are full; its team's budget share is at or over
+  ``stop_share``; every group that could hold it is at its maximum.
 """
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ from raylane.scheduling.types import (
 
 __all__ = [
     "DEFAULT_STOP_SHARE", "ScaleGroup", "TeamSpend", "ScaleSnapshot", "NodeRequest", "NotWaitingForCapacity",
-    "NoGroupFits", "BudgetSpent", "GroupRoom", "GroupsAtMax", "NoDemandReason", "Withheld", "Demand", "Admitted",
+    "NoGroupFits", "FlavorQuotaFull", "BudgetSpent", "GroupRoom", "GroupsAtMax", "NoDemandReason", "Withheld", "Demand", "Admitted",
     "LeftQueue", "Replaced", "WithdrawReason", "Withdrawal", "RequestChanges", "capacity_wait", "nodes_needed",
     "compute_demand", "diff_requests",
 ]
@@ -135,13 +140,16 @@ class ScaleSnapshot:
     """Everything one demand computation reads. ``pending``: the cycle's ``Pending`` decisions (workload, reason,
     queue position); ``groups``: every node group, fixed ones included; ``budgets``: the teams with a spend figure
     (a team not named has no budget); ``stop_share``: the budget share from which a team's gangs make no demand;
-    ``previous``: the requests of the last computation, whose groups a gang keeps while they still serve."""
+    ``previous``: the requests of the last computation, whose groups a gang keeps while they still serve;
+    ``flavor_room``: (team, node type, GPUs) for each flavor quota of a team, what more it may hold of that type
+    now (``QuotaLedger.flavor_room``; a pair not named is not limited)."""
 
     pending: Tuple[Pending, ...]
     groups: Tuple[ScaleGroup, ...]
     budgets: Tuple[TeamSpend, ...] = ()
     stop_share: float = DEFAULT_STOP_SHARE
     previous: Tuple["NodeRequest", ...] = ()
+    flavor_room: Tuple[Tuple[str, str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.stop_share > 0 and math.isfinite(self.stop_share)):
@@ -233,6 +241,21 @@ class BudgetSpent:
 
 
 @dataclass(frozen=True, slots=True)
+class FlavorQuotaFull:
+    """Groups could hold the gang, but its team's flavor quota of each of their node types has less room than the
+    gang's ``gpus``: ``room`` gives (node type, GPUs it may still take)."""
+
+    team: str
+    gpus: float
+    room: Tuple[Tuple[str, float], ...]
+
+    def __str__(self) -> str:
+        rooms = ", ".join(f"{t} {r:g}" for t, r in self.room)
+        return (f"team {self.team}'s flavor quotas have no room for its {self.gpus:g} GPUs on any node type a group "
+                f"could add (room left: {rooms}; teams.{self.team}.flavors)")
+
+
+@dataclass(frozen=True, slots=True)
 class GroupRoom:
     """A group that could hold the gang: its nodes, those requested for earlier gangs, its maximum, and how many
     new nodes the gang needs."""
@@ -258,7 +281,7 @@ class GroupsAtMax:
         return "every node group that could hold it is at its maximum: " + "; ".join(map(str, self.groups))
 
 
-NoDemandReason = Union[NotWaitingForCapacity, NoGroupFits, BudgetSpent, GroupsAtMax]
+NoDemandReason = Union[NotWaitingForCapacity, NoGroupFits, FlavorQuotaFull, BudgetSpent, GroupsAtMax]
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,6 +481,7 @@ def compute_demand(snapshot: ScaleSnapshot, *, memo: Optional[Dict[Tuple, Any]] 
     spend = {b.team: b for b in snapshot.budgets}
     before = {r.workload: r.group for r in snapshot.previous}
     taken: Dict[str, int] = {g.name: 0 for g in groups}
+    froom: Dict[Tuple[str, str], float] = {(team, t): r for team, t, r in snapshot.flavor_room}
     requests: List[NodeRequest] = []
     withheld: List[Withheld] = []
     for p in sorted(snapshot.pending, key=lambda p: (p.position, p.workload.id)):
@@ -476,6 +500,16 @@ def compute_demand(snapshot: ScaleSnapshot, *, memo: Optional[Dict[Tuple, Any]] 
             hold(NoGroupFits(w.gang.workers, w.gang.per_worker,
                              tuple((g.name, _why_not(w.gang, g, w.data_snapshot)) for g in groups)))
             continue
+        # 2b. Its team's flavor quotas: only node types it may take the gang's GPUs on.
+        if froom:
+            gpus = w.gang.total.gpu
+            usable = {n: f for n, f in fits.items()
+                      if (r := froom.get((w.team, f[0].node_type))) is None or gpus <= r + 1e-9}
+            if not usable:
+                types = sorted({f[0].node_type for f in fits.values()})
+                hold(FlavorQuotaFull(w.team, gpus, tuple((t, froom[(w.team, t)]) for t in types)))
+                continue
+            fits = usable
         # 3. The team's budget.
         s = spend.get(w.team)
         if s is not None and s.budget and s.spent >= snapshot.stop_share * s.budget:
@@ -493,6 +527,8 @@ def compute_demand(snapshot: ScaleSnapshot, *, memo: Optional[Dict[Tuple, Any]] 
             continue
         g, (n, plan) = chosen
         taken[g.name] += n
+        if (w.team, g.node_type) in froom:
+            froom[(w.team, g.node_type)] -= w.gang.total.gpu
         requests.append(_request(w, p.position, g, n, plan))
     return Demand(tuple(requests), tuple(withheld))
 

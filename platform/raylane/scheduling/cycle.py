@@ -38,6 +38,7 @@ from raylane.scheduling import ordering as _ordering  # noqa: F401  (registers t
 from raylane.scheduling.admission import ADMISSIONS, QuotaLedger
 from raylane.scheduling.backfill import BACKFILLS, Reservation
 from raylane.scheduling.capacity import Capacity, partial
+from raylane.scheduling.flavors import flavor_usage, flavored, restrict
 from raylane.scheduling.leaseorder import InEndOrder
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
@@ -334,7 +335,9 @@ class _Walk:
         self.admission, self.backfill, self.preemption = admission, backfill, preemption
         self.cap = Capacity(snapshot.nodes)
         usage = snapshot.usage if snapshot.usage is not None else team_usage(snapshot.leases)
-        self.ledger = QuotaLedger(snapshot.teams, usage)
+        self.ledger = QuotaLedger(snapshot.teams, usage, flavor_usage(snapshot.leases, snapshot.nodes, snapshot.teams)
+                                  if flavored(snapshot.teams) else None)
+        self._types: Optional[Tuple[str, ...]] = None  # the cluster's node types, once a flavor quota asks
         # The present: what is free and used now. Admissions change it; the holdings are changed once, by pctx.
         self.present = Working(self.cap, self.ledger)
         # (a C-speed filter: this runs over every lease, every cycle)
@@ -420,7 +423,7 @@ class _Walk:
                 self.pending.append(Pending(w, why, position))
                 return False
         quota_reason = self._quota_now(w, need)
-        plan = None if quota_reason is not None else self._place_now(w)
+        plan = None if quota_reason is not None else self._place_now(w, need)
 
         if quota_reason is None and plan is not None:
             if res is not None and not self.backfill.allows(w, plan, res, self.now, self._pick(w, plan)):
@@ -540,7 +543,7 @@ class _Walk:
         if not victims:
             # Only admissions of this cycle were given back (never behind a reservation): it may start now, unless
             # it also needs what is still stopping.
-            plan = self._place_now(w) if self._quota_now(w, need) is None else None
+            plan = self._place_now(w, need) if self._quota_now(w, need) is None else None
             if plan is not None:
                 self._admit(w, plan, position)
                 return True
@@ -679,7 +682,10 @@ class _Walk:
                 continue
             if self.user_caps is not None and self._over_user_cap(w, g.per_worker.gpu * k) is not None:
                 continue
-            plan = place(replace(g.at(k), prefer=prefer), cap, w.data_snapshot)
+            gk = g.at(k)
+            if w.team in self.ledger.flimits:
+                gk = self._flavored(replace(w, gang=gk), self._ledgers_now(), g.per_worker.gpu * k)[0].gang
+            plan = place(replace(gk, prefer=prefer), cap, w.data_snapshot)
             if plan is not None:
                 return k, plan, cap.pick(plan, g.per_worker)
         return 0, (), ()
@@ -725,7 +731,19 @@ class _Walk:
             # What waiting workloads have claimed of the future is spoken for: starting now must not take it, or
             # they would have to preempt again once their victims are gone.
             reason = self._check(self.future.ledger, w.team, need)
+        if reason is None and w.team in self.ledger.flimits:
+            reason = self._flavored(w, self._ledgers_now(), need.gpu)[1]
         return reason
+
+    def _ledgers_now(self) -> Tuple[QuotaLedger, ...]:
+        return (self.ledger,) if self.future is None else (self.ledger, self.future.ledger)
+
+    def _flavored(self, w: Workload, ledgers, need_gpu: float):
+        """``flavors.restrict``: ``w`` kept to the node types its team's flavor quotas have room for on ``ledgers``,
+        and the reason when there is none."""
+        if self._types is None:
+            self._types = tuple(sorted({n.node_type for n in self.cap.nodes.values()}))
+        return restrict(ledgers, w, need_gpu, self._types)
 
     def _check(self, ledger: QuotaLedger, team: str, need: Resources):
         """The admission policy's answer for ``team`` taking ``need`` more on ``ledger``: the same as last time it
@@ -743,8 +761,10 @@ class _Walk:
         """The devices each worker of ``plan`` takes if it starts now (Ray's rule, where the plan was found)."""
         return (self.future.avail if self.future is not None else self.cap).pick(plan, w.gang.per_worker)
 
-    def _place_now(self, w: Workload) -> Optional[Tuple[str, ...]]:
-        """Where ``w`` starts now, or None."""
+    def _place_now(self, w: Workload, need: Resources) -> Optional[Tuple[str, ...]]:
+        """Where ``w`` (which takes ``need``) starts now, or None."""
+        if w.team in self.ledger.flimits:
+            w = self._flavored(w, self._ledgers_now(), need.gpu)[0]
         return self._room(w, self.future.avail if self.future is not None else self.cap)
 
     def _room(self, w: Workload, cap: Capacity) -> Optional[Tuple[str, ...]]:
@@ -763,6 +783,10 @@ class _Walk:
     def _fits(self, w: Workload, need: Resources, cap: Capacity, ledger: QuotaLedger) -> Optional[Tuple[str, ...]]:
         if self._check(ledger, w.team, need) is not None:
             return None
+        if w.team in ledger.flimits:
+            w, why = self._flavored(w, (ledger,), need.gpu)
+            if why is not None:
+                return None
         return self._room(w, cap)
 
 
@@ -820,6 +844,16 @@ def check_feasible(w: Workload, nodes, teams, admission_name: str = "quota") -> 
                     f"(nominal {q.nominal:g}, borrowing limit "
                     f"{'none' if q.borrowing_limit is None else format(q.borrowing_limit, 'g')}, "
                     f"and what other teams lend)")
+        if teams[w.team].flavors:
+            types = {n.node_type for n in nodes}
+            _, why = restrict((ledger,), w, w.gang.total.gpu, types)
+            if why is not None:
+                where = "node type " + ", ".join((why.flavor,) + why.also)
+                return Infeasible(
+                    "gang.node_types" if w.gang.node_types else "gang",
+                    f"needs {why.needed:g} GPU in all but team {w.team}'s flavor quotas let it hold at most "
+                    f"{why.nominal + why.borrowable:g} on {where} (teams.{w.team}.flavors) of the node types it may "
+                    f"use ({', '.join(w.gang.node_types or sorted(types))})")
     empty = [Node(n.id, n.capacity, n.capacity, n.features, n.labels, n.node_type, n.datasets) for n in nodes]
     missing = set(w.gang.features) - set().union(*(n.features for n in empty)) if empty else set(w.gang.features)
     if missing:

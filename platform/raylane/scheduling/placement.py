@@ -25,7 +25,8 @@ holding its inputs) goes whole onto the first of them that holds it now; otherwi
 Flavors and spot (``tiers``): a gang that names node types (``Gang.node_types``, most preferred first) is placed on
 nodes of one type at a time, the first type with room now winning, whatever the strategy; a gang whose class prefers
 spot nodes (``Gang.spot``) tries each type's spot nodes before its on-demand ones, and one that never runs on them
-is not placed there. The strategy places the gang within a tier, never across two.
+is not placed there. The strategy places the gang within a tier, never across two. A gang is never placed on a node
+type of its ``avoid_types`` (those its team's flavor quotas have no room for, ``raylane.scheduling.flavors``).
 """
 from __future__ import annotations
 
@@ -72,12 +73,14 @@ def slots(free: Resources, per_worker: Resources) -> int:
 
 def _matching(cap: Capacity, gang: Gang, ids: Iterable[str]) -> Iterable[Tuple[str, int]]:
     feats, pw, node_slots = gang.features, gang.per_worker, cap.slots
-    types, spot = gang.node_types, gang.spot
+    types, spot, avoid = gang.node_types, gang.spot, gang.avoid_types
     spot_rule = spot == "never" or spot == "only"
     for nid in ids:
         if feats and not feats <= cap.nodes[nid].features:
             continue
         if types and cap.nodes[nid].node_type not in types:
+            continue
+        if avoid and cap.nodes[nid].node_type in avoid:
             continue
         if spot_rule and (cap.nodes[nid].labels.get(SPOT_LABEL) == "true") != (spot == "only"):
             continue

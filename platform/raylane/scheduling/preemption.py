@@ -220,12 +220,17 @@ class PreemptionContext:
     # -- who holds what ----------------------------------------------------------------------------------------
     def team_borrows(self, team: str, with_fresh: bool = False) -> bool:
         """Whether the team holds more than its nominal quota: by its running leases (and fresh ones, if asked).
-        A team with no quota entry, or not known, never borrows."""
+        A team with no quota entry, or not known, never borrows. A team with flavor quotas also borrows while it
+        holds more than the nominal of one of them (by the ledger: ``raylane.scheduling.flavors``), so its work
+        can be reclaimed by a team whose flavor quota it took; a search keeps only victims that free that flavor."""
         t = self.ledger.teams.get(team)
         if t is None:
             return False
         u = self.holdings.of(team, with_fresh)
-        return any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items())
+        if any(u.get(r) > q.nominal + 1e-9 for r, q in t.quotas.items()):
+            return True
+        lim = self.ledger.flimits.get(team)
+        return lim is not None and any(self.ledger.flavor_used(team, k) > q[0] + 1e-9 for k, q in lim.items())
 
     def reclaimable(self, team: str, preemptor_team: str, with_fresh: bool = False) -> bool:
         """Whether ``preemptor_team`` may reclaim from ``team``: ``team`` borrows (``team_borrows``) and, under a

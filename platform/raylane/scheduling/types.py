@@ -167,6 +167,9 @@ class Gang:
     # Spot nodes (labelled ``SPOT_LABEL``): "never" on them, "allow" (any node), "prefer" (spot nodes first, of each
     # node type), or "only" (spot nodes alone: one tier of "prefer"). From its class's ``spot``.
     spot: str = "allow"
+    # Node types it must not be placed on now: those its team's flavor quotas have no room for (set by the cycle on
+    # the copy it places; empty on every gang a driver builds).
+    avoid_types: frozenset = frozenset()
     # ``per_worker`` times ``workers``, worked out once: every quota check of a cycle reads it.
     total: Resources = field(init=False, repr=False, compare=False)
 
@@ -330,6 +333,10 @@ class Team:
     # Per user (None: the anonymous user), GPU-seconds of past usage with the same decay as ``decayed_usage``;
     # kept by the driver only while ``users`` is set.
     user_usage: Mapping[Optional[str], float] = field(default_factory=dict)
+    # Per-flavor GPU quotas (Kueue's resource flavors): node type -> its quota of GPUs on nodes of that type, pooled
+    # with the other teams' quotas of that type (``raylane.scheduling.flavors``). A node type with no entry is not
+    # limited for the team by a flavor quota (only by ``quotas``).
+    flavors: Mapping[str, Quota] = field(default_factory=dict)
 
 
 # The node label that marks a spot (reclaimable) node, as ``raylane.localcluster.node_labels`` and the deploy files
@@ -413,11 +420,18 @@ class QuotaExceeded:
     nominal: float
     borrowable: float
     needed: float
+    # A flavor quota (``raylane.scheduling.flavors``): the node type the figures are of, and the other node types
+    # the gang may use whose quotas are full as well. Empty: the team's quota of ``resource`` over all nodes.
+    flavor: str = ""
+    also: Tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        on = f" on node type {self.flavor}" if self.flavor else ""
+        also = (f" (the quota of {', '.join(self.also)} {'is' if len(self.also) == 1 else 'are'} full for it too)"
+                if self.also else "")
         return (
-            f"team {self.team} uses {self.used:g} of {self.nominal:g} {self.resource.upper()} nominal"
-            f" + {self.borrowable:g} borrowable; this gang needs {self.needed:g}"
+            f"team {self.team} uses {self.used:g} of {self.nominal:g} {self.resource.upper()} nominal{on}"
+            f" + {self.borrowable:g} borrowable{also}; this gang needs {self.needed:g}"
         )
 
 

@@ -21,6 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from raylane.scheduling.admission import QuotaLedger
 from raylane.scheduling.capacity import Capacity, WorkerDevices
+from raylane.scheduling.flavors import placed_gpus
 from raylane.scheduling.recorded import Recorded
 from raylane.scheduling.types import ZERO, Lease, LeaseState, Resources, Workload
 
@@ -120,7 +121,7 @@ class Working:
         """``w``'s gang on ``placement`` (on ``devices`` when given, else on those Ray's rule picks); returns the
         devices taken."""
         taken = self.cap.take_placement(placement, w.gang.per_worker, devices)
-        self.ledger.add(w.team, w.gang.total)
+        self.ledger.add(w.team, w.gang.total, self._flavors(w, placement))
         if self.holdings is not None:
             self.holdings.add(w)
         return taken
@@ -128,9 +129,16 @@ class Working:
     def give(self, w: Workload, placement: Tuple[str, ...], devices: Sequence[WorkerDevices] = ()) -> None:
         """Give back ``w``'s gang on ``placement`` (exactly ``devices``, when known)."""
         self.cap.give_placement(placement, w.gang.per_worker, devices)
-        self.ledger.remove(w.team, w.gang.total)
+        self.ledger.remove(w.team, w.gang.total, self._flavors(w, placement))
         if self.holdings is not None:
             self.holdings.remove(w)
+
+    def _flavors(self, w: Workload, placement: Tuple[str, ...]):
+        """The GPUs ``w``'s gang holds per node type on ``placement``, for a team with flavor quotas; else ()."""
+        if w.team not in self.ledger.flimits:
+            return ()
+        nodes = self.cap.nodes
+        return placed_gpus(w.gang.per_worker.gpu, placement, lambda nid: nodes[nid].node_type if nid in nodes else None)
 
     def add(self, lease: Lease) -> Tuple[WorkerDevices, ...]:
         return self.take(lease.workload, lease.placement, lease.devices)
