@@ -168,3 +168,12 @@ def test_scale_up_asks_only_for_node_types_the_flavor_quota_has_room_for():
     assert "flavor quotas have no room" in str(why)
     # Without flavor quotas: all three get nodes.
     assert len(compute_demand(ScaleSnapshot(pend, groups)).requests) == 3
+
+
+def test_a_type_scale_up_could_add_keeps_a_gang_waiting_for_capacity_not_quota():
+    """Every node that exists is of a type whose quota is full; a growable group could add h100 nodes, which the
+    team's flavors do not limit: the gang waits for capacity (so scale-up asks for a node), not for quota."""
+    st = make_state([n("a1", "a100")], [fteam("a", gpu=64, a100=(0, 0))], pending=[job("w")])
+    assert isinstance(summarize(cycle(st.snapshot(), 0.0)).reason("w"), QuotaExceeded)
+    snap = replace(st.snapshot(), growable_types=frozenset({"h100"}))
+    assert isinstance(summarize(cycle(snap, 0.0)).reason("w"), NoCapacity)

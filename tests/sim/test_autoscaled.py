@@ -289,3 +289,22 @@ def test_compare_rows_take_ratios_to_the_fixed_run():
                          ("dear", summary(61, 900)), ("short", summary(10, 900, finished=9))])
     assert [r["goal_met"] for r in rows] == [None, True, False, False, False]
     assert rows[1]["cost_ratio"] == pytest.approx(0.6) and rows[1]["jct_ratio"] == pytest.approx(1.1)
+
+
+# ------------------------------------------------------------------------------------------ flavor quotas
+
+
+@pytest.mark.parametrize("flavored,launched", [(False, {"a100": 2, "h100": 0}), (True, {"a100": 1, "h100": 1})])
+def test_a_replay_buys_only_nodes_the_teams_flavor_quota_lets_it_use(flavored, launched):
+    """Two 8-GPU jobs, a100 nodes the cheaper: both get a100 nodes, unless the team's a100 quota is 8 GPUs; then
+    the second is given an h100 node and runs there."""
+    from raylane.scheduling.types import Quota, Team
+
+    flavors = {"a100": Quota(8, 0)} if flavored else {}
+    teams = {"default": Team("default", {"gpu": Quota(64)}, flavors=flavors)}
+    spec = cluster(group("a100", max=4, price=2.0, startup=60), group("h100", max=4, price=3.0, startup=60))
+    cfg = SchedulerConfig(ordering="fifo", admission="quota", backfill="greedy", preemption="none")
+    tr = trace(job("one").gpus(8).at(0).runs(1000), job("two").gpus(8).at(1).runs(1000))
+    r = Simulator(tr, spec.nodes(), teams, cfg, options=SimOptions(), cluster=spec).run()
+    assert {g: ledger(r, g).launched for g in ("a100", "h100")} == launched
+    assert outcome(r)["two"][0] == 61  # asked for at 1, joined after the 60 s start-up

@@ -338,6 +338,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         snap = self.state.snapshot(limit=examined)  # the heads of the queues: a cycle decides exactly as on them all
         if self.scale_hold:  # gangs that wait for a new node before they preempt (raylane.control.state_scale)
             snap = replace(snap, scale_wait=self.scale_hold)
+        if self.scale_groups:  # the node types scale-up could add (flavor quotas read them)
+            snap = replace(snap, growable_types=frozenset(g.node_type for g in self.scale_groups))
         lap("snapshot")
         t0 = perf_counter()
         with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)

@@ -44,8 +44,7 @@ from raylane.scheduling.autoscale import (
     compute_demand,
     diff_requests,
 )
-from raylane.scheduling.admission import QuotaLedger
-from raylane.scheduling.flavors import flavor_usage, flavored
+from raylane.scheduling.flavors import flavor_rooms
 from raylane.scheduling.types import Node, Pending, Resources
 
 # The ask is sent again this often while it is not empty, and the coordinator keeps it this long unless renewed.
@@ -208,12 +207,7 @@ class ScaleCalls:
     def _flavor_room(self) -> Tuple[Tuple[str, str, float], ...]:
         """(team, node type, GPUs) each flavor quota still has room for, from what the leases hold now."""
         st = self.state
-        if not flavored(st.teams):
-            return ()
-        leases = list(st.leases.values())
-        ledger = QuotaLedger(st.teams, st.usage, flavor_usage(leases, st.nodes.values(), st.teams))
-        return tuple((team, t, ledger.flavor_room(team, t)) for team, lim in sorted(ledger.flimits.items())
-                     for t in sorted(lim))
+        return flavor_rooms(st.teams, st.usage, st.leases.values(), st.nodes.values())
 
     def _note_scale(self, demand: Demand) -> None:
         """Each pending gang's reason with what scale-up does for it: the node it waits for, or why none is asked

@@ -742,7 +742,8 @@ class _Walk:
         """``flavors.restrict``: ``w`` kept to the node types its team's flavor quotas have room for on ``ledgers``,
         and the reason when there is none."""
         if self._types is None:
-            self._types = tuple(sorted({n.node_type for n in self.cap.nodes.values()}))
+            self._types = tuple(sorted({n.node_type for n in self.cap.nodes.values()}
+                                       | self.snapshot.growable_types))
         return restrict(ledgers, w, need_gpu, self._types)
 
     def _check(self, ledger: QuotaLedger, team: str, need: Resources):

@@ -57,6 +57,19 @@ def flavor_usage(leases: Iterable[Lease], nodes: Iterable[Node], teams: Mapping[
     return out
 
 
+def flavor_rooms(teams: Mapping[str, Team], usage, leases: Iterable[Lease], nodes: Iterable[Node]
+                 ) -> Tuple[Tuple[str, str, float], ...]:
+    """(team, node type, GPUs) each flavor quota still has room for, given what ``leases`` hold on ``nodes`` (the
+    scale-up demand's ``ScaleSnapshot.flavor_room``); () when no team has flavor quotas."""
+    if not flavored(teams):
+        return ()
+    from raylane.scheduling.admission import QuotaLedger
+
+    ledger = QuotaLedger(teams, usage, flavor_usage(leases, nodes, teams))
+    return tuple((team, t, ledger.flavor_room(team, t)) for team, lim in sorted(ledger.flimits.items())
+                 for t in sorted(lim))
+
+
 def restrict(ledgers, w: Workload, need_gpu: float, all_types: Iterable[str]
              ) -> Tuple[Workload, Optional[QuotaExceeded]]:
     """``w`` as it may be placed now under its team's flavor quotas on every ledger of ``ledgers``: its gang kept to
@@ -96,4 +109,4 @@ def flavor_errors(teams: Mapping[str, Team], node_types: Iterable[str]) -> Tuple
                  for name, team in sorted(teams.items()) for t in sorted(team.flavors) if t not in known)
 
 
-__all__ = ["flavored", "placed_gpus", "flavor_usage", "restrict", "flavor_errors"]
+__all__ = ["flavored", "placed_gpus", "flavor_usage", "flavor_rooms", "restrict", "flavor_errors"]

@@ -404,6 +404,9 @@ class Snapshot:
     # Workload id -> the time until which it preempts nobody: it waits for a node that the autoscaler is adding or
     # may add for it (its class's ``wait_for_scale_up_s``, kept by a driver that asks an autoscaler). None: none waits.
     scale_wait: Optional[Mapping[str, float]] = None
+    # Node types a growable node group could add (kept by a driver that asks an autoscaler): for flavor quotas, a gang
+    # naming no node type is not blocked by quota while one of these is not limited for it or has room.
+    growable_types: frozenset = frozenset()
 
     def pending(self) -> Tuple[Workload, ...]:
         return tuple(w for q in self.queues.values() for w in q)

@@ -139,6 +139,7 @@ class Fleet:
         self.opts = options
         self.t0 = t0
         self.specs: Dict[str, NodeGroupSpec] = {g.name: g for g in cluster.node_groups}
+        self.growable_types = frozenset(g.node_type for g in cluster.node_groups if g.growable)
         self.ledger: Dict[str, GroupLedger] = {
             g.name: GroupLedger(g.name, g.node_type, g.gpus, g.price, g.spot, g.lo, g.hi, g.count or 0,
                                 DEFAULT_STARTUP_S if g.startup is None else g.startup, peak=g.count or 0)
@@ -179,12 +180,14 @@ class Fleet:
         return out
 
     # ------------------------------------------------------------------------------------------------ scaling
-    def rescale(self, now: float, pending: Sequence[Pending], nodes: Mapping[str, Node]
-                ) -> Tuple[List[Tuple[float, str]], List[str]]:
+    def rescale(self, now: float, pending: Sequence[Pending], nodes: Mapping[str, Node],
+                flavor_room: Tuple[Tuple[str, str, float], ...] = ()) -> Tuple[List[Tuple[float, str]], List[str]]:
         """After the cycles of an instant settled on ``pending`` (the last cycle's ``Pending`` decisions) and the
-        state's ``nodes``: the nodes to launch as (join time, node id), and the starting nodes cancelled."""
+        state's ``nodes``: the nodes to launch as (join time, node id), and the starting nodes cancelled.
+        ``flavor_room``: what the teams' flavor quotas still have room for (``flavors.flavor_rooms``)."""
         groups = tuple(g.scale_group(len(self.joined[g.name])) for g in self.specs.values())
-        demand = compute_demand(ScaleSnapshot(tuple(pending), groups, previous=self.previous), memo=self.memo)
+        demand = compute_demand(ScaleSnapshot(tuple(pending), groups, previous=self.previous,
+                                              flavor_room=flavor_room), memo=self.memo)
         self.previous = demand.requests
         wanted = demand.nodes_by_group()
         now_groups = []

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from raylane.scheduling import lifecycle, runlimit
+from raylane.scheduling.flavors import flavor_rooms
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.state import ClusterState
 from raylane.scheduling.types import Admit, Lease, LeaseState, Node, Resize, Workload
@@ -281,6 +282,8 @@ class Replay:
                 state.decay(now)
                 self.last_decay = now
             snap = state.snapshot(limit=max_examined)
+            if self.fleet is not None:  # the node types scale-up could add (flavor quotas read them)
+                snap = replace(snap, growable_types=self.fleet.growable_types)
             pending_now = state.pending_count()
             c0 = time.perf_counter()
             with gc_paused():  # as the control actor runs it: no collection inside a cycle
@@ -575,7 +578,9 @@ class Replay:
     def _rescale(self, now: float) -> None:
         """The demand of the last cycle's pending gangs: launch the nodes it needs (they join after their group's
         start-up), cancel the starting ones it no longer needs (their join events are then stale)."""
-        launch, _ = self.fleet.rescale(now, self.last_pending, self.state.nodes)
+        st = self.state
+        launch, _ = self.fleet.rescale(now, self.last_pending, st.nodes,
+                                       flavor_rooms(st.teams, st.usage, st.leases.values(), st.nodes.values()))
         for at, nid in launch:
             self._push_node(at, "join", nid)
 
