@@ -177,3 +177,16 @@ def test_a_type_scale_up_could_add_keeps_a_gang_waiting_for_capacity_not_quota()
     assert isinstance(summarize(cycle(st.snapshot(), 0.0)).reason("w"), QuotaExceeded)
     snap = replace(st.snapshot(), growable_types=frozenset({"h100"}))
     assert isinstance(summarize(cycle(snap, 0.0)).reason("w"), NoCapacity)
+
+
+def test_the_forecast_has_a_gang_whose_flavor_is_full_start_when_that_flavor_frees():
+    """team a: 8 h100 GPUs. Its h100 gang runs until 1,000 s, an a100 one until 3,000 s; a pending h100 gang starts
+    when the h100 one ends (its quota frees), though the other h100 node is free now."""
+    from raylane.forecast import forecast
+
+    teams = [fteam("a", gpu=64, h100=(8, 0))]
+    runs = [running(replace(job("h", types=["h100"]), runtime_estimate_s=1000.0), ["h1"]),
+            running(replace(job("x", types=["a100"]), runtime_estimate_s=3000.0), ["a1"])]
+    st = make_state(NODES, teams, runs, pending=[job("w", types=["h100"], at=1)])
+    eta = forecast(st, 0.0)["w"]
+    assert eta.start == 1000.0
