@@ -118,7 +118,7 @@ def finished(env, job_id: str, timeout: float = 240):
 
     return wait_for(lambda: (s := env["client"].get_job_status(job_id)) in
                     (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and s, timeout=timeout,
-                    every=1.0, what=f"job {job_id} to end")
+                    every=0.25, what=f"job {job_id} to end")
 
 
 def mlflow_run(env, wid: str, must: bool = True):

@@ -2,9 +2,10 @@
 through a checkpoint, and the training driver restarts Ray Train at the new size on the nodes the core chose.
 
 One scenario, as a user would see it, on 4 logical GPUs: an elastic pretraining gang ({min: 2, max: 4}, one GPU a
-worker) starts at 2 beside another team's job, grows to 4 when that job leaves, shrinks to 2 when a higher class of
-its own team arrives (which then runs), and grows back when it leaves. Its MLflow run has every step's loss once,
-the worker count as a metric and each resize as an event; its journal and ``raylane explain`` give each reason."""
+worker) starts at 2 beside another team's lease, grows to 4 when that lease is cancelled, shrinks to 2 when a higher
+class of its own team arrives (which then runs), and grows back when it leaves. Its MLflow run has every step's loss
+once, the worker count as a metric and each resize as an event; its journal and ``raylane explain`` give each
+reason."""
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -54,11 +55,10 @@ def checkpointed_after(env, wid, step):
 
 def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
     ctl = env["ctl"]
-    # Another team's job holds 2 of the 4 GPUs (it holds at step 5 until it is stopped).
-    other_job = submit_job(env, spec("other-b", "team-b", "pretrain", gpu=2, cpu=0.5,
-                                     config=dict(TRAIN, max_steps=10_000, fault={"hold_at_step": 5})), "other-b")
-    other = record_of_job(env, other_job)["id"]
-    wait_for(lambda: ctl.status(other).state is State.RUNNING, timeout=120, what="the other team's job running")
+    # Another team's workload holds 2 of the 4 GPUs: its lease, with its reservation placed, until it is cancelled
+    # (queued with the control actor directly: a gang of its own would only add the start-up of another job).
+    other = ctl.submit(spec("other-b", "team-b", "pretrain", gpu=2, cpu=0.5, config=dict(TRAIN, max_steps=10_000))).id
+    wait_for(lambda: ctl.wait_admission(other, 1.0).ready, timeout=60, what="the other team's lease placed")
 
     job = submit_job(env, elastic("elastic-a", max_steps=STEPS), "elastic-a")
     wid = record_of_job(env, job)["id"]

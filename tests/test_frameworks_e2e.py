@@ -49,7 +49,7 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     a_job = submit_job(env, a_spec, name, working_dir=USER_CODE / example)
     a = record_of_job(env, a_job, timeout=120).id
     wait_for(lambda: hold_at in [s for s, _ in metric_history(env, a, "loss", must=False)[1]], timeout=300,
-             every=1.0, what=f"{name} holding at step {hold_at}")
+             every=0.5, what=f"{name} holding at step {hold_at}")
     b_spec = example_spec("digits-cnn", f"{name}-b", team="team-b", cls="finetune", gpu=2,
                           config={"max_steps": 10, "checkpoint_every": 10, "log_every": 5})
     b_job = submit_job(env, b_spec, f"{name}-b", working_dir=USER_CODE / "digits-cnn")

@@ -175,7 +175,7 @@ def test_run_left_open_by_a_stopped_cluster_is_closed_at_the_next_start(user):
         stop(proc)
     t0 = time.time()
     raylane(user, "up", "--no-console", timeout=240)  # the same journal (~/.raylane/journal.db)
-    run = wait_for(lambda: (r := mlflow_run(user, wid)).info.status != "RUNNING" and r, timeout=120, every=1.0,
+    run = wait_for(lambda: (r := mlflow_run(user, wid)).info.status != "RUNNING" and r, timeout=120, every=0.5,
                    what="the run closed after the restart")
     assert run.info.status == "KILLED"
     reason = run.data.tags.get("raylane.end_reason", "")  # only the control plane's close writes it

@@ -113,7 +113,7 @@ def job_log(env, job_id) -> str:
 
 def job_ended(env, job_id, timeout=240):
     return wait_for(lambda: (s := env["client"].get_job_status(job_id)).is_terminal() and s, timeout=timeout,
-                    every=1.0, what=f"job {job_id} to end")
+                    every=0.25, what=f"job {job_id} to end")
 
 
 def loss_steps(env, wid):

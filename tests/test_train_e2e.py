@@ -40,8 +40,9 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     # A holds at its checkpointed report of step 150 until it is asked to stop (then yields there), so the preemption
     # lands mid-run however slow the preemptor's driver is to start on a busy machine; a gang that trained on would
     # race it to the end (1,500 steps took about 65 s on 2 cores, the preemptor's start-up up to 35 s under load).
+    # Resumed, it trains 50 steps more, to its checkpoint at step 200.
     a_spec = spec("pre-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                  config=dict(TRAIN, max_steps=400, fault={"hold_at_step": 150}))
+                  config=dict(TRAIN, max_steps=200, fault={"hold_at_step": 150}))
     # Submitted with the plain `ray job submit` command line; its credential travels as a py_modules entry.
     runtime_env = with_credential({"env_vars": job_env(env)}, operator_token(env))
     out = subprocess.run(
@@ -69,10 +70,10 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     run, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
     # 0 steps lost: every step logged exactly once, none re-run after the resume.
-    assert steps == list(range(1, 401))
+    assert steps == list(range(1, 201))
     assert run.data.tags["raylane.preemptions"] == "1"
     # The interrupted-and-resumed run has the loss of an uninterrupted one at every step.
-    ref = reference_losses(dict(TRAIN, max_steps=400))
+    ref = reference_losses(dict(TRAIN, max_steps=200))
     assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
@@ -83,7 +84,7 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     # preemptor's driver has even registered, or inside the grace period).
     fault = {"hold_at_step": 150, "hang_on_stop": True}
     a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                                 config=dict(TRAIN, max_steps=300, fault=fault)), "deaf-a")
+                                 config=dict(TRAIN, max_steps=200, fault=fault)), "deaf-a")
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 150, timeout=300, what="A at step 150")
     b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
@@ -103,16 +104,38 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     assert not [e for e in rb["journal"] if e["kind"] == "requeued"], rb["journal"]
     _, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
-    assert steps == list(range(1, 301))
+    assert steps == list(range(1, 201))
     # Resumed from its last checkpoint, it has the loss of an uninterrupted run at every step.
-    ref = reference_losses(dict(TRAIN, max_steps=300))
+    ref = reference_losses(dict(TRAIN, max_steps=200))
     assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
-def test_crash_within_retry_budget_restarts_from_checkpoint(env):
-    # Two workers on logical GPUs: DDP over gloo with the model kept on the CPU.
-    job = submit_job(env, spec("crash1", "team-a", "pretrain", workers=2, gpu=1, cpu=1,
-                               config=dict(TRAIN, report_every=5, fault={"crash_at_step": 15, "times": 1})), "crash1")
+@pytest.fixture(scope="module")
+def side_by_side(env):
+    """The jobs of the crash and fatal-error tests, submitted together when the first of those tests starts (4 GPUs
+    of team-a: its nominal 2 and the 2 it may borrow): each test waits for and checks its own. Their gangs start up
+    side by side instead of one after another."""
+    jobs = {
+        # Two workers on logical GPUs: DDP over gloo with the model kept on the CPU.
+        "crash1": spec("crash1", "team-a", "pretrain", workers=2, gpu=1, cpu=1,
+                       config=dict(TRAIN, report_every=5, fault={"crash_at_step": 15, "times": 1})),
+        "crash9": spec("crash9", "team-a", "pretrain", workers=1, gpu=1, cpu=1,
+                       config=dict(TRAIN, report_every=5, fault={"crash_at_step": 5, "times": 99})),
+        "src-c": spec("src-c", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=TRAIN),
+    }
+    return {name: submit_job(env, s, name) for name, s in jobs.items()}
+
+
+def own_job(env, side_by_side, name):
+    """The job of ``side_by_side`` this test checks (its logs are printed if the test fails)."""
+    job = side_by_side[name]
+    if job not in env["jobs"]:
+        env["jobs"].append(job)
+    return job
+
+
+def test_crash_within_retry_budget_restarts_from_checkpoint(env, side_by_side):
+    job = own_job(env, side_by_side, "crash1")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("SUCCEEDED")
     rec = env["ctl"].status(wid)
@@ -125,9 +148,8 @@ def test_crash_within_retry_budget_restarts_from_checkpoint(env):
     assert rec["mlflow_run_id"] == run.info.run_id
 
 
-def test_crash_over_retry_budget_fails_with_reason(env):
-    job = submit_job(env, spec("crash9", "team-a", "pretrain", workers=1, gpu=1, cpu=1,
-                               config=dict(TRAIN, report_every=5, fault={"crash_at_step": 5, "times": 99})), "crash9")
+def test_crash_over_retry_budget_fails_with_reason(env, side_by_side):
+    job = own_job(env, side_by_side, "crash9")
     wid = record_of_job(env, job)["id"]
     assert str(finished(env, job)).endswith("FAILED")
     rec = env["ctl"].explain(wid)
@@ -137,14 +159,30 @@ def test_crash_over_retry_budget_fails_with_reason(env):
     assert run.info.status == "FAILED"
 
 
+def test_an_error_no_retry_fixes_fails_in_one_attempt(env, side_by_side):
+    src = own_job(env, side_by_side, "src-c")
+    c = record_of_job(env, src)["id"]
+    assert str(finished(env, src)).endswith("SUCCEEDED")
+    # A model shape that differs from the checkpoint it starts from: refused by the loop on the worker, every time.
+    bad = dict(TRAIN, init_from={"workload": c, "step": "latest"}, model=dict(TRAIN["model"], d_model=48))
+    job = submit_job(env, spec("bad-d", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=bad), "bad-d")
+    wid = record_of_job(env, job)["id"]
+    assert str(finished(env, job)).endswith("FAILED")
+    rec = env["ctl"].explain(wid)
+    assert rec.state is State.FAILED and rec["attempts"] == 1 and rec["restarts"] == 0
+    note = rec["journal"][-2]["note"] if rec["journal"][-1]["kind"] == "unpinned" else rec["journal"][-1]["note"]
+    assert "ConfigError" in note and "model" in note and "not retried" in note, note
+
+
 def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(env):
     # A holds all of team-a's quota (2 nominal + 2 borrowed) and checkpoints every 20 steps; Ray Train keeps the
-    # newest 3, so step 40 is deleted long before A ends. B (team-a too, same class: no preemption) names step 40,
+    # newest 3, so step 40 is deleted before A ends. B (team-a too, same class: no preemption) names step 40,
     # waits for it to be written, then for quota until A is done, and must start from exactly that checkpoint.
     # A waits behind a workload that holds team-a's quota until B is queued: B must be submitted while step 40 is
-    # still ahead of A (A writes 300 steps in seconds, faster than B's driver starts on a busy machine).
+    # still ahead of A (A writes 100 steps in seconds, faster than B's driver starts on a busy machine). Step 40 is
+    # deleted when A reports step 100, after the control actor was told of (and pinned) step 40.
     hold = env["ctl"].submit(spec("hold-a", "team-a", "eval", gpu=4, cpu=0.1))
-    src_cfg = dict(TRAIN, max_steps=300, checkpoint_every=20)
+    src_cfg = dict(TRAIN, max_steps=100, checkpoint_every=20)
     a_job = submit_job(env, spec("src-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1, config=src_cfg), "src-a")
     a = record_of_job(env, a_job)["id"]
     b_cfg = dict(TRAIN, max_steps=20, checkpoint_every=10, init_from={"workload": a, "step": 40})
@@ -167,18 +205,3 @@ def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(
     # B has a checkpoint of its own: the pinned copy is gone.
     assert not (runs / a / "_pinned" / "checkpoint_00000040").exists()
     assert any(e["kind"] == "unpinned" for e in rb["journal"])
-
-
-def test_an_error_no_retry_fixes_fails_in_one_attempt(env):
-    src = submit_job(env, spec("src-c", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=TRAIN), "src-c")
-    c = record_of_job(env, src)["id"]
-    assert str(finished(env, src)).endswith("SUCCEEDED")
-    # A model shape that differs from the checkpoint it starts from: refused by the loop on the worker, every time.
-    bad = dict(TRAIN, init_from={"workload": c, "step": "latest"}, model=dict(TRAIN["model"], d_model=48))
-    job = submit_job(env, spec("bad-d", "team-a", "pretrain", workers=1, gpu=1, cpu=1, config=bad), "bad-d")
-    wid = record_of_job(env, job)["id"]
-    assert str(finished(env, job)).endswith("FAILED")
-    rec = env["ctl"].explain(wid)
-    assert rec.state is State.FAILED and rec["attempts"] == 1 and rec["restarts"] == 0
-    note = rec["journal"][-2]["note"] if rec["journal"][-1]["kind"] == "unpinned" else rec["journal"][-1]["note"]
-    assert "ConfigError" in note and "model" in note and "not retried" in note, note
