@@ -48,6 +48,26 @@ def test_a_team_runs_on_the_node_type_its_flavor_quota_allows_and_waits_when_it_
     assert out["team_flavors"]["h100"]["used"] == 0.0 and out["team_flavors"]["h100"]["borrowing_limit"] == 0
 
 
+def test_raylane_explain_prints_the_teams_gpus_per_flavor(h, monkeypatch):
+    from typer.testing import CliRunner
+
+    from raylane import cli_cluster
+    from raylane.cli import app
+
+    wid = submit(h, "a-first", "a", ["h100", "a100"])
+    h.tick()
+
+    class Client:  # the CLI's client, answering from the state machine
+        def __getattr__(self, name):
+            return lambda *a, **kw: h.call(name, **({"workload_id": a[0]} if a else {}), **kw)
+
+    monkeypatch.setattr(cli_cluster, "connect", lambda: Client())
+    got = CliRunner().invoke(app, ["explain", wid])
+    assert got.exit_code == 0, got.output
+    assert "quota gpu on a100: used 2 of nominal 2, borrowing limit none" in got.stdout
+    assert "quota gpu on h100: used 0 of nominal 0, borrowing limit 0" in got.stdout
+
+
 def test_a_gang_no_flavor_quota_could_hold_is_refused_at_submit(h):
     with pytest.raises(ValidationError) as err:
         submit(h, "a-big", "a", ["h100"], gpu=2)
