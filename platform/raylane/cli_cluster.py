@@ -416,11 +416,10 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
         console.print(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
     if out.get("eta_text"):
         console.print(f"  forecast: {out['eta_text']}", highlight=False)
-    for r, q in (out.get("team_quota") or {}).items():
-        console.print(f"  quota {r}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
-                      f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
-    for t, q in (out.get("team_flavors") or {}).items():  # per-flavor GPU quotas
-        console.print(f"  quota gpu on {t}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
+    quotas = [(r, q) for r, q in (out.get("team_quota") or {}).items()]
+    quotas += [(f"gpu on {t}", q) for t, q in (out.get("team_flavors") or {}).items()]  # per-flavor GPU quotas
+    for what, q in quotas:
+        console.print(f"  quota {what}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
                       f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}", highlight=False)
     for c in out.get("team_cohorts") or []:  # the quota tree above its team, top-down
         console.print(f"  cohort {c['cohort']}: GPUs used {c['used']['gpu']:g} of nominal {c['nominal']['gpu']:g}, "

@@ -72,7 +72,8 @@ from raylane.scheduling.types import (
 
 __all__ = [
     "DEFAULT_STOP_SHARE", "ScaleGroup", "TeamSpend", "ScaleSnapshot", "NodeRequest", "NotWaitingForCapacity",
-    "NoGroupFits", "FlavorQuotaFull", "BudgetSpent", "GroupRoom", "GroupsAtMax", "NoDemandReason", "Withheld", "Demand", "Admitted",
+    "NoGroupFits", "FlavorQuotaFull", "BudgetSpent", "GroupRoom", "GroupsAtMax", "NoDemandReason", "Withheld",
+    "Demand", "Admitted",
     "LeftQueue", "Replaced", "WithdrawReason", "Withdrawal", "RequestChanges", "capacity_wait", "nodes_needed",
     "compute_demand", "diff_requests",
 ]

@@ -78,21 +78,21 @@ def restrict(ledgers, w: Workload, need_gpu: float, all_types: Iterable[str]
     gang = w.gang
     candidates = gang.node_types or tuple(sorted(set(all_types)))
     full = []
-    worst: Optional[Tuple[str, float]] = None
+    first = None  # (node type, its room, the ledger that has too little): the figures of the reason
     for t in candidates:
         for ledger in ledgers:
             room = ledger.flavor_room(w.team, t)
             if room is not None and need_gpu > room + 1e-9:
                 full.append(t)
-                if worst is None:
-                    worst = (t, room)
+                if first is None:
+                    first = (t, room, ledger)
                 break
     if not full:
         return w, None
     if len(full) == len(candidates):
-        t, room = worst
-        nominal, _, _ = ledgers[0].flimits[w.team][t]
-        used = ledgers[0].flavor_used(w.team, t)
+        t, room, ledger = first
+        nominal, _, _ = ledger.flimits[w.team][t]
+        used = ledger.flavor_used(w.team, t)
         borrowable = max(0.0, room - max(0.0, nominal - used))
         return w, QuotaExceeded(w.team, "gpu", used, nominal, borrowable, need_gpu, t,
                                 tuple(x for x in full if x != t))
