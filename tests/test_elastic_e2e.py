@@ -17,17 +17,23 @@ from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-# report_every: 1 paces the loop (each report waits on the Train controller, about 0.2 s here), so the gang is
-# still training while the test makes the cluster change around it; stop requests are heard at checkpoints.
+# Stop requests are heard at checkpoints. The gang holds at its checkpoints of steps 20, 40 and 60 until it is asked
+# to stop (config.fault.hold_at_steps), so it is still training when the test changes the cluster around it,
+# however fast the machine: at 2 workers until the other team's lease goes, at 4 until the finetune arrives, at 2
+# until the finetune has gone. (Paced by the Train controller alone, it once ran all its steps while the finetune
+# ran, and finished before it could grow back.)
 TRAIN = {"checkpoint_every": 10, "report_every": 1, "batch_size": 4, "warmup_steps": 2, "eval_every": 0,
          "corpus": {"max_bytes": 200_000}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32}}
-# The gang runs about 30 steps at 2 workers while the finetune runs; the rest is room to spare.
-STEPS = 150
+HOLDS = [20, 40, 60]
+STEPS = 80
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    yield from module_env(tmp_path_factory, "elastic", scheduler={"resize_interval": "5s"})
+    # A resize asked while the gang is still starting at its new size is heard at its first checkpoint there: on a
+    # busy machine that can be over the local policy's 20 s grace period, which would stop it by force.
+    yield from module_env(tmp_path_factory, "elastic", scheduler={"resize_interval": "5s"},
+                          pretrain={"grace_period": "120s"})
 
 
 def elastic(name, **config):
@@ -60,7 +66,7 @@ def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
     other = ctl.submit(spec("other-b", "team-b", "pretrain", gpu=2, cpu=0.5, config=dict(TRAIN, max_steps=10_000))).id
     wait_for(lambda: ctl.wait_admission(other, 1.0).ready, timeout=60, what="the other team's lease placed")
 
-    job = submit_job(env, elastic("elastic-a", max_steps=STEPS), "elastic-a")
+    job = submit_job(env, elastic("elastic-a", max_steps=STEPS, fault={"hold_at_steps": HOLDS}), "elastic-a")
     wid = record_of_job(env, job)["id"]
     wait_for(lambda: running_at(env, wid, 2, 0), timeout=120, what="the elastic gang running at 2 workers")
     wait_for(lambda: checkpointed_after(env, wid, 0), timeout=120, what="the gang's checkpoint at 2 workers")
@@ -91,7 +97,8 @@ def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
     assert not [e for e in rec["journal"] if e["kind"] == "requeued"], journal
     # Each resize restarted from the checkpoint the gang saved when asked: on the nodes the core chose.
     done = [e for e in rec["journal"] if e["kind"] == "resized"]
-    assert [len(e["placement"]) for e in done] == [4, 2, 4] and all("yielded at step" in e["note"] for e in done)
+    assert [len(e["placement"]) for e in done] == [4, 2, 4], journal
+    assert all("yielded at step" in e["note"] for e in done), [(e.get("step"), e["note"]) for e in done]
 
     # The higher class ran once the gang had shrunk, and was never rolled back or preempted.
     rf = ctl.explain(ft)

@@ -24,6 +24,23 @@ def test_hold_applies_to_a_fresh_attempt_at_its_step_only():
     assert not f.holds_at(9, resumed=False) and not f.holds_at(10, resumed=True)
 
 
+def test_hold_at_steps_holds_each_attempt_at_its_own_step_counting_the_stops(tmp_path):
+    markers = str(tmp_path / "markers")
+    first = Faults(marker_dir=markers, hold_at_steps=[20, 40, 60])
+    assert not first.holds_at(20, resumed=False, checkpointed=False)  # it holds where it can yield: the checkpoint
+    assert first.holds_at(20, resumed=False, checkpointed=True) and not first.holds_at(40, False, True)
+    assert first.on_stop_answer(True, rank=1) and first.on_stop_answer(True) and first.on_stop_answer(True)
+    second = Faults(marker_dir=markers, hold_at_steps=[20, 40, 60])  # one stop counted, once, by rank 0
+    assert second.holds_at(40, resumed=True, checkpointed=True) and not second.holds_at(20, True, True)
+    second.on_stop_answer(True)  # asked at step 30, before its hold: the next attempt holds at 60
+    third = Faults(marker_dir=markers, hold_at_steps=[20, 40, 60])
+    assert third.holds_at(60, resumed=True, checkpointed=True) and not third.holds_at(40, True, True)
+    third.on_stop_answer(True)
+    last = Faults(marker_dir=markers, hold_at_steps=[20, 40, 60])
+    assert not any(last.holds_at(k, resumed=True, checkpointed=True) for k in (20, 40, 60, 80))
+    assert not Faults(marker_dir="").holds_at(20, resumed=False, checkpointed=True)
+
+
 def test_ignore_stop_hides_the_request_and_the_first_report_time_is_written_once(tmp_path):
     path = tmp_path / "first"
     f = Faults(marker_dir="", ignore_stop=True, first_step_file=str(path))
@@ -37,6 +54,6 @@ def test_ignore_stop_hides_the_request_and_the_first_report_time_is_written_once
 
 def test_bad_drills_are_refused_naming_the_field():
     with pytest.raises(ValidationError) as err:
-        Faults(marker_dir="", crash_at_step=0, times="2", hang_on_stop="yes")
-    assert [e[0] for e in err.value.errors] == ["config.fault.crash_at_step", "config.fault.times",
-                                                 "config.fault.hang_on_stop"]
+        Faults(marker_dir="", crash_at_step=0, times="2", hang_on_stop="yes", hold_at_steps=[10, 0])
+    assert [e[0] for e in err.value.errors] == ["config.fault.hold_at_steps", "config.fault.crash_at_step",
+                                                 "config.fault.times", "config.fault.hang_on_stop"]

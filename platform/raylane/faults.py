@@ -14,6 +14,11 @@ the wrapped ``ray.train.report``), so they work for any loop that reports ``step
 - ``hold_at_step: K``: an attempt that starts without a checkpoint stops at its report of step K and keeps asking
   whether to stop until it is asked (then yields, or hangs with ``hang_on_stop``), so a test can preempt it at a
   known step however fast the machine. A resumed attempt does not hold.
+- ``hold_at_steps: [K1, K2, ...]``: one hold per stop, for a scenario of several (resizes, preemptions): the attempt
+  after the n-th stop (the first attempt after none) holds at its checkpointed report of step K(n+1), as
+  ``hold_at_step`` does, until it is asked to stop; an attempt asked before it gets there holds nowhere, and the
+  next one holds at the next step listed. The stops are counted in marker files, like the crashes. So each phase of
+  the scenario lasts until the test moves on, whatever the machine's speed, and each stop yields at a checkpoint.
 - ``first_step_file: PATH``: rank 0 writes the wall-clock time of its first report there (submit-to-first-step
   benchmarks of a loop that reports every step).
 """
@@ -21,13 +26,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from raylane.errors import ValidationError
 
 __all__ = ["Faults", "InjectedCrash", "FAULT_KEYS"]
 
-FAULT_KEYS = ("crash_at_step", "times", "ignore_stop", "hang_on_stop", "hold_at_step", "first_step_file")
+FAULT_KEYS = ("crash_at_step", "times", "ignore_stop", "hang_on_stop", "hold_at_step", "hold_at_steps",
+              "first_step_file")
 
 
 class InjectedCrash(RuntimeError):
@@ -37,8 +43,12 @@ class InjectedCrash(RuntimeError):
 class Faults:
     def __init__(self, *, marker_dir: str, crash_at_step: Optional[int] = None, times: int = 1,
                  ignore_stop: bool = False, hang_on_stop: bool = False, hold_at_step: Optional[int] = None,
-                 first_step_file: Optional[str] = None):
+                 hold_at_steps: Sequence[int] = (), first_step_file: Optional[str] = None):
         errors = []
+        if not isinstance(hold_at_steps, (list, tuple)) or not all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in hold_at_steps):
+            errors.append(("config.fault.hold_at_steps", hold_at_steps,
+                           "a list of integers >= 1 (steps the loop reports)"))
         for name, value in (("crash_at_step", crash_at_step), ("hold_at_step", hold_at_step)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 errors.append((f"config.fault.{name}", value, "an integer >= 1 (a step the loop reports)"))
@@ -51,6 +61,10 @@ class Faults:
             raise ValidationError("fault drill", errors)
         self.marker_dir, self.crash_at_step, self.times, self.ignore_stop = marker_dir, crash_at_step, times, ignore_stop
         self.hang_on_stop, self.hold_at_step = hang_on_stop, hold_at_step
+        self.hold_at_steps = list(hold_at_steps)
+        # this attempt's hold: the one after as many stops as the markers count (read once: every rank agrees)
+        self._stops = self._count("stop-") if self.hold_at_steps else 0
+        self._stop_marked = False
         self.first_step_file = first_step_file
         self._first_done = False
 
@@ -64,16 +78,27 @@ class Faults:
                     fh.write(repr(time.time()))
         if self.crash_at_step is not None and step == self.crash_at_step:
             os.makedirs(self.marker_dir, exist_ok=True)
-            done = len(os.listdir(self.marker_dir))
+            done = self._count("crash-")
             if done < self.times:
                 open(os.path.join(self.marker_dir, f"crash-{done}"), "w").close()
                 raise InjectedCrash(f"injected crash at step {step} ({done + 1} of {self.times})")
 
-    def holds_at(self, step: int, resumed: bool) -> bool:
+    def _count(self, prefix: str) -> int:
+        if not self.marker_dir or not os.path.isdir(self.marker_dir):
+            return 0
+        return sum(1 for name in os.listdir(self.marker_dir) if name.startswith(prefix))
+
+    def holds_at(self, step: int, resumed: bool, checkpointed: bool = False) -> bool:
+        if checkpointed and self._stops < len(self.hold_at_steps) and step == self.hold_at_steps[self._stops]:
+            return True
         return self.hold_at_step is not None and step == self.hold_at_step and not resumed
 
-    def on_stop_answer(self, asked: bool) -> bool:
+    def on_stop_answer(self, asked: bool, rank: int = 0) -> bool:
         """What the loop hears of a stop request ``asked`` (the same on every rank)."""
+        if asked and self.hold_at_steps and rank == 0 and not self._stop_marked:
+            self._stop_marked = True  # one stop of the scenario: the next attempt holds at the next step
+            os.makedirs(self.marker_dir, exist_ok=True)
+            open(os.path.join(self.marker_dir, f"stop-{self._stops}"), "w").close()
         if asked and self.hang_on_stop:
             while True:  # until the control actor kills this worker
                 time.sleep(1.0)

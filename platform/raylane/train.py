@@ -448,7 +448,7 @@ class _Session:
                 self.logger.flush()  # what the checkpoint covers is in MLflow before the checkpoint is
         original(metrics, checkpoint=checkpoint, *args, **kwargs)
         self.last_step = step
-        holding = self.faults is not None and self.faults.holds_at(step, self.resumed)
+        holding = self.faults is not None and self.faults.holds_at(step, self.resumed, checkpoint is not None)
         asked = self.stop_asked(poll=checkpoint is not None or holding)
         while holding and not asked:  # every rank loops on the broadcast answer, so all join the same polls
             time.sleep(0.5)
@@ -467,7 +467,7 @@ class _Session:
             answer = self._ask() if poll else False
         asked = bool(broadcast_from_rank_zero(answer))
         if self.faults is not None:
-            asked = self.faults.on_stop_answer(asked)
+            asked = self.faults.on_stop_answer(asked, self.rank)
         self.asked = self.asked or asked
         return asked
 
