@@ -180,3 +180,26 @@ def reference_losses(config) -> Dict[int, float]:
     with tempfile.TemporaryDirectory() as d:
         train(config, hooks=Rec(d))
     return losses
+
+
+def reclaiming_lease(env, name: str, *, team: str = "team-b", cls: str = "finetune", gpu: float = 2) -> str:
+    """A workload of ``team`` queued with the control actor directly, with no Ray job behind it: the preemptor of a
+    preemption test. Its admission preempts what holds the quota it reclaims, as a gang's would, and its reservation
+    (a placement group of its GPUs) is placed only once the victim's gang has really let them go (``placed``); end it
+    with ``finish_lease``. A preemptor training a gang of its own would add only that gang's start-up: about 20
+    CPU-seconds, on a 2-core machine that runs the suite's Ray modules two at a time."""
+    from tests.raytest import spec
+
+    return env["ctl"].submit(spec(name, team, cls, gpu=gpu, cpu=1)).id
+
+
+def placed(env, wid: str, timeout: float = 120) -> None:
+    """Wait until ``wid``'s reservation is placed: Ray holds its placement group on GPUs that are free."""
+    wait_for(lambda: env["ctl"].wait_admission(wid, 1.0).ready, timeout=timeout, what=f"{wid}'s reservation placed")
+
+
+def finish_lease(env, wid: str) -> None:
+    """End a ``reclaiming_lease`` as a finished workload does (its GPUs and placement group go back)."""
+    from raylane.control.client import Outcome
+
+    env["ctl"].release(wid, Outcome.FINISHED)

@@ -13,7 +13,6 @@ cluster's shape). The control actor runs with authentication on, as `raylane up`
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import yaml

@@ -24,8 +24,8 @@ ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
-from tests.jobtest import (finished, job_env, metric_history, mlflow_run, module_env,  # noqa: E402
-                           operator_token, write_spec)
+from tests.jobtest import (finish_lease, finished, job_env, metric_history, mlflow_run, module_env,  # noqa: E402
+                           operator_token, placed, reclaiming_lease, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -86,11 +86,10 @@ def test_rays_linear_example_runs_on_logical_gpus_is_preempted_and_finishes(env)
                                          "fault": {"hold_at_step": 2}}), "ray-linear")
     a = workload_of_job(env, a_job).id
     wait_for(lambda: len(journal(env, a, "checkpointed")) >= 1, timeout=240, what="a checkpoint of A")
-    b_job = cli_submit(env, spec("user-b", "team-b", "finetune", workers=1, gpu=2, cpu=1,
-                                 entrypoint="my_train:train_loop_per_worker",
-                                 config={"steps": 5, "checkpoint_every": 5}), "user-b", working_dir=PROJECT)
+    b = reclaiming_lease(env, "user-b")  # team-b's finetune reclaims the 2 GPUs it lent (tests/jobtest.py)
     wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=120, what="A preempted")
-    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    placed(env, b)
+    finish_lease(env, b)
     assert str(finished(env, a_job, timeout=400)).endswith("SUCCEEDED")
     ra = env["ctl"].explain(a)
     assert ra.state is State.SUCCEEDED and ra["preemptions"] == 1 and ra["restarts"] == 0

@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
-from tests.jobtest import (finished, job_env, metric_history, module_env, operator_token,  # noqa: E402
-                           record_of_job, reference_losses, submit_job, write_spec)
+from tests.jobtest import (finish_lease, finished, job_env, metric_history, module_env, operator_token,  # noqa: E402
+                           placed, reclaiming_lease, record_of_job, reference_losses, submit_job, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -40,7 +40,8 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     # A holds at its checkpointed report of step 150 until it is asked to stop (then yields there), so the preemption
     # lands mid-run however slow the preemptor's driver is to start on a busy machine; a gang that trained on would
     # race it to the end (1,500 steps took about 65 s on 2 cores, the preemptor's start-up up to 35 s under load).
-    # Resumed, it trains 50 steps more, to its checkpoint at step 200.
+    # Resumed, it trains 50 steps more, to its checkpoint at step 200. The preemptor is team-b's lease: its
+    # reservation is placed once A's gang has let the GPUs go, and it ends there (tests/jobtest.py).
     a_spec = spec("pre-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
                   config=dict(TRAIN, max_steps=200, fault={"hold_at_step": 150}))
     # Submitted with the plain `ray job submit` command line; its credential travels as a py_modules entry.
@@ -57,10 +58,10 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: env["ctl"].status(a).state is State.RUNNING, timeout=120, what="A running")
     wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 150, timeout=300, what="A at step 150")
-    b_job = submit_job(env, spec("ft-b", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b")
-    b = record_of_job(env, b_job)["id"]
+    b = reclaiming_lease(env, "ft-b")
     wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=60, what="A preempted")
-    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    placed(env, b)
+    finish_lease(env, b)
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
     ra, rb = env["ctl"].explain(a), env["ctl"].explain(b)
     assert ra.state is rb.state is State.SUCCEEDED
@@ -87,8 +88,9 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
                                  config=dict(TRAIN, max_steps=200, fault=fault)), "deaf-a")
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 150, timeout=300, what="A at step 150")
-    b_job = submit_job(env, spec("ft-b2", "team-b", "finetune", workers=1, gpu=2, cpu=1, config=TRAIN), "ft-b2")
-    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    b = reclaiming_lease(env, "ft-b2")
+    placed(env, b, timeout=grace + 120)
+    finish_lease(env, b)
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
     ra = env["ctl"].explain(a)
     journal = [(round(e["ts"], 2), e["kind"], e.get("note", "")) for e in ra["journal"]]
@@ -99,8 +101,9 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     # Stopped no earlier than the class's grace period after the preemption was decided, and not much later
     # (the control loop ticks every 0.2 s; a busy 2-core machine can delay a tick by a few seconds).
     assert grace <= forced[0]["ts"] - decided["ts"] <= grace + 10, journal
-    rb = env["ctl"].explain(record_of_job(env, b_job).id)
-    # The preemptor started once the stopped gang's GPUs were really free: its admission was never rolled back.
+    rb = env["ctl"].explain(b)
+    # The preemptor's reservation was placed once the stopped gang's GPUs were really free: its admission was never
+    # rolled back.
     assert not [e for e in rb["journal"] if e["kind"] == "requeued"], rb["journal"]
     _, hist = loss_history(env, a)
     steps = [s for s, _ in hist]

@@ -11,7 +11,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
-from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job  # noqa: E402
+from tests.jobtest import (finish_lease, finished, metric_history, module_env, placed,  # noqa: E402
+                           reclaiming_lease, record_of_job, submit_job)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -38,13 +39,6 @@ def last_step(env, wid):
     return (metric_history(env, wid, "loss", must=False)[1] or [(0, 0)])[-1][0]
 
 
-def preempt_with_finetune(env, name):
-    b_job = submit_job(env, spec(name, "team-b", "finetune", workers=1, gpu=2, cpu=1,
-                                 entrypoint="my_train:train_loop_per_worker",
-                                 config={"steps": 5, "checkpoint_every": 5}), name, working_dir=PROJECT)
-    return b_job
-
-
 def test_an_unchanged_ray_train_loop_yields_at_its_next_checkpoint_and_resumes_exactly(env):
     # Long enough (~40 s alone) that the preemption lands well before the end on a loaded machine.
     steps, every, report_every = 400, 20, 4
@@ -55,9 +49,10 @@ def test_an_unchanged_ray_train_loop_yields_at_its_next_checkpoint_and_resumes_e
                        "user-a", working_dir=PROJECT)
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: last_step(env, a) >= 24, timeout=180, what="the user's loop past step 24")
-    b_job = preempt_with_finetune(env, "user-b")
+    b = reclaiming_lease(env, "user-b")  # team-b's finetune reclaims the 2 GPUs it lent
     wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=120, what="A preempted")
-    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    placed(env, b)
+    finish_lease(env, b)
     assert str(finished(env, a_job)).endswith("SUCCEEDED")
     ra = env["ctl"].explain(a)
     assert ra.state is State.SUCCEEDED and ra["preemptions"] == 1 and ra["restarts"] == 0
@@ -82,13 +77,14 @@ def test_a_loop_that_asks_should_yield_stops_at_the_current_step(env):
                        "polite-a", working_dir=PROJECT)
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: last_step(env, a) >= 10, timeout=180, what="the polite loop past step 10")
-    b_job = preempt_with_finetune(env, "polite-b")
+    b = reclaiming_lease(env, "polite-b")
     wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=120, what="A preempted")
     requeued = wait_for(lambda: [e for e in env["ctl"].explain(a)["journal"] if e["kind"] == "requeued"],
                         timeout=60, what="A requeued")
     assert "yielded" in requeued[0]["note"]
-    assert str(finished(env, b_job)).endswith("SUCCEEDED")
+    placed(env, b)
     env["ctl"].cancel(a)
+    finish_lease(env, b)
     finished(env, a_job)
     _, hist = metric_history(env, a, "loss")
     yielded_at = requeued[0]["step"]
