@@ -80,7 +80,7 @@ def test_rays_linear_example_runs_on_logical_gpus_is_preempted_and_finishes(env)
     # Its first attempt holds at its second checkpointed report (epoch 2) until it is asked to stop (a platform
     # drill, ``config.fault``, that the loop never sees), so the preemption lands mid-run however slow the
     # preemptor's driver is to start on a loaded machine.
-    epochs = 10
+    epochs = 4
     a_job = cli_submit(env, spec("ray-linear", "team-a", "pretrain", workers=2, gpu=2, cpu=1, entrypoint=LINEAR,
                                  config={"epochs": epochs, "data_size": 2000, "batch_size": 32,
                                          "fault": {"hold_at_step": 2}}), "ray-linear")

@@ -37,13 +37,13 @@ def loss_history(env, wid, must=True):
 
 
 def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
-    # A holds at its checkpointed report of step 150 until it is asked to stop (then yields there), so the preemption
+    # A holds at its checkpointed report of step 50 until it is asked to stop (then yields there), so the preemption
     # lands mid-run however slow the preemptor's driver is to start on a busy machine; a gang that trained on would
     # race it to the end (1,500 steps took about 65 s on 2 cores, the preemptor's start-up up to 35 s under load).
-    # Resumed, it trains 50 steps more, to its checkpoint at step 200. The preemptor is team-b's lease: its
+    # Resumed, it trains 50 steps more, to its checkpoint at step 100. The preemptor is team-b's lease: its
     # reservation is placed once A's gang has let the GPUs go, and it ends there (tests/jobtest.py).
     a_spec = spec("pre-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                  config=dict(TRAIN, max_steps=200, fault={"hold_at_step": 150}))
+                  config=dict(TRAIN, max_steps=100, fault={"hold_at_step": 50}))
     # Submitted with the plain `ray job submit` command line; its credential travels as a py_modules entry.
     runtime_env = with_credential({"env_vars": job_env(env)}, operator_token(env))
     out = subprocess.run(
@@ -57,7 +57,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     env["jobs"].append(a_job)
     a = record_of_job(env, a_job)["id"]
     wait_for(lambda: env["ctl"].status(a).state is State.RUNNING, timeout=120, what="A running")
-    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 150, timeout=300, what="A at step 150")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 50, timeout=300, what="A at step 50")
     b = reclaiming_lease(env, "ft-b")
     wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=60, what="A preempted")
     placed(env, b)
@@ -67,27 +67,27 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     assert ra.state is rb.state is State.SUCCEEDED
     assert ra["preemptions"] == 1 and ra["restarts"] == 0
     yielded = [e for e in ra["journal"] if e["kind"] == "requeued"]
-    assert len(yielded) == 1 and "yielded at step 150" in yielded[0]["note"], ra["journal"]
+    assert len(yielded) == 1 and "yielded at step 50" in yielded[0]["note"], ra["journal"]
     run, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
     # 0 steps lost: every step logged exactly once, none re-run after the resume.
-    assert steps == list(range(1, 201))
+    assert steps == list(range(1, 101))
     assert run.data.tags["raylane.preemptions"] == "1"
     # The interrupted-and-resumed run has the loss of an uninterrupted one at every step.
-    ref = reference_losses(dict(TRAIN, max_steps=200))
+    ref = reference_losses(dict(TRAIN, max_steps=100))
     assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
 def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     grace = env["ctl"].class_info("pretrain")["grace_period_s"]
-    # The first attempt holds after step 150 until it is asked to stop, then hangs instead of yielding: only the
+    # The first attempt holds after step 50 until it is asked to stop, then hangs instead of yielding: only the
     # forced stop ends it, however fast or slow the machine (a deaf gang that trains on may finish before the
     # preemptor's driver has even registered, or inside the grace period).
-    fault = {"hold_at_step": 150, "hang_on_stop": True}
+    fault = {"hold_at_step": 50, "hang_on_stop": True}
     a_job = submit_job(env, spec("deaf-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
-                                 config=dict(TRAIN, max_steps=200, fault=fault)), "deaf-a")
+                                 config=dict(TRAIN, max_steps=100, fault=fault)), "deaf-a")
     a = record_of_job(env, a_job)["id"]
-    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 150, timeout=300, what="A at step 150")
+    wait_for(lambda: (loss_history(env, a, False)[1] or [(0, 0)])[-1][0] >= 50, timeout=300, what="A at step 50")
     b = reclaiming_lease(env, "ft-b2")
     placed(env, b, timeout=grace + 120)
     finish_lease(env, b)
@@ -107,9 +107,9 @@ def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     assert not [e for e in rb["journal"] if e["kind"] == "requeued"], rb["journal"]
     _, hist = loss_history(env, a)
     steps = [s for s, _ in hist]
-    assert steps == list(range(1, 201))
+    assert steps == list(range(1, 101))
     # Resumed from its last checkpoint, it has the loss of an uninterrupted run at every step.
-    ref = reference_losses(dict(TRAIN, max_steps=200))
+    ref = reference_losses(dict(TRAIN, max_steps=100))
     assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
