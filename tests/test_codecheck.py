@@ -61,7 +61,6 @@ def test_a_child_that_cannot_answer_is_a_fatal_error_with_its_output(monkeypatch
 # -- the warm checker ------------------------------------------------------------------------------------------
 
 import os  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 

@@ -9,7 +9,6 @@ import copy
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.specdoc import DELETE
 from tests.specdoc import raw as _raw

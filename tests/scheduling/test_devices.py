@@ -4,7 +4,7 @@ import pytest
 
 from raylane.scheduling import Capacity, ClusterState, Gang, Resources, check_feasible, place
 from raylane.scheduling.capacity import choose_devices, gpu_slots
-from raylane.scheduling.types import Admit, node_devices
+from raylane.scheduling.types import node_devices
 
 from .builders import PROD, SWEEP, decide, make_state, node, obj, running, team, wl
 

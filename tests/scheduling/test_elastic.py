@@ -2,9 +2,9 @@
 a preemption option chosen by the same victim search under the same rules. Pure table tests."""
 from dataclasses import replace
 
-from raylane.scheduling import Resize, WorkloadClass, cycle
+from raylane.scheduling import WorkloadClass, cycle
 
-from .builders import (ELASTIC, PRETRAIN, PROD, SWEEP, decide, make_state, node, obj, running, team, wl)
+from .builders import (ELASTIC, PRETRAIN, PROD, SWEEP, decide, make_state, node, running, team, wl)
 
 FAR = 10_000.0  # "now" long after every running lease started: past any minimum runtime and resize interval
 

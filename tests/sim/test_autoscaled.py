@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 
