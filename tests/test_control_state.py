@@ -381,6 +381,30 @@ def test_past_the_grace_period_the_victim_is_stopped_by_force(make):
     assert h.record(b).state is State.ADMITTED and fx.Reserve in {type(e) for e in effects}
 
 
+def test_a_late_yield_of_the_attempt_stopped_by_force_leaves_the_new_admission_alone(make):
+    # The victim's driver tells of its stopped attempt only after the control plane took the lease back by force and
+    # admitted the workload again (seen in CI when the preemptor ended at once): that yield is not the new lease's.
+    h, a, b = borrowed_and_reclaimed(make)
+    h.clock.advance(5)
+    h.tick()
+    victim = next(w for w in a if h.record(w).state is State.PREEMPTING)
+    h.clock.advance(GRACE_S)
+    h.tick()
+    assert h.record(victim).state is State.PENDING and h.record(b).state is State.ADMITTED
+    h.call("release", workload_id=b, outcome="finished", state="SUCCEEDED")
+    h.clock.advance(1)
+    h.tick()
+    rec = h.record(victim)
+    assert rec.state is State.ADMITTED
+    h.take()
+    assert h.call("release", workload_id=victim, outcome="yielded", step=7)["state"] == "ADMITTED"
+    rec = h.record(victim)
+    assert rec.state is State.ADMITTED and victim in h.cs.state.leases and rec.preemptions == 1
+    assert h.take(fx.RemoveReservation) == []  # its reservation, being made, is left alone
+    assert "yielded at step 7; that lease was taken back already" in rec.events[-1][1]
+    assert h.kinds(victim).count("requeued") == 1
+
+
 def test_a_victim_whose_gang_has_not_started_is_released_at_once(make):
     h, a, b = borrowed_and_reclaimed(make, started=False)
     h.clock.advance(5)

@@ -853,6 +853,14 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         if rec.state.terminal:
             return rec.public()
         yielded = req.outcome is api.Outcome.YIELDED
+        if yielded and rec.state is State.ADMITTED:
+            # An admission its driver has not taken over yet (it reports running at the hand-over) was never asked to
+            # stop: this yield is an earlier attempt's, whose lease was taken back by force when its grace period ran
+            # out, the workload being admitted again since. Ending the new lease would requeue the admission the
+            # driver is about to take (and remove its reservation while it is being made).
+            self._append(Kind.EVENT, rec, note=f"its earlier attempt's driver reported it yielded at step {step}; that "
+                                               f"lease was taken back already: the new admission stands")
+            return rec.public()
         if yielded and rec.state is State.RESIZING:
             self._finish_resize(rec, now, how=f"yielded at step {step}", step=step)
         elif yielded:

@@ -283,7 +283,10 @@ def _after(ctl, wid, rec, tracker, retries: RetryRule, storage_path: str, out: D
         say(f"{wid} resized at step {step}: {workers} -> {size} workers; restarting from its checkpoint")
         retries.after_success()  # it got somewhere: a later failure is not a repeat of an earlier one
         return None
-    if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded"):
+    # Preempted during this attempt: stopping, or already taken back by force past the grace period (and perhaps
+    # admitted again since: its state alone would then read as a crash, to retry).
+    preempted = now_rec.get("preemptions", 0) > rec.get("preemptions", 0)
+    if not done and (state in (State.PREEMPTING, State.PENDING) or out.get("status") == "yielded" or preempted):
         how = "yielded" if error is None else "stopped by force"
         limit = (now_rec.get("run_limit") or {}).get("reason")  # its class's max_runtime, not a preemption
         tracker.event("run limit" if limit else "preempted", f"{how} at step {step}" + (f": {limit}" if limit else ""),
