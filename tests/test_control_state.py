@@ -104,7 +104,7 @@ def test_submit_is_admitted_on_the_tick_into_a_reservation_pinned_to_the_chosen_
     h.tick()
     rec = h.record(wid)
     assert rec.state is State.ADMITTED and sorted(rec.placement) == nodes
-    assert h.take() == [fx.Reserve(wid, f"raylane-{wid}", {"CPU": 0.5, "GPU": 1.0}, strategy, rec.placement),
+    assert h.take() == [fx.Reserve(wid, f"raylane-{wid}.1", {"CPU": 0.5, "GPU": 1.0}, strategy, rec.placement),
                         fx.Wake(wid)]
     assert h.kinds(wid) == ["submitted", "admitted"]
 
@@ -117,7 +117,7 @@ def test_admission_is_ready_only_once_the_reservation_is_placed(make):
     assert got["state"] == "ADMITTED" and got["ready"] is False
     assert h.cs.awaits_admission(wid)
     assert h.take(fx.Wake) == []  # a driver waiting for it is not woken
-    h.place(f"raylane-{wid}")
+    h.place(f"raylane-{wid}.1")
     assert h.take(fx.Wake) == [fx.Wake(wid)]
     assert h.call("wait_admission", workload_id=wid)["ready"] is True
     assert not h.cs.awaits_admission(wid)
@@ -158,10 +158,10 @@ def test_readiness_reads_rays_table_of_groups_only_for_a_reservation_made_before
     h.host.placement_groups = lambda: reads.append(1) or table()
     wid = submit(h, "asked", "team-a", "pretrain")
     h.tick()
-    h.host.pgs[f"raylane-{wid}"] = "CREATED"  # placed in Ray, not reported to the control plane yet
+    h.host.pgs[f"raylane-{wid}.1"] = "CREATED"  # placed in Ray, not reported to the control plane yet
     assert h.call("wait_admission", workload_id=wid, timeout_s=0.0)["ready"] is False
     assert h.cs.awaits_admission(wid) and reads == []
-    h.place(f"raylane-{wid}")
+    h.place(f"raylane-{wid}.1")
     assert h.call("wait_admission", workload_id=wid)["ready"] is True and reads == []
     h.restart()  # made before the restart: only Ray's table tells
     h.host.placement_groups = lambda: reads.append(1) or table()
@@ -190,7 +190,7 @@ def test_the_running_report_hands_the_reservation_over(make):
     assert run(h, wid, job_id="raysubmit_1") == {"stop": False, "state": "RUNNING"}
     rec = h.record(wid)
     assert rec.state is State.RUNNING and rec.job_id == "raysubmit_1"
-    assert h.take() == [fx.RemoveReservation(f"raylane-{wid}")]
+    assert h.take() == [fx.RemoveReservation(f"raylane-{wid}.1")]
     # The lease stays booked while Train builds its own group: the team's quota is still used.
     assert h.call("explain", workload_id=early)["team_quota"]["gpu"]["used"] == 2
     # A driver starting a gang that is not admitted is told to stop, and nothing is journaled.
@@ -296,8 +296,8 @@ def test_cancel_frees_the_lease_and_the_next_is_admitted(make):
     assert h.record(waiting).state is State.PENDING
     h.take()
     assert h.call("cancel", workload_id=first[0])["state"] == "CANCELLED"
-    assert fx.RemoveReservation(f"raylane-{first[0]}") in h.take()
-    assert f"raylane-{first[0]}" not in h.host.pgs
+    assert fx.RemoveReservation(f"raylane-{first[0]}.1") in h.take()
+    assert f"raylane-{first[0]}.1" not in h.host.pgs
     h.tick()
     assert h.record(waiting).state is State.ADMITTED
     assert h.record(first[1]).state is State.ADMITTED
@@ -373,7 +373,7 @@ def test_past_the_grace_period_the_victim_is_stopped_by_force(make):
     h.tick()
     effects = h.take()
     assert effects[:2] == [fx.KillWorkers(victim, (f"worker-{i}-0", f"worker-{i}-1")),
-                           fx.RemoveReservation(f"raylane-{victim}")]
+                           fx.RemoveReservation(f"raylane-{victim}.1")]
     rec = h.record(victim)
     assert rec.state is State.PENDING
     assert rec.events[-1][1] == "back in the queue (stopped by force after the grace period)"
@@ -405,6 +405,25 @@ def test_a_late_yield_of_the_attempt_stopped_by_force_leaves_the_new_admission_a
     assert h.kinds(victim).count("requeued") == 1
 
 
+def test_each_reservation_has_a_name_of_its_own_so_late_news_of_an_earlier_one_changes_nothing(make):
+    h = make()
+    wid = submit(h, "named", "team-a", "pretrain")
+    h.tick()
+    first = h.record(wid).pg_name
+    assert first == f"raylane-{wid}.1"
+    h.cs.reservation_failed(wid, first, "placement group could not be created: test")
+    assert h.record(wid).state is State.PENDING and "admission rolled back" in h.record(wid).events[-1][1]
+    h.tick()
+    second = h.record(wid).pg_name
+    assert h.record(wid).state is State.ADMITTED and second == f"raylane-{wid}.2"
+    # What Ray says late of the first group (its failure, or its being placed after all) is not the second's.
+    h.cs.reservation_failed(wid, first, "reservation not ready in 30s (TaskPlacementGroupRemoved)")
+    h.cs.reservation_ready(wid, first)
+    assert h.record(wid).state is State.ADMITTED and h.kinds(wid).count("requeued") == 1
+    assert fx.RemoveReservation(second) not in h.take() and h.host.pgs.get(second) == "CREATED"
+    assert h.call("wait_admission", workload_id=wid)["ready"] is True
+
+
 def test_a_victim_whose_gang_has_not_started_is_released_at_once(make):
     h, a, b = borrowed_and_reclaimed(make, started=False)
     h.clock.advance(5)
@@ -413,8 +432,8 @@ def test_a_victim_whose_gang_has_not_started_is_released_at_once(make):
     assert len(requeued) == 1
     (victim,) = requeued
     assert h.kinds(victim)[-2:] == ["preempting", "requeued"] and h.record(victim).preemptions == 1
-    assert fx.RemoveReservation(f"raylane-{victim}") in h.take()
-    assert f"raylane-{victim}" not in h.host.pgs
+    assert fx.RemoveReservation(f"raylane-{victim}.1") in h.take()
+    assert f"raylane-{victim}.1" not in h.host.pgs
     h.tick()
     assert h.record(b).state is State.ADMITTED
 
@@ -457,7 +476,8 @@ def test_a_resize_waits_until_the_gang_is_heard_from_after_its_hand_over(make, h
     rec = h.record(wid)
     assert (rec.workers, rec.resizes) == (4, 1)
     reserve = h.take(fx.Reserve)[-1]
-    assert reserve.pg_name == f"raylane-{wid}" and sorted(reserve.placement) == sorted([A, A, B, B])
+    # a name of its own: what Ray says late of the first reservation is never taken for this one's
+    assert reserve.pg_name == f"raylane-{wid}.2" and sorted(reserve.placement) == sorted([A, A, B, B])
 
 
 # ------------------------------------------------------------------------------------------------ nodes
@@ -494,13 +514,13 @@ def test_a_lost_node_removes_the_reservation_of_a_gang_not_yet_started(make):
     h = make()
     wid = submit(h, "lossy", "team-a", "pretrain", workers=2, gpu=2)
     h.tick()
-    assert h.host.pgs == {f"raylane-{wid}": "CREATED"}
+    assert h.host.pgs == {f"raylane-{wid}.1": "CREATED"}
     h.take()
     h.host.kill_node("gpu-b")
     h.tick()
     assert h.record(wid).state is State.PENDING
     # Its group still holds the bundle on gpu-a (and its name, which the next admission of the workload reuses).
-    assert fx.RemoveReservation(f"raylane-{wid}") in h.take()
+    assert fx.RemoveReservation(f"raylane-{wid}.1") in h.take()
 
 
 @pytest.mark.parametrize("started", [True, False])
@@ -524,7 +544,7 @@ def test_a_drain_notice_preempts_what_runs_there_and_the_node_is_drained_once_em
         h.call("release", workload_id=on_b, outcome="yielded", step=3)
         h.tick()
     assert h.record(on_b).state is State.PENDING  # it can only run on gpu-b: it waits
-    assert f"raylane-{on_b}" not in h.host.pgs
+    assert f"raylane-{on_b}.1" not in h.host.pgs
     events = [e.data["event"] for e in h.cs.journal.entries_for("@nodes") if e.data["node"] == B]
     assert events == ["joined", "ray_draining", "drained"]
     # Nothing is placed on a drained node; Ray's notice, still there, starts no second drain.
@@ -769,7 +789,7 @@ def test_a_restart_keeps_the_queue_and_the_leases_whose_groups_exist(make):
     h.host.jobs["raysubmit_d"] = "JobStatus.RUNNING"
     assert [h.record(w).state for w in (kept, lost, waiting)] == [State.ADMITTED, State.ADMITTED, State.PENDING]
     before = {w: h.record(w).public() for w in (job, kept, lost, waiting)}
-    del h.host.pgs[f"raylane-{lost}"]  # its group went while the control plane was down
+    del h.host.pgs[f"raylane-{lost}.1"]  # its group went while the control plane was down
     h.restart()
     assert h.record(kept).state is State.ADMITTED and h.record(kept).placement == before[kept]["placement"]
     assert h.call("wait_admission", workload_id=kept)["ready"] is True  # its group is placed
@@ -794,14 +814,14 @@ def test_a_restart_removes_the_groups_whose_removal_was_journaled_but_not_carrie
     h.tick()
     h.call("release", workload_id=done, outcome="finished", state="SUCCEEDED")
     run(h, handed)
-    left = {f"raylane-{done}", f"raylane-{handed}"}
+    left = {f"raylane-{done}.1", f"raylane-{handed}.1"}
     for name in left:
         h.host.pgs[name] = "CREATED"  # the removals the effects asked for never reached Ray
     h.host.pgs["raylane-someone-else"] = "CREATED"  # not a reservation of this control plane
     h.take()
     h.restart()
     assert set(h.take(fx.RemoveReservation)) == {fx.RemoveReservation(n) for n in left}
-    assert h.host.pgs == {f"raylane-{kept}": "CREATED", "raylane-someone-else": "CREATED"}
+    assert h.host.pgs == {f"raylane-{kept}.1": "CREATED", "raylane-someone-else": "CREATED"}
     assert h.record(kept).state is State.ADMITTED and h.call("wait_admission", workload_id=kept)["ready"] is True
 
 

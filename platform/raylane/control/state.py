@@ -73,8 +73,26 @@ SLOW_TICK_S = 0.25
 # queue, while a cycle's cost grows with what it examines (with a full cluster, every workload past the admitted ones
 # is tried and fails). What lies further waits for the next full tick, which also refreshes every reason shown.
 CHANGE_EXAMINED = 64
-# A workload's reservation (Ray placement group) is named after it: PG_PREFIX + its id.
+# A workload's reservation (Ray placement group) is named after it and the lease it holds: PG_PREFIX + its id + "." +
+# the number of its admissions and resizes so far (``pg_name_for``). A name is never used twice: what Ray says late of
+# an earlier reservation (made, placed, failed) can never be taken for the current one's, and a group left behind
+# cannot block the next one by its name.
 PG_PREFIX = "raylane-"
+
+
+def pg_name_for(rec: Record) -> str:
+    """The name of the next reservation of ``rec`` (before its ADMITTED or RESIZED entry is applied)."""
+    return f"{PG_PREFIX}{rec.id}.{rec.attempts + rec.resizes + 1}"
+
+
+def pg_workload(name: str) -> Optional[str]:
+    """The workload id in a reservation's name (None for a group of another kind, such as a one-shot run's); the
+    unnumbered names of older versions too."""
+    if not name.startswith(PG_PREFIX):
+        return None
+    rest = name[len(PG_PREFIX):]
+    wid, dot, n = rest.rpartition(".")
+    return wid if dot and n.isdigit() else rest
 
 
 class Host:
@@ -279,9 +297,11 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         # A reservation whose removal was journaled but not carried out before the control plane went down (the
         # actor removes groups on threads of its own, after the commit): only an admission not yet handed over holds
         # one, so the group of a workload in any other state is removed now.
+        # So is an earlier reservation of a workload admitted again since.
         for name in existing:
-            rec = self.records.get(name[len(PG_PREFIX):]) if name.startswith(PG_PREFIX) else None
-            if rec is not None and rec.state is not State.ADMITTED:
+            wid = pg_workload(name)
+            rec = self.records.get(wid) if wid is not None else None
+            if rec is not None and (rec.state is not State.ADMITTED or rec.pg_name != name):
                 self._emit(fx.RemoveReservation(name))
 
     def _core(self, rec: Record):
@@ -448,7 +468,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
 
     def _admit(self, a: Admit, now: float) -> None:
         rec = self.records[a.workload.id]
-        pg_name = PG_PREFIX + rec.id
+        pg_name = pg_name_for(rec)
         self._confirmed.discard(rec.id)
         # Journal first, then act; roll back if the reservation cannot be made.
         choice = self._flavor_choice(a)
@@ -568,7 +588,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._confirmed.discard(rec.id)
         self._remove_pg(rec)
         self._append(Kind.RESIZED, rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
-                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=PG_PREFIX + rec.id,
+                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=pg_name_for(rec),
                      attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
                      note=f"resized from {rz['from_workers']} to {rz['to_workers']} workers ({how}); restarts from "
                           f"its checkpoint on {', '.join(n[:8] for n in rz['placement'])}")
