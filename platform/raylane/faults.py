@@ -19,6 +19,8 @@ the wrapped ``ray.train.report``), so they work for any loop that reports ``step
   ``hold_at_step`` does, until it is asked to stop; an attempt asked before it gets there holds nowhere, and the
   next one holds at the next step listed. The stops are counted in marker files, like the crashes. So each phase of
   the scenario lasts until the test moves on, whatever the machine's speed, and each stop yields at a checkpoint.
+  Rank 0 reports the checkpoint (the other ranks of a loop like ``workloads.ray_train`` pass none), so its decision
+  to hold is broadcast to every rank (``raylane.train``).
 - ``first_step_file: PATH``: rank 0 writes the wall-clock time of its first report there (submit-to-first-step
   benchmarks of a loop that reports every step).
 """

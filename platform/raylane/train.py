@@ -449,6 +449,12 @@ class _Session:
         original(metrics, checkpoint=checkpoint, *args, **kwargs)
         self.last_step = step
         holding = self.faults is not None and self.faults.holds_at(step, self.resumed, checkpoint is not None)
+        if self.faults is not None and self.faults.hold_at_steps:
+            # Only rank 0 reports the checkpoint's files (the others pass none), so its word decides for all: a rank
+            # that held while another trained on would wait in a collective the other never joins.
+            from ray.train.collective import broadcast_from_rank_zero
+
+            holding = bool(broadcast_from_rank_zero(holding if self.rank == 0 else None))
         asked = self.stop_asked(poll=checkpoint is not None or holding)
         while holding and not asked:  # every rank loops on the broadcast answer, so all join the same polls
             time.sleep(0.5)
