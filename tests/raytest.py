@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import random
 import shutil
 import signal
 import tempfile
@@ -154,16 +155,26 @@ def stop_cluster(c) -> None:
 _GIVEN_PORTS: set = set()
 
 
+# Ports handed out for test clusters come from below Linux's ephemeral range (32768-60999 by default): a port the
+# kernel hands to a bind(0) is one that Ray's own processes (gRPC servers, workers, their outgoing connections) can
+# also be given between the moment it is picked and the moment the dashboard or an agent binds it.
+_PORT_RANGE = (20000, 32000)
+_PORTS_RNG = random.Random()  # seeded from the OS: a test that seeds ``random`` does not make two workers pick alike
+
+
 def free_port() -> int:
-    """A TCP port free now, and never one this process was given before: the kernel may hand the same ephemeral
-    port to two binds in a row once the first socket is closed, and Ray refuses a node whose dashboard and agent
-    ports were both given the same number."""
+    """A TCP port free now, outside the ephemeral range (``_PORT_RANGE``), and never one this process was given
+    before: Ray refuses a node whose dashboard and agent ports were both given the same number."""
     import socket
 
     while True:
+        port = _PORTS_RNG.randint(*_PORT_RANGE)
+        if port in _GIVEN_PORTS:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _GIVEN_PORTS:
-            _GIVEN_PORTS.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN_PORTS.add(port)
+        return port
