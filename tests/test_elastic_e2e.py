@@ -12,8 +12,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import State  # noqa: E402
-from tests.jobtest import (finished, metric_history, mlflow_run, module_env, record_of_job,  # noqa: E402
-                           submit_job)
+from tests.jobtest import (finished, metric_history, mlflow_run, module_env, placed,  # noqa: E402
+                           record_of_job, submit_job)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -65,7 +65,7 @@ def test_grows_into_freed_gpus_shrinks_for_a_higher_class_and_grows_back(env):
     # Another team's workload holds 2 of the 4 GPUs: its lease, with its reservation placed, until it is cancelled
     # (queued with the control actor directly: a gang of its own would only add the start-up of another job).
     other = ctl.submit(spec("other-b", "team-b", "pretrain", gpu=2, cpu=0.5, config=dict(TRAIN, max_steps=10_000))).id
-    wait_for(lambda: ctl.wait_admission(other, 1.0).ready, timeout=60, what="the other team's lease placed")
+    placed(env, other, timeout=60)
 
     job = submit_job(env, elastic("elastic-a", max_steps=STEPS, fault={"hold_at_steps": HOLDS}), "elastic-a")
     wid = record_of_job(env, job)["id"]

@@ -416,7 +416,7 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
         console.print(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
     if out.get("eta_text"):
         console.print(f"  forecast: {out['eta_text']}", highlight=False)
-    quotas = [(r, q) for r, q in (out.get("team_quota") or {}).items()]
+    quotas = list((out.get("team_quota") or {}).items())
     quotas += [(f"gpu on {t}", q) for t, q in (out.get("team_flavors") or {}).items()]  # per-flavor GPU quotas
     for what, q in quotas:
         console.print(f"  quota {what}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
