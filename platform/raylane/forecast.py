@@ -54,9 +54,21 @@ import bisect
 import heapq
 import math
 import time
-from dataclasses import dataclass, replace
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import replace
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from raylane.forecast_types import (
+    DEFAULT_HORIZON_S,
+    CapacityWait,
+    Eta,
+    PreemptionWait,
+    QueueWait,
+    QuotaWait,
+    Wait,
+    expected_end,
+)
+from raylane.forecast_types import remaining_runtime as _runtime
+from raylane.forecast_plan import plan
 from raylane.scheduling import ADMISSIONS, ClusterState, LeaseState, QuotaLedger, cycle, lifecycle
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.types import (
@@ -75,9 +87,12 @@ from raylane.scheduling.types import (
 )
 
 __all__ = ["Eta", "CapacityWait", "QuotaWait", "QueueWait", "PreemptionWait", "Wait", "forecast", "describe",
-           "expected_end", "DEFAULT_HORIZON_S", "MAX_WAITS"]
+           "expected_end", "DEFAULT_HORIZON_S", "MAX_WAITS", "METHODS"]
 
-DEFAULT_HORIZON_S = 7 * 86400.0
+# How a forecast may be computed (``forecast``'s ``method``): the live cycle replayed step by step, or a reservation
+# plan (``raylane.forecast_plan``).
+METHODS = ("replay", "plan")
+
 # At most this many phases in ``Eta.waits_for``: the first ones and the last (what finally lets it in).
 MAX_WAITS = 4
 # How many lease ends a phase names as the ones that closed it.
@@ -85,82 +100,7 @@ _NAMED = 2
 _EPS = 1e-9
 
 
-# ------------------------------------------------------------------------------------------------------ waits
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityWait:
-    """Waits for room for its gang (``gpus`` GPUs in all) on nodes in service, until ``at``, when ``ended`` end."""
-
-    gpus: float
-    at: float
-    ended: Tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaWait:
-    """Waits for ``amount`` more of ``resource`` under ``team``'s quota, until ``at``, when ``ended`` end."""
-
-    team: str
-    resource: str
-    amount: float
-    at: float
-    ended: Tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class QueueWait:
-    """Could start but for its turn: work before it in queue order goes first (``head``: the one it waits behind,
-    when the cycle named it), until ``at``."""
-
-    head: Optional[str]
-    at: float
-    ended: Tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionWait:
-    """Waits for ``victims``, preempted for it, to stop, until ``at``."""
-
-    victims: Tuple[str, ...]
-    at: float
-    ended: Tuple[str, ...] = ()
-
-
-Wait = Union[CapacityWait, QuotaWait, QueueWait, PreemptionWait]
-
-
-@dataclass(frozen=True, slots=True)
-class Eta:
-    """The forecast of one pending workload, on the clock of ``now``. ``finish`` is None without a runtime estimate
-    of its own; ``start`` is None when it does not start within the horizon (``note`` says why)."""
-
-    workload_id: str
-    start: Optional[float]
-    finish: Optional[float]
-    waits_for: Tuple[Wait, ...] = ()
-    note: str = ""
-
-
 # -------------------------------------------------------------------------------------------------- forecast
-
-
-def expected_end(lease: Lease, now: float, *, default_runtime_s: float, class_runtime_s: Mapping[str, float] = {},
-                 overrun: float = 0.25, min_overrun_s: float = 300.0) -> float:
-    """When a running ``lease`` is expected to end, seen at ``now`` (see the module's *expected end*)."""
-    end = lease.start_time + _runtime(lease.workload, default_runtime_s, class_runtime_s)
-    if end > now:
-        return end
-    return now + max(min_overrun_s, overrun * (now - lease.start_time))
-
-
-def _runtime(w: Workload, default_runtime_s: float, class_runtime_s: Mapping[str, float]) -> float:
-    """Seconds of running ``w`` still needs once started: its estimate less the service it already had."""
-    est = w.runtime_estimate_s
-    if est is None:
-        return class_runtime_s.get(w.cls.name, default_runtime_s)
-    gpus = w.gang.total.gpu
-    return max(0.0, est - (w.attained_gpu_s / gpus if gpus > 0 else 0.0))
 
 
 def forecast(
@@ -178,8 +118,14 @@ def forecast(
     min_overrun_s: float = 300.0,
     max_examined: int = MAX_EXAMINED,
     lookahead: int = 16,
+    method: str = "replay",
 ) -> Dict[str, Eta]:
     """The ETA of every pending workload of ``state`` (of those in ``only``, when given), seen at ``now``.
+
+    ``method``: one of ``METHODS``: "replay" (this module: the live cycle driven forward, one cycle per step) or
+    "plan" (``raylane.forecast_plan``: a reservation plan, as Slurm's ``squeue --start``; some hundred times
+    faster, no preemption planned; ``docs/eta.md`` compares them). ``resolution``, ``min_step_s``,
+    ``max_examined`` and ``lookahead`` are the replay's own and are not read by the plan.
 
     ``default_runtime_s``: the runtime assumed for a lease with no estimate and no ``class_runtime_s`` entry for its
     class (None: the scheduler config's ``default_runtime_s``). ``stopping_ends``: workload id -> when a terminating
@@ -201,8 +147,14 @@ def forecast(
         errors.append(f"overrun={overrun!r}, min_overrun_s={min_overrun_s!r} (allowed: >= 0)")
     if not (max_examined >= 1 and lookahead >= 0):
         errors.append(f"max_examined={max_examined!r}, lookahead={lookahead!r} (allowed: >= 1 and >= 0)")
+    if method not in METHODS:
+        errors.append(f"method={method!r} (allowed: {', '.join(repr(m) for m in METHODS)})")
     if errors:
         raise ValueError("forecast: " + "; ".join(errors))
+    if method == "plan":
+        return plan(state, now, default_runtime_s=default_runtime_s, class_runtime_s=class_runtime_s,
+                    stopping_ends=stopping_ends, only=only, horizon_s=horizon_s, overrun=overrun,
+                    min_overrun_s=min_overrun_s)
     default = default_runtime_s if default_runtime_s is not None else state.config.default_runtime_s
     run = _Run(state, now, default, class_runtime_s, stopping_ends, only, overrun, min_overrun_s, max_examined,
                lookahead)

@@ -1,0 +1,754 @@
+"""Queue ETA by reservation plan: when each pending workload is expected to start, as Slurm's backfill scheduler
+computes ``squeue --start`` (conservative backfill: list scheduling over an availability profile).
+
+This module owns ``plan(state, now)``. It takes the pending workloads once, in the order the live policy's cycle
+would walk them now (``ORDERINGS``' head keys over the team queues, each team's users ordered by their shares where
+its rule says so), and gives each in turn the earliest start ``>=`` its *ready* time at which, for its whole
+expected runtime, (a) its gang fits all or nothing on nodes in service, per worker on single nodes, and (b) its
+team's quota holds it, given the running leases' expected ends and the reservations already made for the work
+before it. Holes before later reservations are used: that is what makes it backfill. Each workload then holds its
+reservation in the profiles, and the next is planned. The state it is given is never changed.
+
+Pure, like ``raylane.scheduling``: no Ray, no clock (``now`` is an argument), no randomness; it imports only the
+scheduling core, the shared ETA types (``raylane.forecast_types``) and the standard library.
+
+Words
+- *ready*: the earliest a workload may start: ``now``, or, for the workload of a terminating lease, when that lease
+  is gone (``stopping_ends[id]``, else its class's grace period after ``now``); it then goes back to its queue at its
+  place, with the service it had, as the control plane requeues it.
+- *profile*: a node's free GPUs as a step function of time from ``now``: ``times[i]`` starts segment ``i``, whose
+  free GPUs are ``free[i]``; the last segment runs on for ever. It starts from what is free now and gets back each
+  running lease's GPUs at its expected end (``forecast_types.expected_end``); a reservation takes its GPUs over its
+  interval. A team's quota has one such profile per resource it has a quota for (what it holds), and, for a flat
+  policy whose lending pool can bind, so does the pool.
+- *hole* at a *level* L: a maximal interval in which a node has at least L GPUs free. Per level (each per-worker GPU
+  count some pending gang asks for), every node's holes, sorted by start: a worker of L GPUs for d seconds fits at
+  the first hole, in start order, with d seconds left in it after the workload's ready time; a gang of k such
+  workers, one per node, at the first instant k holes cover its whole runtime. Only the holes of the node a
+  reservation lands on, at the levels it crosses, are recomputed. These lists are what make a plan cost about a
+  bisection and a short scan per workload, not a look at every node.
+
+Not modelled: preemption (a plan never stops running work for pending work: a workload that the live policy would
+let in by preemption is planned after the leases it would preempt; preemptions already under way, terminating
+leases, are); arrivals after ``now``; decisions that differ between the live backfill and this one (EASY backfill
+lets later work delay all but the head; the plan is conservative: no reservation moves for later work);
+in-quota-first and user caps within a cycle; CPU and memory on nodes (GPUs only; quotas of CPU and memory are
+held); GPU devices (a node's GPUs are counted as one amount), placement groups (``group``), preferred nodes and
+flavor quotas; the growth of elastic gangs (each is planned at its minimum, as admitted).
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import replace
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from raylane.forecast_types import (
+    DEFAULT_HORIZON_S,
+    CapacityWait,
+    Eta,
+    QuotaWait,
+    Wait,
+    expected_end,
+    remaining_runtime,
+)
+from raylane.scheduling import ADMISSIONS, ORDERINGS, ClusterState, LeaseState, QuotaLedger
+from raylane.scheduling.types import RESOURCE_NAMES, SPOT_LABEL, Team, Workload
+from raylane.scheduling.users import held_by_user, order_by_user
+
+__all__ = ["plan"]
+
+_EPS = 1e-9
+_INF = math.inf
+# How many ends a wait names as the ones that closed it.
+_NAMED = 2
+_NO_TEAM = Team("", {})
+# The length classes of holes (seconds): a minute, times 4 up to about 11 days, and the rest (tails run for ever).
+# A hole of a class whose lower bound is at least a workload's runtime is long enough for it wherever it starts.
+_CLASSES = (0.0,) + tuple(60.0 * 4 ** i for i in range(8))
+
+
+def plan(
+    state: ClusterState,
+    now: float,
+    *,
+    default_runtime_s: Optional[float] = None,
+    class_runtime_s: Mapping[str, float] = {},
+    stopping_ends: Mapping[str, float] = {},
+    only: Optional[Iterable[str]] = None,
+    horizon_s: float = DEFAULT_HORIZON_S,
+    overrun: float = 0.25,
+    min_overrun_s: float = 300.0,
+) -> Dict[str, Eta]:
+    """The ETA of every pending workload of ``state`` (of those in ``only``, when given), seen at ``now``, by
+    reservation plan (module docstring). Arguments as ``raylane.forecast.forecast``'s; ``state`` is not changed."""
+    errors = []
+    if not (isinstance(now, (int, float)) and math.isfinite(now)):
+        errors.append(f"now={now!r} (allowed: a finite time)")
+    if not (isinstance(horizon_s, (int, float)) and horizon_s > 0):
+        errors.append(f"horizon_s={horizon_s!r} (allowed: > 0)")
+    if not (overrun >= 0 and min_overrun_s >= 0):
+        errors.append(f"overrun={overrun!r}, min_overrun_s={min_overrun_s!r} (allowed: >= 0)")
+    if default_runtime_s is not None and not default_runtime_s >= 0:
+        errors.append(f"default_runtime_s={default_runtime_s!r} (allowed: >= 0, or None for the scheduler's)")
+    if errors:
+        raise ValueError("plan: " + "; ".join(errors))
+    default = default_runtime_s if default_runtime_s is not None else state.config.default_runtime_s
+    return _Plan(state, now, default, class_runtime_s, stopping_ends, overrun, min_overrun_s).run(only, horizon_s)
+
+
+# ------------------------------------------------------------------------------------------------ profiles
+
+
+class _Profile:
+    """A step function of time from ``now``: ``times[i]`` starts segment ``i`` of value ``vals[i]``; the last
+    segment runs on for ever. ``ends``: time -> (GPUs, workload id) of what gives its share back then."""
+
+    __slots__ = ("times", "vals", "ends")
+
+    def __init__(self, now: float, value: float, changes: Iterable[Tuple[float, float]]):
+        by: Dict[float, float] = {}
+        for t, dv in changes:
+            by[t] = by.get(t, 0.0) + dv
+        self.times = [now]
+        self.vals = [value]
+        for t in sorted(by):
+            value += by[t]
+            if t <= now:
+                self.vals[-1] = value
+            else:
+                self.times.append(t)
+                self.vals.append(value)
+        self.ends: Dict[float, List[Tuple[float, str]]] = {}
+
+    def split(self, t: float) -> int:
+        """The index of the segment starting at ``t`` (made if need be)."""
+        times = self.times
+        i = bisect.bisect_right(times, t) - 1
+        if times[i] == t:
+            return i
+        times.insert(i + 1, t)
+        self.vals.insert(i + 1, self.vals[i])
+        return i + 1
+
+    def add(self, s: float, e: float, dv: float) -> List[float]:
+        """Add ``dv`` over ``[s, e)``; returns the values there before."""
+        i = self.split(s)
+        j = self.split(e) if e < _INF else len(self.times)
+        vals = self.vals
+        before = vals[i:j]
+        vals[i:j] = [v + dv for v in before]
+        return before
+
+    def at(self, t: float) -> float:
+        return self.vals[bisect.bisect_right(self.times, t) - 1]
+
+    def least(self, s: float, e: float) -> float:
+        """The least value over ``[s, e)``."""
+        times, vals = self.times, self.vals
+        i = bisect.bisect_right(times, s) - 1
+        lo = vals[i]
+        i += 1
+        n = len(times)
+        while i < n and times[i] < e:
+            if vals[i] < lo:
+                lo = vals[i]
+            i += 1
+        return lo
+
+    def first_fit(self, s: float, d: float, limit: float) -> Tuple[float, float]:
+        """The earliest ``q >= s`` such that the value stays ``<= limit`` over ``[q, q + d)``, and by how much it
+        went over first (0 when ``q == s``); ``q`` is infinite when it never does."""
+        times, vals = self.times, self.vals
+        n = len(times)
+        i = bisect.bisect_right(times, s) - 1
+        q, over = s, 0.0
+        while i < n:
+            t0 = times[i] if times[i] > q else q
+            if t0 >= q + d and d > 0:
+                return q, over
+            if vals[i] > limit + _EPS:
+                if not over:
+                    over = vals[i] - limit
+                if i + 1 >= n:
+                    return _INF, over
+                q = times[i + 1]
+            elif i + 1 >= n or (d <= 0 and t0 >= q):
+                return q, over
+            i += 1
+        return q, over  # pragma: no cover - the last segment returns above
+
+
+# ---------------------------------------------------------------------------------------------------- plan
+
+
+class _Gang:
+    """What a pending workload asks of the plan: ``k`` workers of ``g`` GPUs (``level``), ``per``: how many of its
+    workers one node may take at most, ``total``: its resources in all, ``nodes``: the nodes it may use (None:
+    any in service)."""
+
+    __slots__ = ("k", "g", "per", "total", "nodes")
+
+    def __init__(self, k: int, g: float, per: int, total, nodes: Optional[frozenset]):
+        self.k, self.g, self.per, self.total, self.nodes = k, g, per, total, nodes
+
+
+class _Plan:
+    """One plan: the profiles of nodes in service and of quotas, the holes per level, and the answer so far."""
+
+    def __init__(self, state: ClusterState, now: float, default_runtime_s: float, class_runtime_s,
+                 stopping_ends: Mapping[str, float], overrun: float, min_overrun_s: float):
+        self.state, self.now = state, now
+        self.default_runtime_s, self.class_runtime_s = default_runtime_s, class_runtime_s
+        cfg = state.config
+        self.admission = ADMISSIONS.get(cfg.admission)
+        self.quota = cfg.admission != "none"
+        # 1. When each lease gives its share back; a terminating lease's workload is requeued then.
+        self.requeued: List[Tuple[Workload, float]] = []
+        gone: List[Tuple[float, object]] = []
+        for lease in state.leases.values():
+            if lease.state is LeaseState.TERMINATING:
+                at = max(now, stopping_ends.get(lease.id, now + lease.workload.cls.grace_period_s))
+                w = lease.workload
+                attained = w.attained_gpu_s + w.gang.total.gpu * max(0.0, at - lease.start_time)
+                self.requeued.append((_with_attained(w, attained), at))
+            else:
+                at = expected_end(lease, now, default_runtime_s=default_runtime_s, class_runtime_s=class_runtime_s,
+                                  overrun=overrun, min_overrun_s=min_overrun_s)
+            gone.append((at, lease))
+        # 2. The profiles of the nodes in service.
+        per_node: Dict[str, List[Tuple[float, float]]] = {}
+        self.nodes: Dict[str, _Profile] = {}
+        self.caps: Dict[str, float] = {}
+        for n in state.nodes.values():
+            if n.schedulable:
+                per_node[n.id] = []
+                self.caps[n.id] = n.capacity.gpu
+        for at, lease in gone:
+            g = lease.workload.gang.per_worker.gpu
+            if g > 0:
+                for nid in lease.placement:
+                    got = per_node.get(nid)
+                    if got is not None:
+                        got.append((at, g))
+        for n in state.nodes.values():
+            if n.schedulable:
+                self.nodes[n.id] = _Profile(now, n.free.gpu, per_node[n.id])
+        for at, lease in gone:
+            if at > now:
+                for nid in set(lease.placement):
+                    p = self.nodes.get(nid)
+                    if p is not None:
+                        p.ends.setdefault(at, []).append((lease.workload.gang.total.gpu, lease.id))
+        self.widest = max(self.caps.values(), default=0.0)
+        # level -> length class -> the holes of every node of that length, by start (``_CLASSES``)
+        self.holes: Dict[float, List[List[Tuple[float, float, str]]]] = {}
+        self.node_holes: Dict[float, Dict[str, List[Tuple[float, float]]]] = {}  # level -> node -> its holes
+        # level -> node -> [from, to]: where its free GPUs fell below the level since its holes were last worked out
+        # (they are worked out again when the level is next asked for)
+        self.dirty: Dict[float, Dict[str, List[float]]] = {}
+        # 3. The quota profiles: per team and resource it has a quota for, what it holds; per resource, the pool.
+        self.ledger = QuotaLedger(state.teams, state.usage)
+        self.team_use: Dict[Tuple[str, str], _Profile] = {}
+        self.pool_use: Dict[str, _Profile] = {}
+        self.pool_cap: Dict[str, float] = {}
+        self.binds: Dict[str, Tuple[Tuple[str, float, float], ...]] = {}
+        if self.quota:
+            self._quota_profiles(gone)
+
+    def _quota_profiles(self, gone) -> None:
+        """What each team holds over time, per resource whose quota can bind (its ceiling is below what the nodes
+        hold, or the lending pool is), and the pool, where it can bind."""
+        ledger, now, state = self.ledger, self.now, self.state
+        total = {r: sum(getattr(n.capacity, r) for n in state.nodes.values()) for r in RESOURCE_NAMES}
+        held: Dict[str, List] = {}
+        for at, lease in gone:
+            held.setdefault(lease.team, []).append((at, lease))
+        # team -> resource -> [guaranteed part, ceiling (infinite: only the pool binds)]
+        entries: Dict[str, Dict[str, List[float]]] = {}
+        for team, lim in ledger.limits.items():
+            for r, _, guaranteed, ceiling in lim:
+                if ceiling < total[r] - _EPS:
+                    entries.setdefault(team, {})[r] = [guaranteed, ceiling]
+        # The lending pool binds only where what all teams may lend is less than the nodes hold; flat policies only
+        # (under a cohort tree, each team's ceiling is held, not its cohorts').
+        self.pool_cap: Dict[str, float] = {}
+        if ledger.tree is None:
+            for r in RESOURCE_NAMES:
+                if ledger.pool_cap[r] < total[r] - _EPS:
+                    self.pool_cap[r] = ledger.pool_cap[r]
+                    for team, lim in ledger.limits.items():
+                        for rr, _, guaranteed, _ in lim:
+                            if rr == r:
+                                entries.setdefault(team, {}).setdefault(r, [guaranteed, _INF])
+        pool_changes: Dict[str, List[Tuple[float, float]]] = {r: [] for r in self.pool_cap}
+        for team, mine in entries.items():
+            ends = sorted(held.get(team, ()), key=lambda e: e[0])
+            for r, (guaranteed, _) in mine.items():
+                u = getattr(ledger.used(team), r)
+                p = self.team_use[(team, r)] = _Profile(now, u, (
+                    (at, -getattr(lease.workload.gang.total, r)) for at, lease in ends))
+                for at, lease in ends:
+                    if at > now:
+                        p.ends.setdefault(at, []).append((lease.workload.gang.total.gpu, lease.id))
+                    if r in pool_changes:
+                        v = u - getattr(lease.workload.gang.total, r)
+                        pool_changes[r].append((at, max(0.0, v - guaranteed) - max(0.0, u - guaranteed)))
+                        u = v
+        self.binds = {team: tuple((r, g, c) for r, (g, c) in mine.items()) for team, mine in entries.items()}
+        for r, changes in pool_changes.items():
+            pool = self.pool_use[r] = _Profile(now, ledger.pool_used[r], changes)
+            for team, mine in entries.items():
+                if r in mine:
+                    for t in self.team_use[(team, r)].times[1:]:
+                        pool.split(t)  # the pool's breakpoints hold every team's: one value a segment for each
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run(self, only: Optional[Iterable[str]], horizon_s: float) -> Dict[str, Eta]:
+        state, now = self.state, self.now
+        wanted = None if only is None else set(only)
+        targets = {w.id for w in state.pending() if wanted is None or w.id in wanted}
+        out: Dict[str, Eta] = {}
+        last = now + horizon_s
+        order = _Order(state, self.ledger, self.requeued)
+        ready = {w.id: at for w, at in self.requeued}
+        gangs: Dict[Tuple, Tuple[_Gang, Optional[Tuple[str, Wait]]]] = {}
+        empty = QuotaLedger(state.teams, {})
+        for w in order:
+            if len(out) == len(targets):
+                break
+            r = ready.get(w.id, now)
+            key = (w.gang, w.team, w.cls.resizable)
+            got = gangs.get(key)
+            if got is None:
+                gang = self._gang(w)
+                got = gangs[key] = (gang, self._never(w.team, gang, empty))
+            gang, never = got
+            d = remaining_runtime(w, self.default_runtime_s, self.class_runtime_s)
+            if never is not None:
+                start, nodes, waits, why = None, (), (never[1],), never[0]
+            else:
+                start, nodes, waits, why = self._earliest(w, gang, r, d)
+            if start is not None:
+                self._book(w, gang, start, d, nodes)
+                if start <= now + _EPS:
+                    order.took(w)
+            if w.id not in targets:
+                continue
+            if start is None:
+                out[w.id] = Eta(w.id, None, None, waits, why)
+            elif start > last:
+                out[w.id] = Eta(w.id, None, None, waits, "does not start within the forecast's horizon")
+            else:
+                finish = start + d if w.runtime_estimate_s is not None else None
+                out[w.id] = Eta(w.id, start, finish, waits)
+        return out
+
+    def _gang(self, w: Workload) -> _Gang:
+        g = w.gang
+        if g.max_workers is not None and w.cls.resizable:
+            g = g.at(g.lo)  # an elastic gang is admitted at its minimum
+        k, pw = g.workers, g.per_worker.gpu
+        if g.strategy == "strict-pack":
+            k, pw = 1, pw * g.workers
+        if pw > _EPS:
+            per = 1 if g.strategy == "strict-spread" else max(1, min(k, int(self.widest / pw + _EPS)))
+        else:
+            per = k
+        nodes = None
+        spot = g.spot == "never" or g.spot == "only"
+        if g.features or g.node_types or g.avoid_types or spot:
+            ns = self.state.nodes
+            nodes = frozenset(
+                nid for nid in self.nodes
+                if g.features <= ns[nid].features and (not g.node_types or ns[nid].node_type in g.node_types)
+                and ns[nid].node_type not in g.avoid_types
+                and (not spot or (ns[nid].labels.get(SPOT_LABEL) == "true") == (g.spot == "only")))
+        return _Gang(k, pw, per, g.total, nodes)
+
+    # -- one workload ------------------------------------------------------------------------------------------
+    def _earliest(self, w: Workload, gang: _Gang, r: float, d: float):
+        """(start, [node per worker], waits, note) of ``w`` ready at ``r`` for ``d`` seconds; start None: never."""
+        s, nodes = self._room(gang, r, d)
+        room_at, room_nodes = s, nodes
+        quota_wait: Optional[Tuple[str, float]] = None
+        while s < _INF:
+            q, short = self._quota_fit(w.team, gang.total, s, d)
+            if short is not None and quota_wait is None:
+                quota_wait = short
+            if q == s:
+                break
+            if q == _INF:
+                s = _INF
+                break
+            s, nodes = self._room(gang, q, d)
+        if s == _INF:
+            why = ("nothing in the plan lets it in: no lease or reservation is left to end and it still does not fit "
+                   "(nodes out of service, or a quota that cannot hold it)")
+            waits: List[Wait] = []
+            if room_at == _INF:
+                waits.append(CapacityWait(gang.total.gpu, _INF))
+            elif quota_wait is not None:
+                waits.append(QuotaWait(w.team, quota_wait[0], quota_wait[1], _INF))
+            return None, (), tuple(waits), why
+        return s, nodes, self._waits(w, gang, r, room_at, room_nodes, s, quota_wait), ""
+
+    def _never(self, team: str, gang: _Gang, empty: QuotaLedger) -> Optional[Tuple[str, Wait]]:
+        """(note, wait) when no plan could ever let ``team``'s ``gang`` in: it fits no set of nodes in service even
+        when all are empty, or the team's quota could not hold it even if no team held anything (``empty``)."""
+        if gang.g > _EPS:
+            caps = self.caps if gang.nodes is None else {n: self.caps[n] for n in gang.nodes}
+            slots = sum(min(gang.per, int(c / gang.g + _EPS)) for c in caps.values())
+            if slots < gang.k:
+                return ("nothing in the plan lets it in: its gang does not fit the nodes in service even when they "
+                        "are empty", CapacityWait(gang.total.gpu, _INF))
+        if self.quota:
+            why = self.admission.check(empty, team, gang.total)
+            if why is not None:
+                room = max(0.0, why.nominal + why.borrowable)
+                return (f"nothing in the plan lets it in: team {team}'s quota can never hold it",
+                        QuotaWait(why.team, why.resource, max(0.0, why.needed - room), _INF))
+        return None
+
+    def _room(self, gang: _Gang, r: float, d: float) -> Tuple[float, Tuple[str, ...]]:
+        """The earliest start ``>= r`` at which the gang fits for ``d`` seconds, and its nodes (a node per worker)."""
+        if gang.g <= _EPS:
+            return r, ()
+        classes = self._holes(gang.g)
+        ok = gang.nodes
+        dd = d - _EPS
+        first = bisect.bisect_right(_CLASSES, d) - 1  # holes of shorter classes are all too short
+        if gang.k == 1:
+            # Per class, the first hole in start order with d seconds left after r; of ties, the shortest class.
+            best, where = _INF, ""
+            for c in range(len(classes) - 1, first - 1, -1):
+                for st, en, nid in classes[c]:
+                    if st > best or (st == best and c > first):
+                        break
+                    at = st if st > r else r
+                    if en - at >= dd and (ok is None or nid in ok):
+                        if at <= best:
+                            best, where = at, nid
+                        break
+            return (best, (where,)) if where else (_INF, ())
+        # A gang: sweep the holes long enough in start order, keeping their ends; at each start, those whose end is
+        # past start + d cover the runtime.
+        k, per, g = gang.k, gang.per, gang.g
+        ends: List[Tuple[float, str]] = []
+        for st, en, nid in heapq.merge(*classes[first:]):
+            at = st if st > r else r
+            if en - at < dd or (ok is not None and nid not in ok):
+                continue
+            bisect.insort(ends, (en, nid))
+            i = bisect.bisect_left(ends, (at + dd,))
+            if (len(ends) - i) * per < k:
+                continue
+            if per == 1:
+                return at, tuple(nid for _, nid in ends[i:i + k])
+            # Several workers a node: how many each covering node holds over the runtime.
+            out: List[str] = []
+            for _, n in ends[i:]:
+                take = min(per, k - len(out), int(self.nodes[n].least(at, at + d) / g + _EPS))
+                out.extend([n] * take)
+                if len(out) >= k:
+                    return at, tuple(out)
+        return _INF, ()
+
+    def _quota_fit(self, team: str, need, s: float, d: float) -> Tuple[float, Optional[Tuple[str, float]]]:
+        """The earliest start ``>= s`` at which ``team``'s quota holds ``need`` for ``d`` seconds, and what it
+        lacked first ((resource, amount); None when it holds at ``s``)."""
+        if not self.quota:
+            return s, None
+        binds = self.binds.get(team, ())
+        short = None
+        while True:
+            q = s
+            for r, guaranteed, ceiling in binds:
+                n = getattr(need, r)
+                if n <= 0:
+                    continue
+                p = self.team_use[(team, r)]
+                if ceiling < _INF:
+                    q2, over = p.first_fit(q, d, ceiling - n)
+                    if q2 != q:
+                        if short is None:
+                            short = (r, over)
+                        q = q2
+                        if q == _INF:
+                            return q, short
+                pool = self.pool_use.get(r)
+                if pool is not None:
+                    q2, over = self._pool_fit(pool, p, r, n, guaranteed, q, d)
+                    if q2 != q:
+                        if short is None:
+                            short = (r, over)
+                        q = q2
+                        if q == _INF:
+                            return q, short
+            if q == s:
+                return s, short
+            s = q
+
+    def _pool_fit(self, pool: _Profile, mine: _Profile, r: str, n: float, guaranteed: float, s: float, d: float):
+        """``_Profile.first_fit`` for the lending pool: taking ``n`` more draws on it what takes the team past its
+        guaranteed part (the pool's breakpoints hold the team's, so what the team holds is one value a segment)."""
+        cap = self.pool_cap[r]
+        times, vals = pool.times, pool.vals
+        m = len(times)
+        i = bisect.bisect_right(times, s) - 1
+        q, over = s, 0.0
+        while i < m:
+            t0 = times[i] if times[i] > q else q
+            if t0 >= q + d and d > 0:
+                return q, over
+            u = mine.at(times[i])
+            extra = max(0.0, u + n - guaranteed) - max(0.0, u - guaranteed)
+            if vals[i] + extra > cap + _EPS:
+                if not over:
+                    over = vals[i] + extra - cap
+                if i + 1 >= m:
+                    return _INF, over
+                q = times[i + 1]
+            elif i + 1 >= m:
+                return q, over
+            i += 1
+        return q, over  # pragma: no cover
+
+    # -- booking ---------------------------------------------------------------------------------------------
+    def _book(self, w: Workload, gang: _Gang, s: float, d: float, nodes: Sequence[str]) -> None:
+        """``w`` holds its nodes' GPUs and its team's quota over ``[s, s + d)``."""
+        e = s + d
+        if e <= s:
+            return
+        gpus = gang.total.gpu
+        g = gang.g
+        for nid in nodes:
+            p = self.nodes[nid]
+            before = p.add(s, e, -g)
+            got = p.ends.setdefault(e, [])
+            if not got or got[-1][1] != w.id:
+                got.append((gpus, w.id))
+            for level, dirty in self.dirty.items():
+                lv = level - _EPS
+                for v in before:
+                    if lv <= v < lv + g:  # it had the level there and has no more: its holes there changed
+                        span = dirty.get(nid)
+                        if span is None:
+                            dirty[nid] = [s, e]
+                        else:
+                            if s < span[0]:
+                                span[0] = s
+                            if e > span[1]:
+                                span[1] = e
+                        break
+        if not self.quota:
+            return
+        team = w.team
+        for r, guaranteed, _ in self.binds.get(team, ()):
+            n = getattr(gang.total, r)
+            if n <= 0:
+                continue
+            mine = self.team_use[(team, r)]
+            pool = self.pool_use.get(r)
+            if pool is not None:
+                # What the team draws on the pool grows by what takes it past its guaranteed part, segment by
+                # segment of what it holds (the pool's breakpoints hold the team's).
+                pool.split(s)
+                pool.split(e)
+                i = bisect.bisect_right(pool.times, s) - 1
+                while i < len(pool.times) and pool.times[i] < e:
+                    u = mine.at(pool.times[i])
+                    pool.vals[i] += max(0.0, u + n - guaranteed) - max(0.0, u - guaranteed)
+                    i += 1
+            mine.add(s, e, n)
+            mine.ends.setdefault(e, []).append((gpus, w.id))
+
+    # -- holes -----------------------------------------------------------------------------------------------
+    def _holes(self, level: float) -> List[List[Tuple[float, float, str]]]:
+        """Every node's holes at ``level``, per length class, by start (worked out when a gang first asks for that
+        level)."""
+        got = self.holes.get(level)
+        if got is not None:
+            dirty = self.dirty[level]
+            if dirty:
+                for nid, (s, e) in dirty.items():
+                    self._rehole(level, nid, s, e)
+                dirty.clear()
+            return got
+        got = [[] for _ in _CLASSES]
+        per_node = {}
+        for nid, p in self.nodes.items():
+            mine = per_node[nid] = _find_holes(p, level, p.times[0], _INF)
+            for st, en in mine:
+                got[bisect.bisect_right(_CLASSES, en - st) - 1].append((st, en, nid))
+        for c in got:
+            c.sort()
+        self.holes[level] = got
+        self.node_holes[level] = per_node
+        self.dirty[level] = {}
+        return got
+
+    def _rehole(self, level: float, nid: str, s: float, e: float) -> None:
+        """Node ``nid``'s holes at ``level`` after its free GPUs fell (only) within ``[s, e)``: those that overlap it
+        are worked out again from its profile there; their parts outside it stay holes."""
+        mine = self.node_holes[level][nid]
+        i = bisect.bisect_right(mine, (s, _INF)) - 1
+        if i < 0 or mine[i][1] <= s:
+            i += 1
+        j = i
+        while j < len(mine) and mine[j][0] < e:
+            j += 1
+        if i == j:
+            return
+        a, b = mine[i][0], mine[j - 1][1]
+        classes = self.holes[level]
+        for st, en in mine[i:j]:
+            c = classes[bisect.bisect_right(_CLASSES, en - st) - 1]
+            del c[bisect.bisect_left(c, (st, en, nid))]
+        new = _find_holes(self.nodes[nid], level, a if a > s else s, b if b < e else e)
+        if a < s:
+            if new and new[0][0] == s:
+                new[0] = (a, new[0][1])
+            else:
+                new.insert(0, (a, s))
+        if e < b:
+            if new and new[-1][1] == e:
+                new[-1] = (new[-1][0], b)
+            else:
+                new.append((e, b))
+        mine[i:j] = new
+        for st, en in new:
+            bisect.insort(classes[bisect.bisect_right(_CLASSES, en - st) - 1], (st, en, nid))
+
+    # -- waits -----------------------------------------------------------------------------------------------
+    def _waits(self, w: Workload, gang: _Gang, r: float, room_at: float, nodes: Sequence[str], s: float,
+               quota_wait: Optional[Tuple[str, float]]) -> Tuple[Wait, ...]:
+        """What ``w`` waits for: room for its gang until ``room_at``, then its team's quota until ``s``; each named
+        by what ends then (on its nodes, or of its team)."""
+        if s <= self.now + _EPS:
+            return ()
+        out: List[Wait] = []
+        gpus = gang.total.gpu
+        if room_at > r + _EPS:
+            ended: List[Tuple[float, float, str]] = []
+            for nid in set(nodes):  # the nodes its room was found on first
+                ended += _ended(self.nodes[nid], r, room_at)
+            out.append(CapacityWait(gpus, room_at, _named(ended)))
+        if quota_wait is not None and (s > room_at + _EPS or not out):
+            res, amount = quota_wait
+            p = self.team_use.get((w.team, res))
+            ended = _ended(p, room_at, s) if p is not None else []
+            out.append(QuotaWait(w.team, res, amount, s, _named(ended)))
+        if not out:
+            out.append(CapacityWait(gpus, s, ()))  # ready later than now (a requeued workload)
+        return tuple(out)
+
+
+def _ended(p: _Profile, t0: float, t1: float) -> List[Tuple[float, float, str]]:
+    """The last few (time, GPUs, workload id) of what gives its share of ``p`` back after ``t0`` and by ``t1``."""
+    times, ends = p.times, p.ends
+    i = bisect.bisect_right(times, t1) - 1
+    out: List[Tuple[float, float, str]] = []
+    while i > 0 and times[i] > t0 and len(out) < _NAMED:
+        t = times[i]
+        out += [(t, g, wid) for g, wid in ends.get(t, ())]
+        i -= 1
+    return out
+
+
+def _named(ended: List[Tuple[float, float, str]]) -> Tuple[str, ...]:
+    """At most ``_NAMED`` workloads of ``ended``, the latest last (of those ending at one instant, the largest)."""
+    got = sorted(set(ended))
+    return tuple(wid for _, _, wid in got[-_NAMED:])
+
+
+def _find_holes(p: _Profile, level: float, a: float, b: float) -> List[Tuple[float, float]]:
+    """The maximal intervals within ``[a, b)`` in which ``p`` is at least ``level``."""
+    times, vals = p.times, p.vals
+    n = len(times)
+    i = bisect.bisect_right(times, a) - 1
+    out: List[Tuple[float, float]] = []
+    start = None
+    lv = level - _EPS
+    while i < n and times[i] < b:
+        if vals[i] >= lv:
+            if start is None:
+                start = times[i] if times[i] > a else a
+        elif start is not None:
+            out.append((start, times[i]))
+            start = None
+        i += 1
+    if start is not None:
+        out.append((start, b))
+    return out
+
+
+def _with_attained(w: Workload, attained: float) -> Workload:
+    return replace(w, attained_gpu_s=attained)
+
+
+# --------------------------------------------------------------------------------------------------- order
+
+
+class _View:
+    """A team as an ordering's head key reads it (``OrderingPolicy.head_key``'s ``team``)."""
+
+    __slots__ = ("team", "usage", "ledger")
+
+    def __init__(self, team: Team, ledger: QuotaLedger):
+        self.team, self.usage, self.ledger = team, ledger.used(team.name), ledger
+
+
+class _Order:
+    """The pending workloads (and those terminating leases will requeue) in the order the live cycle walks them
+    now: each team queue in its queue order (its users' shares first where its rule says so), merged by the
+    ordering's head key; a team is re-keyed after a workload of its own starts now, as the cycle re-keys after an
+    admission (fair share reads what a team holds)."""
+
+    def __init__(self, state: ClusterState, ledger: QuotaLedger, requeued: Sequence[Tuple[Workload, float]]):
+        cfg = state.config
+        self.cfg, self.ledger = cfg, ledger
+        self.order = order = ORDERINGS.get(cfg.ordering)
+        snap = state.snapshot()
+        queues: Dict[str, List[Workload]] = {t: list(q) for t, q in snap.queues.items()}
+        for w, _ in requeued:
+            q = queues.setdefault(w.team, [])
+            keys = [order.queue_key(x, cfg) for x in q]
+            q.insert(bisect.bisect_right(keys, order.queue_key(w, cfg)), w)
+        for t in state.teams.values():
+            q = queues.get(t.name)
+            if q and t.users is not None and t.users.fair:
+                leases = (snap.leases_by_team or {}).get(t.name, ())
+                queues[t.name] = list(order_by_user(tuple(q), t, held_by_user(leases), cfg))
+        self.queues = queues
+        self.views = {t: _View(state.teams.get(t, _NO_TEAM), ledger) for t in queues}
+        self.cursor = {t: 0 for t in queues}
+        self.heap = [(self._key(t), i, t) for i, t in enumerate(queues) if queues[t]]
+        heapq.heapify(self.heap)
+        self.seq = len(self.heap)
+
+    def _key(self, team: str) -> Tuple:
+        view = self.views[team]
+        view.usage = self.ledger.used(team)
+        return self.order.head_key(self.queues[team][self.cursor[team]], view, self.cfg)
+
+    def __iter__(self):
+        heap, queues, cursor = self.heap, self.queues, self.cursor
+        while heap:
+            team = heap[0][2]
+            q = queues[team]
+            i = cursor[team]
+            cursor[team] = i + 1
+            w = q[i]
+            yield w  # ``took`` may change what the team holds before its next key is read
+            if i + 1 < len(q):
+                self.seq += 1
+                heapq.heapreplace(heap, (self._key(team), self.seq, team))
+            else:
+                heapq.heappop(heap)
+
+    def took(self, w: Workload) -> None:
+        """``w`` starts now: its team holds its resources from now on (for the head keys that read it)."""
+        self.ledger.add(w.team, w.gang.total)
+

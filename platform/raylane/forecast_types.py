@@ -1,0 +1,102 @@
+"""What a queue ETA is, whichever way it is computed: ``Eta``, the phases of a wait (``CapacityWait``, ``QuotaWait``,
+``QueueWait``, ``PreemptionWait``) and the runtime rules both forecasting methods share (``expected_end``,
+``remaining_runtime``). ``raylane.forecast`` (the replay) and ``raylane.forecast_plan`` (the reservation plan) return
+these; ``raylane.forecast`` re-exports them, with ``describe``, which renders one.
+
+Words
+- *expected end* of a lease: its start plus what is left of its runtime estimate (the estimate less the service it
+  had in earlier attempts, ``attained_gpu_s`` over its GPUs); without an estimate, plus its class's runtime
+  (``class_runtime_s``) or else ``default_runtime_s``. A lease already past that end has not ended: it is expected
+  to run on for ``overrun`` of the time it has run (at least ``min_overrun_s``).
+
+Pure: imports only the scheduling core's types and the standard library.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple, Union
+
+from raylane.scheduling.types import Lease, Workload
+
+__all__ = ["Eta", "CapacityWait", "QuotaWait", "QueueWait", "PreemptionWait", "Wait", "expected_end",
+           "remaining_runtime", "DEFAULT_HORIZON_S"]
+
+DEFAULT_HORIZON_S = 7 * 86400.0
+
+
+# ------------------------------------------------------------------------------------------------------ waits
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityWait:
+    """Waits for room for its gang (``gpus`` GPUs in all) on nodes in service, until ``at``, when ``ended`` end."""
+
+    gpus: float
+    at: float
+    ended: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaWait:
+    """Waits for ``amount`` more of ``resource`` under ``team``'s quota, until ``at``, when ``ended`` end."""
+
+    team: str
+    resource: str
+    amount: float
+    at: float
+    ended: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWait:
+    """Could start but for its turn: work before it in queue order goes first (``head``: the one it waits behind,
+    when the cycle named it), until ``at``."""
+
+    head: Optional[str]
+    at: float
+    ended: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionWait:
+    """Waits for ``victims``, preempted for it, to stop, until ``at``."""
+
+    victims: Tuple[str, ...]
+    at: float
+    ended: Tuple[str, ...] = ()
+
+
+Wait = Union[CapacityWait, QuotaWait, QueueWait, PreemptionWait]
+
+
+@dataclass(frozen=True, slots=True)
+class Eta:
+    """The forecast of one pending workload, on the clock of ``now``. ``finish`` is None without a runtime estimate
+    of its own; ``start`` is None when it does not start within the horizon (``note`` says why)."""
+
+    workload_id: str
+    start: Optional[float]
+    finish: Optional[float]
+    waits_for: Tuple[Wait, ...] = ()
+    note: str = ""
+
+
+# ----------------------------------------------------------------------------------------------- runtimes
+
+
+def expected_end(lease: Lease, now: float, *, default_runtime_s: float, class_runtime_s: Mapping[str, float] = {},
+                 overrun: float = 0.25, min_overrun_s: float = 300.0) -> float:
+    """When a running ``lease`` is expected to end, seen at ``now`` (the module's *expected end*)."""
+    end = lease.start_time + remaining_runtime(lease.workload, default_runtime_s, class_runtime_s)
+    if end > now:
+        return end
+    return now + max(min_overrun_s, overrun * (now - lease.start_time))
+
+
+def remaining_runtime(w: Workload, default_runtime_s: float, class_runtime_s: Mapping[str, float]) -> float:
+    """Seconds of running ``w`` still needs once started: its estimate less the service it already had."""
+    est = w.runtime_estimate_s
+    if est is None:
+        return class_runtime_s.get(w.cls.name, default_runtime_s)
+    gpus = w.gang.total.gpu
+    return max(0.0, est - (w.attained_gpu_s / gpus if gpus > 0 else 0.0))
