@@ -301,8 +301,11 @@ class _Plan:
             pool = self.pool_use[r] = _Profile(now, ledger.pool_used[r], changes)
             for team, mine in entries.items():
                 if r in mine:
-                    for t in self.team_use[(team, r)].times[1:]:
+                    p = self.team_use[(team, r)]
+                    for t in p.times[1:]:
                         pool.split(t)  # the pool's breakpoints hold every team's: one value a segment for each
+                    for t, got in p.ends.items():
+                        pool.ends.setdefault(t, []).extend(got)
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run(self, only: Optional[Iterable[str]], horizon_s: float) -> Dict[str, Eta]:
@@ -372,7 +375,7 @@ class _Plan:
         """(start, [node per worker], waits, note) of ``w`` ready at ``r`` for ``d`` seconds; start None: never."""
         s, nodes = self._room(gang, r, d)
         room_at, room_nodes = s, nodes
-        quota_wait: Optional[Tuple[str, float]] = None
+        quota_wait: Optional[Tuple[str, float, _Profile]] = None
         while s < _INF:
             q, short = self._quota_fit(w.team, gang.total, s, d)
             if short is not None and quota_wait is None:
@@ -455,9 +458,10 @@ class _Plan:
                     return at, tuple(out)
         return _INF, ()
 
-    def _quota_fit(self, team: str, need, s: float, d: float) -> Tuple[float, Optional[Tuple[str, float]]]:
+    def _quota_fit(self, team: str, need, s: float, d: float) -> Tuple[float, Optional[Tuple[str, float, _Profile]]]:
         """The earliest start ``>= s`` at which ``team``'s quota holds ``need`` for ``d`` seconds, and what it
-        lacked first ((resource, amount); None when it holds at ``s``)."""
+        lacked first ((resource, amount, the profile that bound: the team's or the pool's); None when it holds at
+        ``s``)."""
         if not self.quota:
             return s, None
         binds = self.binds.get(team, ())
@@ -473,7 +477,7 @@ class _Plan:
                     q2, over = p.first_fit(q, d, ceiling - n)
                     if q2 != q:
                         if short is None:
-                            short = (r, over)
+                            short = (r, over, p)
                         q = q2
                         if q == _INF:
                             return q, short
@@ -482,7 +486,7 @@ class _Plan:
                     q2, over = self._pool_fit(pool, p, r, n, guaranteed, q, d)
                     if q2 != q:
                         if short is None:
-                            short = (r, over)
+                            short = (r, over, pool)
                         q = q2
                         if q == _INF:
                             return q, short
@@ -561,6 +565,7 @@ class _Plan:
                     u = mine.at(pool.times[i])
                     pool.vals[i] += max(0.0, u + n - guaranteed) - max(0.0, u - guaranteed)
                     i += 1
+                pool.ends.setdefault(e, []).append((gpus, w.id))
             mine.add(s, e, n)
             mine.ends.setdefault(e, []).append((gpus, w.id))
 
@@ -623,9 +628,9 @@ class _Plan:
 
     # -- waits -----------------------------------------------------------------------------------------------
     def _waits(self, w: Workload, gang: _Gang, r: float, room_at: float, nodes: Sequence[str], s: float,
-               quota_wait: Optional[Tuple[str, float]]) -> Tuple[Wait, ...]:
+               quota_wait: Optional[Tuple[str, float, _Profile]]) -> Tuple[Wait, ...]:
         """What ``w`` waits for: room for its gang until ``room_at``, then its team's quota until ``s``; each named
-        by what ends then (on its nodes, or of its team)."""
+        by what ends then (on its nodes; of its team, or of any team for the lending pool)."""
         if s <= self.now + _EPS:
             return ()
         out: List[Wait] = []
@@ -636,9 +641,8 @@ class _Plan:
                 ended += _ended(self.nodes[nid], r, room_at)
             out.append(CapacityWait(gpus, room_at, _named(ended)))
         if quota_wait is not None and (s > room_at + _EPS or not out):
-            res, amount = quota_wait
-            p = self.team_use.get((w.team, res))
-            ended = _ended(p, room_at, s) if p is not None else []
+            res, amount, p = quota_wait
+            ended = _ended(p, room_at, s)
             out.append(QuotaWait(w.team, res, amount, s, _named(ended)))
         if not out:
             out.append(CapacityWait(gpus, s, ()))  # ready later than now (a requeued workload)
@@ -710,8 +714,10 @@ class _Order:
         cfg = state.config
         self.cfg, self.ledger = cfg, ledger
         self.order = order = ORDERINGS.get(cfg.ordering)
-        snap = state.snapshot()
-        queues: Dict[str, List[Workload]] = {t: list(q) for t, q in snap.queues.items()}
+        # (read without ``snapshot``, which would fill the state's caches: the state is left as it was)
+        queues: Dict[str, List[Workload]] = {}
+        for w in state.pending():  # team by team, each in its queue order
+            queues.setdefault(w.team, []).append(w)
         for w, _ in requeued:
             q = queues.setdefault(w.team, [])
             keys = [order.queue_key(x, cfg) for x in q]
@@ -719,7 +725,7 @@ class _Order:
         for t in state.teams.values():
             q = queues.get(t.name)
             if q and t.users is not None and t.users.fair:
-                leases = (snap.leases_by_team or {}).get(t.name, ())
+                leases = [lease for lease in state.leases.values() if lease.team == t.name]
                 queues[t.name] = list(order_by_user(tuple(q), t, held_by_user(leases), cfg))
         self.queues = queues
         self.views = {t: _View(state.teams.get(t, _NO_TEAM), ledger) for t in queues}

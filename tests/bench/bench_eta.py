@@ -1,4 +1,6 @@
-"""Queue ETA (issue 27 item 4): how fast ``raylane.forecast`` is, and how close its forecasts come in the simulator.
+"""Queue ETA (issue 27 item 4): how fast ``raylane.forecast`` is, and how close its forecasts come in the simulator,
+for both its methods: ``replay`` (the live cycle driven forward) and ``plan`` (a reservation plan,
+``raylane.forecast_plan``).
 
 Part 1, speed (``speed``): one forecast of a live-like state of 100 nodes x 8 GPUs with 1,000 pending, against the
 goal of 50 ms, on two scenes:
@@ -13,7 +15,9 @@ Printed: CPU time (``time.process_time``: other processes on a shared machine in
 of every pending workload, the cycles it ran, the same at a coarser ``resolution``, with a 1-day horizon and for
 the first 100 in queue order only (with how far their ETAs move), and the baselines, timed in the same process on
 the same state: one live cycle, and one cycle over only the first workload of each team queue, times the cycles the
-forecast ran (what one cycle per step costs at the least: the floor of this way of forecasting).
+forecast ran (what one cycle per step costs at the least: the floor of this way of forecasting). Then the plan on
+the same state: its CPU time for every pending workload and for the first 100, against the goal and as a ratio to
+the replay's, and how far its ETAs are from the replay's.
 
 Part 2, accuracy (``accuracy``): the simulator replays a trace; every sampled job's ETA is forecast at its submit
 (from the simulator's own ``ClusterState``, after the instant's arrivals and lease ends, before its cycle: what the
@@ -27,9 +31,11 @@ Figure: for jobs that waited at least 10 minutes, |forecast wait - actual wait| 
 ``k``-th job is sampled (``--samples`` per scene, 500 by default) to keep the run to a few minutes; all sampled jobs
 that arrive at one instant share one forecast. ``--plot`` writes forecast against actual wait as a PNG. The
 simulator offers no hook per arrival: as ``bench_sim`` times ``engine.cycle``, this swaps ``engine.ClusterState``
-for a subclass that forecasts as the sampled jobs arrive (``tapped``).
+for a subclass that forecasts as the sampled jobs arrive (``tapped``); each method forecasts the same jobs from the
+same states in one replay.
 
-    python -m tests.bench.bench_eta [--part all|speed|accuracy] [--samples N] [--plot PATH] [--resolution R]
+    python -m tests.bench.bench_eta [--part all|speed|accuracy] [--methods replay,plan] [--samples N] [--plot PATH]
+                                    [--resolution R]
 """
 from __future__ import annotations
 
@@ -181,6 +187,20 @@ def speed(args) -> None:
                          if e.start is not None and ref.get(k) is not None]
                 line += f"; ETAs {_q(diffs, .5):.1%} (median), {_q(diffs, .9):.1%} (p90) from the first line's"
             print(line, flush=True)
+            if name == "every pending workload":
+                replay_s = t_s
+        # The reservation plan on the same state, against the replay's CPU time and ETAs.
+        plan_s, plan = _cpu(lambda: fc.forecast(st, now, method="plan"), 5)
+        starts = [e.start - now for e in plan.values() if e.start is not None]
+        diffs = [abs(e.start - ref[k]) / max(MIN_WAIT_S, ref[k] - now) for k, e in plan.items()
+                 if e.start is not None and ref.get(k) is not None]
+        print(f"  plan: every pending workload   {plan_s * 1e3:7.1f} ms CPU ({plan_s / base_s:4.0f} live cycles), "
+              f"{len(starts)}/{len(plan)} start, the last in {max(starts, default=0) / 3600:.1f} h; goal "
+              f"{GOAL_MS:.0f} ms: {'met' if plan_s * 1e3 <= GOAL_MS else 'NOT met'}; the replay takes "
+              f"{replay_s / plan_s:.0f} times as long; ETAs {_q(diffs, .5):.1%} (median), {_q(diffs, .9):.1%} (p90) "
+              f"from the replay's", flush=True)
+        top_s, _ = _cpu(lambda: fc.forecast(st, now, method="plan", only=top), 5)
+        print(f"  plan: the first 100 in queue order {top_s * 1e3:5.1f} ms CPU", flush=True)
 
 
 # --------------------------------------------------------------------------------------------------- accuracy
@@ -188,16 +208,17 @@ def speed(args) -> None:
 
 @dataclass
 class Taken:
-    """The forecasts taken during one replay: job id -> (submit, forecast start or None)."""
+    """The forecasts taken during one replay, per method: job id -> (submit, forecast start or None)."""
 
     forecast_kw: Dict
     sampled: set
-    got: Dict[str, Tuple[float, Optional[float]]] = field(default_factory=dict)
+    methods: Sequence[str] = ("replay",)
+    got: Dict[str, Dict[str, Tuple[float, Optional[float]]]] = field(default_factory=dict)
     batch: List[str] = field(default_factory=list)
     batch_t: float = -math.inf
     seen: set = field(default_factory=set)
     calls: int = 0
-    cpu_s: float = 0.0
+    cpu_s: Dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -211,13 +232,15 @@ def tapped(taken: Taken):
         def _flush(self) -> None:
             if not taken.batch:
                 return
-            c = time.process_time()
-            etas = fc.forecast(self, taken.batch_t, only=taken.batch, **taken.forecast_kw)
-            taken.cpu_s += time.process_time() - c
+            batch, taken.batch = taken.batch, []
+            for method in taken.methods:
+                c = time.process_time()
+                etas = fc.forecast(self, taken.batch_t, only=batch, method=method, **taken.forecast_kw)
+                taken.cpu_s[method] = taken.cpu_s.get(method, 0.0) + time.process_time() - c
+                got = taken.got.setdefault(method, {})
+                for wid in batch:
+                    got[wid] = (taken.batch_t, etas[wid].start)
             taken.calls += 1
-            for wid in taken.batch:
-                taken.got[wid] = (taken.batch_t, etas[wid].start)
-            taken.batch = []
 
         def enqueue(self, w: Workload) -> None:
             if w.id not in taken.seen:
@@ -252,30 +275,37 @@ def scenes(args) -> List[Tuple[str, object, int]]:
     return out
 
 
-def measure(trace, nodes: int, preset: str, args) -> Dict:
+def measure(trace, nodes: int, preset: str, args) -> Dict[str, Dict]:
+    """One replay of ``trace`` under ``preset``, forecasting the sampled jobs with each of ``args.methods``: per
+    method, the (actual wait, forecast wait) rows and their errors."""
     cfg, opts = apply_preset(get_preset(preset), SchedulerConfig(admission="none"), SimOptions(seed=args.seed))
     sim = Simulator(trace, cluster_from_flags(nodes, 8).nodes(), {}, cfg, options=opts)
     every = max(1, len(sim.jobs) // args.samples)
     sampled = {job.id for job in sim.jobs[::every]}
     kw = dict(resolution=args.resolution, horizon_s=args.horizon_h * 3600, max_examined=opts.max_examined)
-    taken = Taken(kw, sampled)
+    taken = Taken(kw, sampled, args.methods)
     t0 = time.perf_counter()
     with tapped(taken):
         r = sim.run()
+    wall = time.perf_counter() - t0
     actual = {job.id: (r.first_start[j] - job.submit if r.first_start[j] >= 0 else None)
               for j, job in enumerate(r.jobs)}
-    rows = []  # (actual wait, forecast wait)
-    for wid, (submit, start) in taken.got.items():
-        a = actual.get(wid)
-        if a is None:
-            continue
-        f = start - submit if start is not None else kw["horizon_s"]
-        rows.append((a, f))
-    errs = [abs(f - a) / a for a, f in rows if a >= MIN_WAIT_S]
-    signed = [(f - a) / a for a, f in rows if a >= MIN_WAIT_S]
-    return dict(rows=rows, errs=errs, signed=signed, sampled=len(taken.got), waited=len(errs), calls=taken.calls,
-                ms=1e3 * taken.cpu_s / max(1, taken.calls), wall=time.perf_counter() - t0,
-                unknown=sum(1 for (_, s) in taken.got.values() if s is None))
+    out = {}
+    for method in args.methods:
+        got = taken.got.get(method, {})
+        rows = []  # (actual wait, forecast wait)
+        for wid, (submit, start) in got.items():
+            a = actual.get(wid)
+            if a is None:
+                continue
+            f = start - submit if start is not None else kw["horizon_s"]
+            rows.append((a, f))
+        errs = [abs(f - a) / a for a, f in rows if a >= MIN_WAIT_S]
+        signed = [(f - a) / a for a, f in rows if a >= MIN_WAIT_S]
+        out[method] = dict(rows=rows, errs=errs, signed=signed, sampled=len(got), waited=len(errs),
+                           calls=taken.calls, ms=1e3 * taken.cpu_s.get(method, 0.0) / max(1, taken.calls),
+                           wall=wall, unknown=sum(1 for (_, s) in got.values() if s is None))
+    return out
 
 
 def _q(xs: Sequence[float], q: float) -> float:
@@ -287,36 +317,42 @@ def _q(xs: Sequence[float], q: float) -> float:
 
 def accuracy(args) -> None:
     table = []
-    results: Dict[Tuple[str, str], Dict] = {}
+    results: Dict[Tuple[str, str, str], Dict] = {}  # (method, scene, mode) -> measured
     for name, trace, nodes in scenes(args):
         for mode, preset in (("exact", "easy"), ("noisy", "easy-noisy")):
-            m = measure(trace, nodes, preset, args)
-            results[(name, mode)] = m
-            print(f"{name:<26} {mode:<6} sampled {m['sampled']:4d}, waited >= 10 min {m['waited']:4d}: median "
-                  f"{_q(m['errs'], .5):6.1%}, p90 {_q(m['errs'], .9):7.1%} (signed: median {_q(m['signed'], .5):+.1%}, "
-                  f"p10 {_q(m['signed'], .1):+.1%}); {m['unknown']} beyond the horizon; "
-                  f"{m['calls']} forecasts, {m['ms']:.0f} ms CPU each on average; {m['wall']:.0f} s", flush=True)
-        ex, no = results[(name, "exact")], results[(name, "noisy")]
-        table.append((name, ex, no))
+            for method, m in measure(trace, nodes, preset, args).items():
+                results[(method, name, mode)] = m
+                print(f"{name:<26} {mode:<6} {method:<6} sampled {m['sampled']:4d}, waited >= 10 min {m['waited']:4d}: "
+                      f"median {_q(m['errs'], .5):6.1%}, p90 {_q(m['errs'], .9):7.1%} (signed: median "
+                      f"{_q(m['signed'], .5):+.1%}, p10 {_q(m['signed'], .1):+.1%}); {m['unknown']} beyond the "
+                      f"horizon; {m['calls']} forecasts, {m['ms']:.1f} ms CPU each on average; replay {m['wall']:.0f} s",
+                      flush=True)
+        for method in args.methods:
+            table.append((name, method, results[(method, name, "exact")], results[(method, name, "noisy")]))
     print()
-    print("| scene | jobs sampled | waited >= 10 min (exact / noisy) | exact: median | exact: p90 | noisy: median "
-          "| noisy: p90 |")
-    print("|---|---|---|---|---|---|---|")
-    for name, ex, no in table:
-        print(f"| {name} | {ex['sampled']} | {ex['waited']} / {no['waited']} | {_q(ex['errs'], .5):.0%} | "
-              f"{_q(ex['errs'], .9):.0%} | {_q(no['errs'], .5):.0%} | {_q(no['errs'], .9):.0%} |")
-    allx = [e for _, ex, _ in table for e in ex["errs"]]
-    alln = [e for _, _, no in table for e in no["errs"]]
-    print(f"| all scenes | {sum(ex['sampled'] for _, ex, _ in table)} | {len(allx)} / {len(alln)} | "
-          f"{_q(allx, .5):.0%} | {_q(allx, .9):.0%} | {_q(alln, .5):.0%} | {_q(alln, .9):.0%} |")
-    worst = max(((_q(ex["errs"], .5), name) for name, ex, _ in table if ex["errs"]), default=(math.nan, "-"))
-    print(f"\ngoal: median relative error <= {GOAL_MEDIAN:.0%} with exact estimates on every scene: "
-          f"{'met' if worst[0] <= GOAL_MEDIAN else 'NOT met'} (worst: {worst[1]}, {worst[0]:.0%})")
+    print("| scene | method | jobs sampled | waited >= 10 min (exact / noisy) | exact: median | exact: p90 | "
+          "noisy: median | noisy: p90 | CPU per forecast (exact) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, method, ex, no in table:
+        print(f"| {name} | {method} | {ex['sampled']} | {ex['waited']} / {no['waited']} | {_q(ex['errs'], .5):.0%} | "
+              f"{_q(ex['errs'], .9):.0%} | {_q(no['errs'], .5):.0%} | {_q(no['errs'], .9):.0%} | {ex['ms']:.1f} ms |")
+    for method in args.methods:
+        rows = [(ex, no) for _, m, ex, no in table if m == method]
+        allx = [e for ex, _ in rows for e in ex["errs"]]
+        alln = [e for _, no in rows for e in no["errs"]]
+        print(f"| all scenes | {method} | {sum(ex['sampled'] for ex, _ in rows)} | {len(allx)} / {len(alln)} | "
+              f"{_q(allx, .5):.0%} | {_q(allx, .9):.0%} | {_q(alln, .5):.0%} | {_q(alln, .9):.0%} | |")
+    print()
+    for method in args.methods:
+        worst = max(((_q(ex["errs"], .5), name) for name, m, ex, _ in table if m == method and ex["errs"]),
+                    default=(math.nan, "-"))
+        print(f"goal ({method}): median relative error <= {GOAL_MEDIAN:.0%} with exact estimates on every scene: "
+              f"{'met' if worst[0] <= GOAL_MEDIAN else 'NOT met'} (worst: {worst[1]}, {worst[0]:.0%})")
     if args.plot:
-        plot(results, Path(args.plot))
+        plot(results, args.methods, Path(args.plot))
 
 
-def plot(results: Dict[Tuple[str, str], Dict], path: Path) -> None:
+def plot(results: Dict[Tuple[str, str, str], Dict], methods: Sequence[str], path: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -324,12 +360,14 @@ def plot(results: Dict[Tuple[str, str], Dict], path: Path) -> None:
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
-    names = sorted({n for n, _ in results}, key=list(dict.fromkeys(n for n, _ in results)).index)
+    fig, grid = plt.subplots(len(methods), 2, figsize=(11, 5 * len(methods)), sharex=True, sharey=True,
+                             squeeze=False)
+    names = list(dict.fromkeys(n for _, n, _ in results))
     lo, hi = MIN_WAIT_S, 10 * MIN_WAIT_S
-    for ax, mode in zip(axes, ("exact", "noisy")):
+    cells = [(ax, method, mode) for axes, method in zip(grid, methods) for ax, mode in zip(axes, ("exact", "noisy"))]
+    for ax, method, mode in cells:
         for name in names:
-            rows = [(a, max(f, 1.0)) for a, f in results[(name, mode)]["rows"] if a >= MIN_WAIT_S]
+            rows = [(a, max(f, 1.0)) for a, f in results[(method, name, mode)]["rows"] if a >= MIN_WAIT_S]
             if rows:
                 ax.scatter([a / 3600 for a, _ in rows], [f / 3600 for _, f in rows], s=9, alpha=0.6, label=name)
                 hi = max(hi, max(max(r) for r in rows))
@@ -338,11 +376,12 @@ def plot(results: Dict[Tuple[str, str], Dict], path: Path) -> None:
         ax.plot([lo / 3600, hi / 3600], [1.2 * lo / 3600, 1.2 * hi / 3600], color="gray", lw=0.6, ls="--")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"{mode} runtime estimates")
+        ax.set_title(f"{method}: {mode} runtime estimates")
         ax.set_xlabel("actual wait (hours)")
         ax.grid(True, which="both", alpha=0.25)
-    axes[0].set_ylabel("wait forecast at submit (hours)")
-    axes[1].legend(fontsize=8, loc="upper left")
+    for axes in grid:
+        axes[0].set_ylabel("wait forecast at submit (hours)")
+    grid[0][1].legend(fontsize=8, loc="upper left")
     fig.suptitle("Queue ETA at submit vs actual start (jobs that waited >= 10 min; dashed: +-20%)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -360,7 +399,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--resolution", type=float, default=0.0, help="the forecast's time resolution")
     ap.add_argument("--horizon-h", type=float, default=fc.DEFAULT_HORIZON_S / 3600)
     ap.add_argument("--plot", default=None, help="write forecast vs actual wait as a PNG here")
+    ap.add_argument("--methods", default=",".join(fc.METHODS),
+                    help=f"the forecasting methods to measure for accuracy, comma-separated (of {', '.join(fc.METHODS)})")
     args = ap.parse_args(argv)
+    args.methods = tuple(m for m in args.methods.split(",") if m)
+    bad = [m for m in args.methods if m not in fc.METHODS]
+    if bad or not args.methods:
+        ap.error(f"--methods={','.join(args.methods)!r}: allowed: a comma-separated list of {', '.join(fc.METHODS)}")
     if args.part in ("all", "speed"):
         speed(args)
     if args.part in ("all", "accuracy"):

@@ -1,0 +1,214 @@
+"""Queue ETA by reservation plan (raylane.forecast_plan, ``forecast(method="plan")``): exact small cases, from
+tables, on the pure core (no Ray).
+
+Each case builds a ``ClusterState`` with the scheduling tests' builders, plans it at ``now`` and checks each
+workload's start, finish and what it waits for. The plan is conservative backfill: each workload in queue order gets
+the earliest start at which its gang fits on nodes in service and its team's quota holds it for its whole runtime,
+given the leases' expected ends and the reservations of the work before it; it plans no preemption.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+import pytest
+
+from raylane.forecast import CapacityWait, QuotaWait, describe, forecast
+from raylane.forecast_plan import plan
+from raylane.scheduling import LeaseState
+
+from tests.scheduling.builders import PRETRAIN, PROD, make_state, node, nodes, obj, running, team, wl
+from tests.test_forecast import CASES as REPLAY_CASES
+from tests.test_forecast import build as build_replay
+
+NOW = 100.0
+FIFO = dict(ordering="fifo", backfill="easy", preemption="none", admission="none")
+
+
+@dataclass
+class Case:
+    name: str
+    nodes: Sequence
+    running: Sequence = ()
+    pending: Sequence = ()
+    teams: Sequence = (team("nlp"),)
+    config: Dict = field(default_factory=dict)
+    cordoned: Sequence[str] = ()
+    kw: Dict = field(default_factory=dict)
+    # workload id -> (start, finish); start None: no start planned
+    expect: Dict[str, Tuple[Optional[float], Optional[float]]] = field(default_factory=dict)
+    # workload id -> what it waits for, in order
+    waits: Dict[str, Tuple] = field(default_factory=dict)
+
+
+CASES = [
+    Case("backfill: later work uses the holes before the head's reservation, and only those it fits in",
+         nodes(1), [running(wl("a").gpus(4).est(1000), on=["n1"])],
+         [wl("h").gpus(8).est(100).at(1), wl("s").gpus(4).est(500).at(2), wl("l").gpus(4).est(5000).at(3),
+          wl("x").gpus(4).est(300).at(4)], config=FIFO,
+         # h holds the node from 1000; s fits before it now; l is too long for any hole; x fits after s, before h
+         expect={"h": (1000, 1100), "s": (NOW, 600), "l": (1100, 6100), "x": (600, 900)},
+         waits={"h": (CapacityWait(8, 1000, ("a",)),), "s": (), "x": (CapacityWait(4, 600, ("s",)),)}),
+    Case("a gang needs whole nodes: 16 GPUs free now in all, but one node of 8",
+         nodes(3), [running(wl("a").gpus(4).est(1000), on=["n1"]), running(wl("b").gpus(4).est(2000), on=["n2"])],
+         [wl("g").gpus(8).workers(2).est(100)], config=FIFO,
+         expect={"g": (1000, 1100)}, waits={"g": (CapacityWait(16, 1000, ("a",)),)}),
+    Case("a gang of shares packs onto one node",
+         [node("n1").free(1)], [], [wl("g").gpus(0.5).workers(2).est(100)], config=FIFO,
+         expect={"g": (NOW, NOW + 100)}),
+    Case("strict-spread: one worker a node",
+         nodes(2), [running(wl("a").gpus(4).est(1000), on=["n1"])],
+         [wl("g").gpus(1).workers(2).strategy("strict-spread").est(10)], config=FIFO,
+         expect={"g": (NOW, NOW + 10)}),
+    Case("quota-bound: room on the cluster, none under the team's quota until its lease ends",
+         nodes(2), [running(wl("a").gpus(4).est(1000), on=["n1"])], [wl("b").gpus(4).est(100)],
+         teams=(team("nlp", gpu=4, borrow=0),),
+         expect={"b": (1000, 1100)}, waits={"b": (QuotaWait("nlp", "gpu", 4, 1000, ("a",)),)}),
+    Case("borrowing another team's unused quota, within the limit, starts now",
+         nodes(2), [running(wl("a").gpus(4).est(1000), on=["n1"])], [wl("b").gpus(4).est(100)],
+         teams=(team("nlp", gpu=4, borrow=4), team("cv", gpu=4)), expect={"b": (NOW, NOW + 100)}),
+    Case("the lending pool: a team borrows only what the others leave unused",
+         nodes(2), [running(wl("c").team("cv").gpus(4).est(1000), on=["n1"])], [wl("b").gpus(8).est(100)],
+         teams=(team("nlp", gpu=4), team("cv", gpu=4)),
+         expect={"b": (1000, 1100)}, waits={"b": (QuotaWait("nlp", "gpu", 4, 1000, ("c",)),)}),
+    Case("quota and room: waits for room, then for its quota",
+         nodes(2), [running(wl("a").gpus(8).est(1000), on=["n1"]), running(wl("c").gpus(4).est(3000), on=["n2"])],
+         [wl("b").gpus(8).est(100)], teams=(team("nlp", gpu=8, borrow=0),),
+         expect={"b": (3000, 3100)},
+         waits={"b": (CapacityWait(8, 1000, ("a",)), QuotaWait("nlp", "gpu", 4, 3000, ("c",)))}),
+    Case("a terminating lease is gone at its known deadline; work of a higher class goes first",
+         nodes(1), [running(wl("a").gpus(8).est(10_000), on=["n1"], terminating=True)],
+         [wl("b").gpus(8).est(5).cls(PROD)], kw=dict(stopping_ends={"a": 500}),
+         expect={"b": (500, 505)}, waits={"b": (CapacityWait(8, 500, ("a",)),)}),
+    Case("a requeued workload keeps its place and runs what is left of its estimate",
+         nodes(1), [running(wl("a").gpus(8).est(10_000), on=["n1"], terminating=True)], [wl("b").gpus(8).est(5).at(1)],
+         kw=dict(stopping_ends={"a": 500}), expect={"b": (10_000, 10_005)}),
+    Case("a terminating lease with no deadline known is gone a grace period from now",
+         nodes(1), [running(wl("a").gpus(8).est(10_000), on=["n1"], terminating=True)],
+         [wl("b").gpus(8).est(5).cls(PROD)],
+         expect={"b": (NOW + PRETRAIN.grace_period_s, NOW + PRETRAIN.grace_period_s + 5)}),
+    Case("no preemption planned: a higher class waits for the lease to end",
+         nodes(1), [running(wl("a").gpus(8).est(10_000), on=["n1"])], [wl("b").gpus(8).est(100).cls(PROD)],
+         expect={"b": (10_000, 10_100)}),
+    Case("a cordoned node stays out of service",
+         [node("n1"), node("n2")], [running(wl("a").gpus(8).est(1000), on=["n1"])], [wl("b").gpus(8).est(5)],
+         cordoned=["n2"], expect={"b": (1000, 1005)}),
+    Case("the same without the cordon: starts now",
+         [node("n1"), node("n2")], [running(wl("a").gpus(8).est(1000), on=["n1"])], [wl("b").gpus(8).est(5)],
+         expect={"b": (NOW, NOW + 5)}, waits={"b": ()}),
+    Case("never fits the nodes in service: no start",
+         [node("n1"), node("n2")], [running(wl("a").gpus(8).est(1000), on=["n1"])],
+         [wl("b").gpus(8).workers(2).est(5), wl("c").gpus(8).est(5).at(1)], cordoned=["n2"],
+         expect={"b": (None, None), "c": (1000, 1005)}, waits={"b": (CapacityWait(16, float("inf")),)}),
+    Case("a quota that can never hold it: no start",
+         nodes(2), [], [wl("b").gpus(8).est(5)], teams=(team("nlp", gpu=4, borrow=2),),
+         expect={"b": (None, None)}, waits={"b": (QuotaWait("nlp", "gpu", 4, float("inf")),)}),
+    Case("beyond the horizon: no start",
+         nodes(1), [running(wl("a").gpus(8).est(10 * 86400), on=["n1"])], [wl("b").gpus(8).est(5)],
+         kw=dict(horizon_s=86400), expect={"b": (None, None)}),
+    Case("no estimate: the lease ends after its class's runtime; the pending one has no finish",
+         nodes(1), [running(wl("a").gpus(8), on=["n1"])], [wl("b").gpus(8)],
+         kw=dict(class_runtime_s={PRETRAIN.name: 7200}), expect={"b": (7200, None)}),
+    Case("a lease past its estimate runs on a while",
+         nodes(1), [running(wl("a").gpus(8).est(50), on=["n1"])], [wl("b").gpus(8).est(10)],
+         kw=dict(overrun=0.5, min_overrun_s=20), expect={"b": (NOW + 50, NOW + 60)}),
+    Case("node features: only the nodes that have them",
+         [node("n1").features("a100"), node("n2")], [running(wl("a").gpus(8).est(1000), on=["n1"])],
+         [wl("b").gpus(8).features("a100").est(5)], config=FIFO, expect={"b": (1000, 1005)}),
+]
+
+
+def _r(t: Optional[float]) -> Optional[float]:
+    return None if t is None else round(t, 6)
+
+
+def build(case: Case):
+    st = make_state(case.nodes, case.teams, case.running, case.pending, **case.config)
+    for nid in case.cordoned:
+        st.set_schedulable(nid, False)
+    return st
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_plan(case: Case):
+    etas = forecast(build(case), NOW, method="plan", **case.kw)
+    assert set(etas) == {obj(p).id for p in case.pending}
+    got = {wid: (_r(e.start), _r(e.finish)) for wid, e in etas.items() if wid in case.expect}
+    assert got == case.expect
+    for wid, waits in case.waits.items():
+        assert etas[wid].waits_for == waits
+    for wid, (start, _) in case.expect.items():
+        assert (etas[wid].note != "") == (start is None)
+
+
+# The replay's cases where the two methods must agree: no preemption decides them, and no two ends fall in one of
+# the replay's steps.
+SAME = ["behind one lease", "behind two leases", "quota-bound", "FIFO", "priority", "no estimate", "a pending",
+        "a lease past", "free room", "a requeued", "a cordoned", "the same without", "nothing can ever",
+        "beyond the horizon", "EASY", "no preemption, no quota"]
+
+
+@pytest.mark.parametrize("case", [c for c in REPLAY_CASES if any(c.name.startswith(s) for s in SAME)],
+                         ids=lambda c: c.name)
+def test_the_plan_agrees_with_the_replay_where_no_preemption_decides(case):
+    kw = {k: v for k, v in case.kw.items() if k not in ("resolution", "min_step_s")}
+    replayed = forecast(build_replay(case), NOW, **kw)
+    planned = forecast(build_replay(case), NOW, method="plan", **kw)
+    assert {k: (e.start, e.finish) for k, e in planned.items()} == {k: (e.start, e.finish) for k, e in replayed.items()}
+
+
+def test_the_notes_say_why_there_is_no_start():
+    def note(name):
+        case = next(c for c in CASES if c.name.startswith(name))
+        return forecast(build(case), NOW, method="plan", **case.kw)["b"].note
+
+    assert "does not fit the nodes in service" in note("never fits")
+    assert "team nlp's quota can never hold it" in note("a quota that can never")
+    assert "horizon" in note("beyond the horizon")
+
+
+def test_nothing_in_the_state_changes():
+    case = next(c for c in CASES if c.name.startswith("a terminating lease is gone"))
+    st = build(case)
+    st.enqueue(obj(wl("z").gpus(2).est(50).at(5)))
+    before = (dict(st.leases), [w.id for w in st.pending()], dict(st.nodes), dict(st.usage), dict(st.teams),
+              st.snapshot())
+    etas = plan(st, NOW, stopping_ends={"a": 500})
+    assert etas["b"].start == 500  # the plan requeued a at its deadline
+    assert st.leases["a"].state is LeaseState.TERMINATING
+    after = (dict(st.leases), [w.id for w in st.pending()], dict(st.nodes), dict(st.usage), dict(st.teams),
+             st.snapshot())
+    assert after[:5] == before[:5]
+    assert after[5].queues == before[5].queues and after[5].leases == before[5].leases
+
+
+def test_only_the_workloads_asked_for():
+    case = CASES[0]
+    etas = plan(build(case), NOW, only=["x"])
+    assert list(etas) == ["x"] and etas["x"].start == 600  # h, s and l before it were planned all the same
+
+
+def clock(t: float, now: float) -> str:
+    return f"t={t:.0f}"
+
+
+@pytest.mark.parametrize("name,wid,text", [
+    ("backfill", "h", "after a ends, about t=1000; starts about t=1000, ends about t=1100"),
+    ("backfill", "s", "starts now"),
+    ("quota and room", "b", "after a ends, about t=1000; then 4 GPUs of nlp's quota, about t=3000 (when c ends); "
+                            "starts about t=3000, ends about t=3100"),
+    ("never fits", "b", "room for 16 GPUs, with no end in sight; nothing in the plan lets it in"),
+])
+def test_describe_reads_the_plan(name: str, wid: str, text: str):
+    case = next(c for c in CASES if c.name.startswith(name))
+    eta = forecast(build(case), NOW, method="plan", **case.kw)[wid]
+    assert describe(eta, NOW, clock).startswith(text)
+
+
+def test_bad_arguments_are_all_named():
+    st = build(CASES[0])
+    with pytest.raises(ValueError) as e:
+        forecast(st, NOW, method="guess", horizon_s=0)
+    assert "method='guess'" in str(e.value) and "'replay', 'plan'" in str(e.value) and "horizon_s=0" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        plan(st, float("nan"), horizon_s=-1, overrun=-0.5, default_runtime_s=-3)
+    msg = str(e.value)
+    assert all(s in msg for s in ("now=nan", "horizon_s=-1", "overrun=-0.5", "default_runtime_s=-3", "allowed"))
