@@ -6,7 +6,9 @@ the same ``cycle`` the control plane runs over the copy in simulated time, booki
 each of those instants the queue is decided in its order under the same quotas, placement, backfill and preemption
 policies; nodes keep their schedulability (a cordoned or draining node stays out of service throughout). The state
 it is given is never changed. ``describe(eta, now)`` says in one line what a workload waits for, for
-``raylane explain``.
+``raylane explain``. ``forecast(..., method="plan")`` hands the same question to ``raylane.forecast_plan``: a
+reservation plan (conservative backfill, as ``squeue --start``), much faster, with no preemption planned; the
+answer's types, and the runtime rules both share, are in ``raylane.forecast_types``.
 
 Pure, like ``raylane.scheduling``: no Ray, no clock (``now`` is an argument), no randomness; it imports only the
 scheduling core and the standard library.
