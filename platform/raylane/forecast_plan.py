@@ -54,7 +54,8 @@ from raylane.forecast_types import (
     remaining_runtime,
 )
 from raylane.scheduling import ADMISSIONS, ORDERINGS, ClusterState, LeaseState, QuotaLedger
-from raylane.scheduling.types import RESOURCE_NAMES, SPOT_LABEL, Team, Workload
+from raylane.scheduling.capacity import _returned_devices, _shift
+from raylane.scheduling.types import RESOURCE_NAMES, SPOT_LABEL, Team, Workload, device_count, node_devices
 from raylane.scheduling.users import held_by_user, order_by_user
 
 __all__ = ["plan"]
@@ -217,10 +218,38 @@ class _Plan:
                 at = expected_end(lease, now, default_runtime_s=default_runtime_s, class_runtime_s=class_runtime_s,
                                   overrun=overrun, min_overrun_s=min_overrun_s)
             gone.append((at, lease))
-        # 2. The profiles of the nodes in service.
-        per_node: Dict[str, List[Tuple[float, float]]] = {}
+        # 2. The profiles of the nodes in service (and of their GPU devices, where some work takes a share of one).
         self.nodes: Dict[str, _Profile] = {}
         self.caps: Dict[str, float] = {}
+        self.devs: Dict[str, _Profile] = {}
+        self.dev_caps: Dict[str, float] = {}
+        self.dev_of: Dict[str, Tuple[str, ...]] = {}
+        self.shares = _shares(state)
+        if self.shares:
+            self._device_profiles(gone)
+        else:
+            self._node_profiles(gone)
+        self.widest = max(self.caps.values(), default=0.0)
+        # level -> length class -> the holes of every node of that length, by start (``_CLASSES``)
+        self.holes: Dict[float, List[List[Tuple[float, float, str]]]] = {}
+        self.node_holes: Dict[float, Dict[str, List[Tuple[float, float]]]] = {}  # level -> node -> its holes
+        # level -> node -> [from, to]: where its free GPUs fell below the level since its holes were last worked out
+        # (they are worked out again when the level is next asked for)
+        self.dirty: Dict[float, Dict[str, List[float]]] = {}
+        # 3. The quota profiles: per team and resource it has a quota for, what it holds; per resource, the pool.
+        self.ledger = QuotaLedger(state.teams, state.usage)
+        self.team_use: Dict[Tuple[str, str], _Profile] = {}
+        self.pool_use: Dict[str, _Profile] = {}
+        self.pool_cap: Dict[str, float] = {}
+        self.binds: Dict[str, Tuple[Tuple[str, float, float], ...]] = {}
+        if self.quota:
+            self._quota_profiles(gone)
+
+    def _node_profiles(self, gone) -> None:
+        """Each node's free GPUs as one amount (no work takes a share of a GPU: every device is wholly free or
+        wholly taken, so the amount is the number of whole free devices)."""
+        now, state = self.now, self.state
+        per_node: Dict[str, List[Tuple[float, float]]] = {}
         for n in state.nodes.values():
             if n.schedulable:
                 per_node[n.id] = []
@@ -241,21 +270,61 @@ class _Plan:
                     p = self.nodes.get(nid)
                     if p is not None:
                         p.ends.setdefault(at, []).append((lease.workload.gang.total.gpu, lease.id))
-        self.widest = max(self.caps.values(), default=0.0)
-        # level -> length class -> the holes of every node of that length, by start (``_CLASSES``)
-        self.holes: Dict[float, List[List[Tuple[float, float, str]]]] = {}
-        self.node_holes: Dict[float, Dict[str, List[Tuple[float, float]]]] = {}  # level -> node -> its holes
-        # level -> node -> [from, to]: where its free GPUs fell below the level since its holes were last worked out
-        # (they are worked out again when the level is next asked for)
-        self.dirty: Dict[float, Dict[str, List[float]]] = {}
-        # 3. The quota profiles: per team and resource it has a quota for, what it holds; per resource, the pool.
-        self.ledger = QuotaLedger(state.teams, state.usage)
-        self.team_use: Dict[Tuple[str, str], _Profile] = {}
-        self.pool_use: Dict[str, _Profile] = {}
-        self.pool_cap: Dict[str, float] = {}
-        self.binds: Dict[str, Tuple[Tuple[str, float, float], ...]] = {}
-        if self.quota:
-            self._quota_profiles(gone)
+
+    def _device_profiles(self, gone) -> None:
+        """Each GPU device's free share over time (unit ``node#i``), as the live placement sees devices: a worker
+        of a share of a GPU takes it on one device, a worker of g whole GPUs takes g wholly free devices. A node's
+        profile is then the number of its wholly free devices (what whole-GPU workers may use)."""
+        now, state = self.now, self.state
+        changes: Dict[str, List[Tuple[float, float]]] = {}
+        start: Dict[str, Tuple[float, ...]] = {}
+        for n in state.nodes.values():
+            if n.schedulable:
+                devs = node_devices(n)
+                start[n.id] = devs
+                units = self.dev_of[n.id] = tuple(f"{n.id}#{i}" for i in range(len(devs)))
+                for u in units:
+                    changes[u] = []
+                for i, c in enumerate(_device_caps(n.capacity.gpu)):
+                    self.dev_caps[units[i]] = c
+                self.caps[n.id] = float(sum(1 for c in _device_caps(n.capacity.gpu) if c >= 1 - _EPS))
+        scratch = dict(start)
+        for at, lease in sorted(gone, key=lambda e: e[0]):
+            g = lease.workload.gang.per_worker.gpu
+            if g <= 0:
+                continue
+            for i, nid in enumerate(lease.placement):
+                units = self.dev_of.get(nid)
+                if units is None:
+                    continue
+                if i < len(lease.devices) and lease.devices[i]:
+                    idx = lease.devices[i]
+                else:  # a lease that names no devices: what the state would give back (the most used ones)
+                    idx = _returned_devices(scratch[nid], g)
+                scratch[nid] = _shift(scratch[nid], idx, g, +1)
+                for j in idx:
+                    if j < len(units):
+                        changes[units[j]].append((at, g if g < 1 else 1.0))
+        for nid, units in self.dev_of.items():
+            for i, u in enumerate(units):
+                self.devs[u] = _Profile(now, start[nid][i], changes[u])
+            self.nodes[nid] = _whole(now, [self.devs[u] for u in units])
+        for at, lease in gone:
+            if at > now:
+                for i, nid in enumerate(lease.placement):
+                    units = self.dev_of.get(nid)
+                    if units is None:
+                        continue
+                    gpus = lease.workload.gang.total.gpu
+                    _end(self.nodes[nid], at, gpus, lease.id)
+                    for j in (lease.devices[i] if i < len(lease.devices) else ()):
+                        if j < len(units):
+                            _end(self.devs[units[j]], at, gpus, lease.id)
+
+    def _units(self, level: float) -> Dict[str, _Profile]:
+        """The profiles a worker of ``level`` GPUs is placed on: devices for a share of one GPU (where devices are
+        modelled), else nodes."""
+        return self.devs if self.shares and level < 1 - _EPS else self.nodes
 
     def _quota_profiles(self, gone) -> None:
         """What each team holds over time, per resource whose quota can bind (its ceiling is below what the nodes
@@ -355,7 +424,10 @@ class _Plan:
         k, pw = g.workers, g.per_worker.gpu
         if g.strategy == "strict-pack":
             k, pw = 1, pw * g.workers
-        if pw > _EPS:
+        on_devices = self.shares and _EPS < pw < 1 - _EPS
+        if on_devices:  # a unit is one device: it holds as many workers as shares fit in it
+            per = 1 if g.strategy == "strict-spread" else max(1, min(k, int(1.0 / pw + _EPS)))
+        elif pw > _EPS:
             per = 1 if g.strategy == "strict-spread" else max(1, min(k, int(self.widest / pw + _EPS)))
         else:
             per = k
@@ -368,6 +440,8 @@ class _Plan:
                 if g.features <= ns[nid].features and (not g.node_types or ns[nid].node_type in g.node_types)
                 and ns[nid].node_type not in g.avoid_types
                 and (not spot or (ns[nid].labels.get(SPOT_LABEL) == "true") == (g.spot == "only")))
+            if on_devices:
+                nodes = frozenset(u for nid in nodes for u in self.dev_of[nid])
         return _Gang(k, pw, per, g.total, nodes)
 
     # -- one workload ------------------------------------------------------------------------------------------
@@ -401,7 +475,8 @@ class _Plan:
         """(note, wait) when no plan could ever let ``team``'s ``gang`` in: it fits no set of nodes in service even
         when all are empty, or the team's quota could not hold it even if no team held anything (``empty``)."""
         if gang.g > _EPS:
-            caps = self.caps if gang.nodes is None else {n: self.caps[n] for n in gang.nodes}
+            all_caps = self.dev_caps if self._units(gang.g) is self.devs else self.caps
+            caps = all_caps if gang.nodes is None else {n: all_caps[n] for n in gang.nodes}
             slots = sum(min(gang.per, int(c / gang.g + _EPS)) for c in caps.values())
             if slots < gang.k:
                 return ("nothing in the plan lets it in: its gang does not fit the nodes in service even when they "
@@ -450,9 +525,10 @@ class _Plan:
             if per == 1:
                 return at, tuple(nid for _, nid in ends[i:i + k])
             # Several workers a node: how many each covering node holds over the runtime.
+            units = self._units(g)
             out: List[str] = []
             for _, n in ends[i:]:
-                take = min(per, k - len(out), int(self.nodes[n].least(at, at + d) / g + _EPS))
+                take = min(per, k - len(out), int(units[n].least(at, at + d) / g + _EPS))
                 out.extend([n] * take)
                 if len(out) >= k:
                     return at, tuple(out)
@@ -527,25 +603,36 @@ class _Plan:
             return
         gpus = gang.total.gpu
         g = gang.g
-        for nid in nodes:
-            p = self.nodes[nid]
-            before = p.add(s, e, -g)
-            got = p.ends.setdefault(e, [])
-            if not got or got[-1][1] != w.id:
-                got.append((gpus, w.id))
-            for level, dirty in self.dirty.items():
-                lv = level - _EPS
-                for v in before:
-                    if lv <= v < lv + g:  # it had the level there and has no more: its holes there changed
-                        span = dirty.get(nid)
-                        if span is None:
-                            dirty[nid] = [s, e]
-                        else:
-                            if s < span[0]:
-                                span[0] = s
-                            if e > span[1]:
-                                span[1] = e
-                        break
+        if not self.shares:
+            for nid in nodes:
+                p = self.nodes[nid]
+                self._fell(nid, p, p.add(s, e, -g), g, s, e, False)
+                _end(p, e, gpus, w.id)
+        elif g < 1 - _EPS:
+            for u in nodes:  # a share of one device; its node loses a whole device where the device was whole
+                dev = self.devs[u]
+                i = dev.split(s)
+                before = dev.add(s, e, -g)
+                self._fell(u, dev, before, g, s, e, True)
+                _end(dev, e, gpus, w.id)
+                nid = u.rsplit("#", 1)[0]
+                self._lose_whole(nid, dev.times, i, before, g, e, gpus, w.id)
+        else:
+            k = int(math.ceil(g - _EPS))
+            for nid in nodes:  # g whole devices, the lowest-numbered wholly free over the interval (Ray's rule)
+                devs = [self.devs[u] for u in self.dev_of[nid]]
+                least = [dev.least(s, e) for dev in devs]
+                free = [i for i, v in enumerate(least) if v >= 1 - _EPS][:k]
+                if len(free) < k:  # wholly free at every instant, not all the same devices: the most free ones
+                    free += sorted((i for i in range(len(devs)) if i not in free), key=lambda i: -least[i])[:k - len(free)]
+                for i in free:
+                    dev = devs[i]
+                    j = dev.split(s)
+                    before = dev.add(s, e, -1.0)
+                    u = self.dev_of[nid][i]
+                    self._fell(u, dev, before, 1.0, s, e, True)
+                    _end(dev, e, gpus, w.id)
+                    self._lose_whole(nid, dev.times, j, before, 1.0, e, gpus, w.id)
         if not self.quota:
             return
         team = w.team
@@ -569,6 +656,47 @@ class _Plan:
             mine.add(s, e, n)
             mine.ends.setdefault(e, []).append((gpus, w.id))
 
+    def _fell(self, unit: str, p: _Profile, before: List[float], g: float, s: float, e: float, device: bool) -> None:
+        """Mark ``unit``'s holes dirty at every level of its kind that its free GPUs fell below within ``[s, e)``
+        (they fell by ``g`` from ``before``)."""
+        for level, dirty in self.dirty.items():
+            if self.shares and (level < 1 - _EPS) != device:
+                continue
+            lv = level - _EPS
+            for v in before:
+                if lv <= v < lv + g:  # it had the level there and has no more: its holes there changed
+                    span = dirty.get(unit)
+                    if span is None:
+                        dirty[unit] = [s, e]
+                    else:
+                        if s < span[0]:
+                            span[0] = s
+                        if e > span[1]:
+                            span[1] = e
+                    break
+
+    def _lose_whole(self, nid: str, times: List[float], i: int, before: List[float], g: float, e: float,
+                    gpus: float, wid: str) -> None:
+        """Node ``nid`` has one wholly free device less where its device (segments ``i``... of ``times``, whose
+        free shares were ``before``) was wholly free and fell by ``g``."""
+        node = self.nodes[nid]
+        run = None
+        spans = []
+        for m, v in enumerate(before):
+            t0 = times[i + m]
+            lost = v >= 1 - _EPS and v - g < 1 - _EPS
+            if lost and run is None:
+                run = t0
+            elif not lost and run is not None:
+                spans.append((run, t0))
+                run = None
+        if run is not None:
+            spans.append((run, e))
+        for a, b in spans:
+            self._fell(nid, node, node.add(a, b, -1.0), 1.0, a, b, False)
+        if spans:
+            _end(node, e, gpus, wid)
+
     # -- holes -----------------------------------------------------------------------------------------------
     def _holes(self, level: float) -> List[List[Tuple[float, float, str]]]:
         """Every node's holes at ``level``, per length class, by start (worked out when a gang first asks for that
@@ -583,7 +711,7 @@ class _Plan:
             return got
         got = [[] for _ in _CLASSES]
         per_node = {}
-        for nid, p in self.nodes.items():
+        for nid, p in self._units(level).items():
             mine = per_node[nid] = _find_holes(p, level, p.times[0], _INF)
             for st, en in mine:
                 got[bisect.bisect_right(_CLASSES, en - st) - 1].append((st, en, nid))
@@ -611,7 +739,7 @@ class _Plan:
         for st, en in mine[i:j]:
             c = classes[bisect.bisect_right(_CLASSES, en - st) - 1]
             del c[bisect.bisect_left(c, (st, en, nid))]
-        new = _find_holes(self.nodes[nid], level, a if a > s else s, b if b < e else e)
+        new = _find_holes(self._units(level)[nid], level, a if a > s else s, b if b < e else e)
         if a < s:
             if new and new[0][0] == s:
                 new[0] = (a, new[0][1])
@@ -637,8 +765,9 @@ class _Plan:
         gpus = gang.total.gpu
         if room_at > r + _EPS:
             ended: List[Tuple[float, float, str]] = []
-            for nid in set(nodes):  # the nodes its room was found on first
-                ended += _ended(self.nodes[nid], r, room_at)
+            units = self._units(gang.g)
+            for nid in set(nodes):  # the nodes (devices) its room was found on first
+                ended += _ended(units[nid], r, room_at)
             out.append(CapacityWait(gpus, room_at, _named(ended)))
         if quota_wait is not None and (s > room_at + _EPS or not out):
             res, amount, p = quota_wait
@@ -649,6 +778,47 @@ class _Plan:
         return tuple(out)
 
 
+def _shares(state: ClusterState) -> bool:
+    """Whether some work takes a share of a GPU (pending, running, or on a device now): then devices are planned."""
+    def share(w: Workload) -> bool:
+        g = w.gang.per_worker.gpu
+        return _EPS < g < 1 - _EPS
+    if any(share(lease.workload) for lease in state.leases.values()) or any(share(w) for w in state.pending()):
+        return True
+    return any(_EPS < d < 1 - _EPS for n in state.nodes.values() if n.schedulable for d in node_devices(n))
+
+
+def _device_caps(capacity_gpu: float) -> List[float]:
+    """Each device's share of a node of ``capacity_gpu`` GPUs (1, but for a fractional rest)."""
+    out, left = [], capacity_gpu
+    for _ in range(device_count(capacity_gpu)):
+        out.append(min(1.0, left))
+        left -= 1.0
+    return out
+
+
+def _whole(now: float, devs: Sequence[_Profile]) -> _Profile:
+    """The number of wholly free devices of ``devs`` over time."""
+    changes: List[Tuple[float, float]] = []
+    count = 0
+    for p in devs:
+        full = p.vals[0] >= 1 - _EPS
+        count += full
+        for t, v in zip(p.times[1:], p.vals[1:]):
+            f = v >= 1 - _EPS
+            if f != full:
+                changes.append((t, 1.0 if f else -1.0))
+                full = f
+    return _Profile(now, float(count), changes)
+
+
+def _end(p: _Profile, at: float, gpus: float, wid: str) -> None:
+    """``wid`` (of ``gpus`` GPUs in all) gives its share of ``p`` back at ``at``."""
+    got = p.ends.setdefault(at, [])
+    if not got or got[-1][1] != wid:
+        got.append((gpus, wid))
+
+
 def _ended(p: _Profile, t0: float, t1: float) -> List[Tuple[float, float, str]]:
     """The last few (time, GPUs, workload id) of what gives its share of ``p`` back after ``t0`` and by ``t1``."""
     times, ends = p.times, p.ends
@@ -656,7 +826,12 @@ def _ended(p: _Profile, t0: float, t1: float) -> List[Tuple[float, float, str]]:
     out: List[Tuple[float, float, str]] = []
     while i > 0 and times[i] > t0 and len(out) < _NAMED:
         t = times[i]
-        out += [(t, g, wid) for g, wid in ends.get(t, ())]
+        got = ends.get(t)
+        if got:
+            # Only the largest few of one instant can be named (many leases may end at one instant of a quota's
+            # profile); ``_named`` ranks by time first.
+            top = got if len(got) <= _NAMED else heapq.nlargest(_NAMED, set(got))
+            out += [(t, g, wid) for g, wid in top]
         i -= 1
     return out
 
