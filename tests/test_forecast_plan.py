@@ -2,9 +2,11 @@
 tables, on the pure core (no Ray).
 
 Each case builds a ``ClusterState`` with the scheduling tests' builders, plans it at ``now`` and checks each
-workload's start, finish and what it waits for. The plan is conservative backfill: each workload in queue order gets
-the earliest start at which its gang fits on nodes in service and its team's quota holds it for its whole runtime,
-given the leases' expected ends and the reservations of the work before it; it plans no preemption.
+workload's start, finish and what it waits for. Each workload gets the earliest start at which its gang fits on
+nodes in service (a share of a GPU on one device) and its team's quota holds it for its whole runtime, given the
+leases' expected ends and the reservations made before it: under EASY backfill (up to ``EASY_MAX_PENDING``
+pending) only the head's reservation binds later work, otherwise (conservative backfill) every earlier one does.
+It plans no preemption.
 """
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
@@ -110,6 +112,17 @@ CASES = [
     Case("a lease past its estimate runs on a while",
          nodes(1), [running(wl("a").gpus(8).est(50), on=["n1"])], [wl("b").gpus(8).est(10)],
          kw=dict(overrun=0.5, min_overrun_s=20), expect={"b": (NOW + 50, NOW + 60)}),
+    Case("EASY: only the head holds its room; a later gang that fits now runs, one that needs room freed later waits",
+         nodes(1), [running(wl("a").gpus(4).est(1000), on=["n1"]), running(wl("b").gpus(2).est(500), on=["n1"])],
+         [wl("h").gpus(8).est(100).at(1), wl("m").gpus(4).est(300).at(2), wl("s").gpus(2).est(900).at(3)],
+         config=FIFO,
+         # h is the head: the node from 1000. s fits now and ends by then; the 2 GPUs b frees at 500 do not make
+         # room for m while s runs, and nothing holds them for m: m starts after h
+         expect={"h": (1000, 1100), "s": (NOW, 1000), "m": (1100, 1400)}),
+    Case("a share of a GPU fits on one device: two quarters free on two devices hold no half",
+         [node("n1").gpus(2)],
+         [running(wl("x").gpus(0.75).est(1000), on=["n1"]), running(wl("y").gpus(0.75).est(2000), on=["n1"])],
+         [wl("p").gpus(0.5).est(10)], config=FIFO, expect={"p": (1000, 1010)}),
     Case("node features: only the nodes that have them",
          [node("n1").features("a100"), node("n2")], [running(wl("a").gpus(8).est(1000), on=["n1"])],
          [wl("b").gpus(8).features("a100").est(5)], config=FIFO, expect={"b": (1000, 1005)}),
@@ -153,6 +166,18 @@ def test_the_plan_agrees_with_the_replay_where_no_preemption_decides(case):
     replayed = forecast(build_replay(case), NOW, **kw)
     planned = forecast(build_replay(case), NOW, method="plan", **kw)
     assert {k: (e.start, e.finish) for k, e in planned.items()} == {k: (e.start, e.finish) for k, e in replayed.items()}
+
+
+def test_past_the_easy_limit_the_plan_is_conservative(monkeypatch):
+    # The EASY case again, planned conservatively: m holds the room b frees at 500, and s, which would run into it,
+    # goes after the head.
+    import raylane.forecast_plan as forecast_plan
+
+    monkeypatch.setattr(forecast_plan, "EASY_MAX_PENDING", 2)
+    case = next(c for c in CASES if c.name.startswith("EASY:"))
+    etas = forecast(build(case), NOW, method="plan")
+    assert {k: (e.start, e.finish) for k, e in etas.items()} == {"h": (1000, 1100), "m": (500, 800),
+                                                                "s": (1100, 2000)}
 
 
 def test_the_notes_say_why_there_is_no_start():
