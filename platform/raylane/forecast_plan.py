@@ -1,16 +1,24 @@
 """Queue ETA by reservation plan: when each pending workload is expected to start, as Slurm's backfill scheduler
-computes ``squeue --start`` (conservative backfill: list scheduling over an availability profile).
+computes ``squeue --start`` (list scheduling over an availability profile).
 
-This module owns ``plan(state, now)``. It takes the pending workloads once, in the order the live policy's cycle
-would walk them now (``ORDERINGS``' head keys over the team queues, each team's users ordered by their shares where
-its rule says so), and gives each in turn the earliest start ``>=`` its *ready* time at which, for its whole
-expected runtime, (a) its gang fits all or nothing on nodes in service, per worker on single nodes, and (b) its
-team's quota holds it, given the running leases' expected ends and the reservations already made for the work
-before it. Holes before later reservations are used: that is what makes it backfill. Each workload then holds its
-reservation in the profiles, and the next is planned. The state it is given is never changed.
+This module owns ``plan(state, now)``. It takes the pending workloads in the order the live policy's cycle would
+walk them now (``ORDERINGS``' head keys over the team queues, each team's users ordered by their shares where its
+rule says so) and gives each the earliest start ``>=`` its *ready* time at which, for its whole expected runtime,
+(a) its gang fits all or nothing on nodes in service, per worker on single nodes (a share of a GPU on one GPU
+device, whole GPUs on wholly free devices, as the live placement counts them), and (b) its team's quota holds it,
+given the running leases' expected ends and the reservations already made. Each workload then holds its
+reservation in the profiles. Which reservations bind later work follows the policy's backfill rule:
+- *EASY* (backfill ``easy``, up to ``EASY_MAX_PENDING`` pending): only the *head*'s, the first workload in queue
+  order not yet planned. Any later workload that can start before the head's reservation does, earliest first
+  (ties in queue order), and takes that room first; then the next head. Room is held for no other workload, as the
+  live EASY cycle hands room to whatever fits when it frees.
+- *conservative* (any other rule, or more pending): every earlier workload's, in queue order. Holes before later
+  reservations are used: that is what makes it backfill.
+The state it is given is never changed.
 
 Pure, like ``raylane.scheduling``: no Ray, no clock (``now`` is an argument), no randomness; it imports only the
-scheduling core, the shared ETA types (``raylane.forecast_types``) and the standard library.
+scheduling core (and its device rules, ``scheduling.capacity``), the shared ETA types
+(``raylane.forecast_types``) and the standard library.
 
 Words
 - *ready*: the earliest a workload may start: ``now``, or, for the workload of a terminating lease, when that lease
@@ -27,14 +35,18 @@ Words
   workers, one per node, at the first instant k holes cover its whole runtime. Only the holes of the node a
   reservation lands on, at the levels it crosses, are recomputed. These lists are what make a plan cost about a
   bisection and a short scan per workload, not a look at every node.
+- *device*: a GPU of a node (unit ``node#i``). Devices are planned only where some work takes a share of a GPU
+  (pending, running, or a device partly used now); then a node's profile counts its wholly free devices and each
+  device has its own profile of its free share. Otherwise a node's free GPUs are one amount (the same count).
 
 Not modelled: preemption (a plan never stops running work for pending work: a workload that the live policy would
 let in by preemption is planned after the leases it would preempt; preemptions already under way, terminating
-leases, are); arrivals after ``now``; decisions that differ between the live backfill and this one (EASY backfill
-lets later work delay all but the head; the plan is conservative: no reservation moves for later work);
-in-quota-first and user caps within a cycle; CPU and memory on nodes (GPUs only; quotas of CPU and memory are
-held); GPU devices (a node's GPUs are counted as one amount), placement groups (``group``), preferred nodes and
-flavor quotas; the growth of elastic gangs (each is planned at its minimum, as admitted).
+leases, are); arrivals after ``now``; backfill ``none`` (planned conservatively, as any rule but EASY); the live
+placement's choice of one node (EASY there lets a later workload in only on the node the placement policy picks;
+the plan takes any node with room); in-quota-first and user caps within a cycle; under EASY, a team's head key
+re-read as its work is planned to start; CPU and memory on nodes (quotas of CPU and memory are held); placement
+groups (``group``), preferred nodes and flavor quotas; the growth of elastic gangs (each is planned at its minimum,
+as admitted).
 """
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ the first 100 in queue order only (with how far their ETAs move), and the baseli
 the same state: one live cycle, and one cycle over only the first workload of each team queue, times the cycles the
 forecast ran (what one cycle per step costs at the least: the floor of this way of forecasting). Then the plan on
 the same state: its CPU time for every pending workload and for the first 100, against the goal and as a ratio to
-the replay's, and how far its ETAs are from the replay's.
+the replay's, and how far its ETAs are from the replay's (at 1,000 pending the plan is conservative, past
+``forecast_plan.EASY_MAX_PENDING``; what its EASY planning would cost and give there is printed after).
 
 Part 2, accuracy (``accuracy``): the simulator replays a trace; every sampled job's ETA is forecast at its submit
 (from the simulator's own ``ClusterState``, after the instant's arrivals and lease ends, before its cycle: what the
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import raylane.forecast as fc
+import raylane.forecast_plan as fplan
 import raylane.sim.engine as engine
 from raylane.config.loader import load_policy
 from raylane.scheduling import ClusterState, Gang, Node, Quota, Resources, Team, Workload, cycle
@@ -201,6 +203,17 @@ def speed(args) -> None:
               f"from the replay's", flush=True)
         top_s, _ = _cpu(lambda: fc.forecast(st, now, method="plan", only=top), 5)
         print(f"  plan: the first 100 in queue order {top_s * 1e3:5.1f} ms CPU", flush=True)
+        # Past EASY_MAX_PENDING the plan is conservative (above); what EASY planning would cost here, and how close.
+        limit = fplan.EASY_MAX_PENDING
+        fplan.EASY_MAX_PENDING = st.pending_count()
+        try:
+            easy_s, easy = _cpu(lambda: fc.forecast(st, now, method="plan"), 1)
+        finally:
+            fplan.EASY_MAX_PENDING = limit
+        diffs = [abs(e.start - ref[k]) / max(MIN_WAIT_S, ref[k] - now) for k, e in easy.items()
+                 if e.start is not None and ref.get(k) is not None]
+        print(f"  plan, EASY (here past EASY_MAX_PENDING={limit}, so not what it gives): {easy_s * 1e3:7.1f} ms CPU; "
+              f"ETAs {_q(diffs, .5):.1%} (median), {_q(diffs, .9):.1%} (p90) from the replay's", flush=True)
 
 
 # --------------------------------------------------------------------------------------------------- accuracy

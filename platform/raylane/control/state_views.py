@@ -23,9 +23,9 @@ ETA_EVERY_S = 10.0
 # Up to this many pending, the replay (method "replay"): it runs the live cycle forward, so it plays what the live
 # policy does (preemption, quota reclaim, in-quota work first, EASY backfill), but it runs about one cycle per workload
 # it sees start: about 0.1 s of CPU at 100 pending on 100 nodes under the default policy. Beyond, the reservation plan
-# (method "plan", raylane.forecast_plan): about 50 ms for 1,000 pending on 100 nodes, growing about linearly, but
-# conservative backfill with no preemption: under quotas and preemption its ETAs are further from what the live
-# policy then does (docs/eta.md measures both).
+# (method "plan", raylane.forecast_plan): EASY planning up to its EASY_MAX_PENDING (400; about 0.1 to 0.3 s there),
+# conservative backfill beyond (tens of ms for 1,000 pending on 100 nodes), with no preemption: under quotas and
+# preemption its ETAs are further from what the live policy then does (docs/eta.md measures both).
 ETA_REPLAY_MAX_PENDING = 100
 # No forecast past this many pending: the plan's 5,000 cost about a quarter of a second every ETA_EVERY_S.
 ETA_MAX_PENDING = 5000
