@@ -8,8 +8,7 @@ leases' expected ends and the reservations made before it: under EASY backfill (
 pending) only the head's reservation binds later work, otherwise (conservative backfill) every earlier one does.
 It plans no preemption.
 """
-from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional
 
 import pytest
 
@@ -19,26 +18,11 @@ from raylane.scheduling import LeaseState
 
 from tests.scheduling.builders import PRETRAIN, PROD, make_state, node, nodes, obj, running, team, wl
 from tests.test_forecast import CASES as REPLAY_CASES
+from tests.test_forecast import Case
 from tests.test_forecast import build as build_replay
 
 NOW = 100.0
 FIFO = dict(ordering="fifo", backfill="easy", preemption="none", admission="none")
-
-
-@dataclass
-class Case:
-    name: str
-    nodes: Sequence
-    running: Sequence = ()
-    pending: Sequence = ()
-    teams: Sequence = (team("nlp"),)
-    config: Dict = field(default_factory=dict)
-    cordoned: Sequence[str] = ()
-    kw: Dict = field(default_factory=dict)
-    # workload id -> (start, finish); start None: no start planned
-    expect: Dict[str, Tuple[Optional[float], Optional[float]]] = field(default_factory=dict)
-    # workload id -> what it waits for, in order
-    waits: Dict[str, Tuple] = field(default_factory=dict)
 
 
 CASES = [
