@@ -8,18 +8,15 @@ leases' expected ends and the reservations made before it: under EASY backfill (
 pending) only the head's reservation binds later work, otherwise (conservative backfill) every earlier one does.
 It plans no preemption.
 """
-from typing import Optional
-
 import pytest
 
 from raylane.forecast import CapacityWait, QuotaWait, describe, forecast
 from raylane.forecast_plan import plan
 from raylane.scheduling import LeaseState
 
-from tests.scheduling.builders import PRETRAIN, PROD, make_state, node, nodes, obj, running, team, wl
+from tests.scheduling.builders import PRETRAIN, PROD, node, nodes, obj, running, team, wl
 from tests.test_forecast import CASES as REPLAY_CASES
-from tests.test_forecast import Case
-from tests.test_forecast import build as build_replay
+from tests.test_forecast import Case, _r, build
 
 NOW = 100.0
 FIFO = dict(ordering="fifo", backfill="easy", preemption="none", admission="none")
@@ -113,17 +110,6 @@ CASES = [
 ]
 
 
-def _r(t: Optional[float]) -> Optional[float]:
-    return None if t is None else round(t, 6)
-
-
-def build(case: Case):
-    st = make_state(case.nodes, case.teams, case.running, case.pending, **case.config)
-    for nid in case.cordoned:
-        st.set_schedulable(nid, False)
-    return st
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_plan(case: Case):
     etas = forecast(build(case), NOW, method="plan", **case.kw)
@@ -147,8 +133,8 @@ SAME = ["behind one lease", "behind two leases", "quota-bound", "FIFO", "priorit
                          ids=lambda c: c.name)
 def test_the_plan_agrees_with_the_replay_where_no_preemption_decides(case):
     kw = {k: v for k, v in case.kw.items() if k not in ("resolution", "min_step_s")}
-    replayed = forecast(build_replay(case), NOW, **kw)
-    planned = forecast(build_replay(case), NOW, method="plan", **kw)
+    replayed = forecast(build(case), NOW, **kw)
+    planned = forecast(build(case), NOW, method="plan", **kw)
     assert {k: (e.start, e.finish) for k, e in planned.items()} == {k: (e.start, e.finish) for k, e in replayed.items()}
 
 
