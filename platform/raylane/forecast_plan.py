@@ -151,14 +151,15 @@ class _Profile:
         self.vals.insert(i + 1, self.vals[i])
         return i + 1
 
-    def add(self, s: float, e: float, dv: float) -> List[float]:
-        """Add ``dv`` over ``[s, e)``; returns the values there before."""
+    def add(self, s: float, e: float, dv: float) -> Tuple[int, List[float]]:
+        """Add ``dv`` over ``[s, e)``; returns the index of the segment starting at ``s`` and the values there
+        before."""
         i = self.split(s)
         j = self.split(e) if e < _INF else len(self.times)
         vals = self.vals
         before = vals[i:j]
         vals[i:j] = [v + dv for v in before]
-        return before
+        return i, before
 
     def at(self, t: float) -> float:
         return self.vals[bisect.bisect_right(self.times, t) - 1]
@@ -251,9 +252,6 @@ class _Plan:
         # level -> length class -> the holes of every node of that length, by start (``_CLASSES``)
         self.holes: Dict[float, List[List[Tuple[float, float, str]]]] = {}
         self.node_holes: Dict[float, Dict[str, List[Tuple[float, float]]]] = {}  # level -> node -> its holes
-        # level -> node -> [from, to]: where its free GPUs fell below the level since its holes were last worked out
-        # (they are worked out again when the level is next asked for)
-        self.dirty: Dict[float, Dict[str, List[float]]] = {}
         # 3. The quota profiles: per team and resource it has a quota for, what it holds; per resource, the pool.
         self.ledger = QuotaLedger(state.teams, state.usage)
         self.team_use: Dict[Tuple[str, str], _Profile] = {}
@@ -737,14 +735,14 @@ class _Plan:
         if not self.shares:
             for nid in nodes:
                 p = self.nodes[nid]
-                self._fell(nid, p, p.add(s, e, -g), g, s, e, False)
+                i, before = p.add(s, e, -g)
+                self._cut(nid, p.times, i, before, g, False)
                 _end(p, e, gpus, w.id)
         elif g < 1 - _EPS:
             for u in nodes:  # a share of one device; its node loses a whole device where the device was whole
                 dev = self.devs[u]
-                i = dev.split(s)
-                before = dev.add(s, e, -g)
-                self._fell(u, dev, before, g, s, e, True)
+                i, before = dev.add(s, e, -g)
+                self._cut(u, dev.times, i, before, g, True)
                 _end(dev, e, gpus, w.id)
                 nid = u.rsplit("#", 1)[0]
                 self._lose_whole(nid, dev.times, i, before, g, e, gpus, w.id)
@@ -758,10 +756,9 @@ class _Plan:
                     free += sorted((i for i in range(len(devs)) if i not in free), key=lambda i: -least[i])[:k - len(free)]
                 for i in free:
                     dev = devs[i]
-                    j = dev.split(s)
-                    before = dev.add(s, e, -1.0)
+                    j, before = dev.add(s, e, -1.0)
                     u = self.dev_of[nid][i]
-                    self._fell(u, dev, before, 1.0, s, e, True)
+                    self._cut(u, dev.times, j, before, 1.0, True)
                     _end(dev, e, gpus, w.id)
                     self._lose_whole(nid, dev.times, j, before, 1.0, e, gpus, w.id)
         if not self.quota:
@@ -787,24 +784,41 @@ class _Plan:
             mine.add(s, e, n)
             mine.ends.setdefault(e, []).append((gpus, w.id))
 
-    def _fell(self, unit: str, p: _Profile, before: List[float], g: float, s: float, e: float, device: bool) -> None:
-        """Mark ``unit``'s holes dirty at every level of its kind that its free GPUs fell below within ``[s, e)``
-        (they fell by ``g`` from ``before``)."""
-        for level, dirty in self.dirty.items():
-            if self.shares and (level < 1 - _EPS) != device:
+    def _cut(self, unit: str, times: List[float], i: int, before: List[float], g: float, device: bool) -> None:
+        """``unit``'s free GPUs fell by ``g`` over its segments ``i``... of ``times`` (from ``before``): at each
+        level of its kind, the runs of those segments that had the level and have it no more are cut out of its
+        holes. A hole is a maximal interval, so each such run lies in one hole, which leaves at most two: no look
+        at the profile is needed."""
+        shares = self.shares
+        for level, per_unit in self.node_holes.items():
+            if shares and (level < 1 - _EPS) != device:
                 continue
             lv = level - _EPS
-            for v in before:
-                if lv <= v < lv + g:  # it had the level there and has no more: its holes there changed
-                    span = dirty.get(unit)
-                    if span is None:
-                        dirty[unit] = [s, e]
-                    else:
-                        if s < span[0]:
-                            span[0] = s
-                        if e > span[1]:
-                            span[1] = e
-                    break
+            run = None
+            for m, v in enumerate(before):
+                if v >= lv and v - g < lv:  # the value as ``_Profile.add`` leaves it: it had the level, not now
+                    if run is None:
+                        run = times[i + m]
+                elif run is not None:
+                    self._cut_hole(level, per_unit[unit], unit, run, times[i + m])
+                    run = None
+            if run is not None:
+                k = i + len(before)
+                self._cut_hole(level, per_unit[unit], unit, run, times[k] if k < len(times) else _INF)
+
+    def _cut_hole(self, level: float, mine: List[Tuple[float, float]], unit: str, x: float, y: float) -> None:
+        """Take ``[x, y)`` out of the hole of ``unit`` (its holes ``mine`` at ``level``) that holds it."""
+        j = bisect.bisect_right(mine, (x, _INF)) - 1
+        h0, h1 = mine[j]
+        classes = self.holes[level]
+        c = classes[bisect.bisect_right(_CLASSES, h1 - h0) - 1]
+        del c[bisect.bisect_left(c, (h0, h1, unit))]
+        left, right = h0 < x, y < h1
+        if left:
+            bisect.insort(classes[bisect.bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
+        if right:
+            bisect.insort(classes[bisect.bisect_right(_CLASSES, h1 - y) - 1], (y, h1, unit))
+        mine[j:j + 1] = ((h0, x),) * left + ((y, h1),) * right
 
     def _lose_whole(self, nid: str, times: List[float], i: int, before: List[float], g: float, e: float,
                     gpus: float, wid: str) -> None:
@@ -824,21 +838,17 @@ class _Plan:
         if run is not None:
             spans.append((run, e))
         for a, b in spans:
-            self._fell(nid, node, node.add(a, b, -1.0), 1.0, a, b, False)
+            j, lost = node.add(a, b, -1.0)
+            self._cut(nid, node.times, j, lost, 1.0, False)
         if spans:
             _end(node, e, gpus, wid)
 
     # -- holes -----------------------------------------------------------------------------------------------
     def _holes(self, level: float) -> List[List[Tuple[float, float, str]]]:
         """Every node's holes at ``level``, per length class, by start (worked out when a gang first asks for that
-        level)."""
+        level; ``_cut`` keeps them up to date from then on)."""
         got = self.holes.get(level)
         if got is not None:
-            dirty = self.dirty[level]
-            if dirty:
-                for nid, (s, e) in dirty.items():
-                    self._rehole(level, nid, s, e)
-                dirty.clear()
             return got
         got = [[] for _ in _CLASSES]
         per_node = {}
@@ -850,40 +860,7 @@ class _Plan:
             c.sort()
         self.holes[level] = got
         self.node_holes[level] = per_node
-        self.dirty[level] = {}
         return got
-
-    def _rehole(self, level: float, nid: str, s: float, e: float) -> None:
-        """Node ``nid``'s holes at ``level`` after its free GPUs fell (only) within ``[s, e)``: those that overlap it
-        are worked out again from its profile there; their parts outside it stay holes."""
-        mine = self.node_holes[level][nid]
-        i = bisect.bisect_right(mine, (s, _INF)) - 1
-        if i < 0 or mine[i][1] <= s:
-            i += 1
-        j = i
-        while j < len(mine) and mine[j][0] < e:
-            j += 1
-        if i == j:
-            return
-        a, b = mine[i][0], mine[j - 1][1]
-        classes = self.holes[level]
-        for st, en in mine[i:j]:
-            c = classes[bisect.bisect_right(_CLASSES, en - st) - 1]
-            del c[bisect.bisect_left(c, (st, en, nid))]
-        new = _find_holes(self._units(level)[nid], level, a if a > s else s, b if b < e else e)
-        if a < s:
-            if new and new[0][0] == s:
-                new[0] = (a, new[0][1])
-            else:
-                new.insert(0, (a, s))
-        if e < b:
-            if new and new[-1][1] == e:
-                new[-1] = (new[-1][0], b)
-            else:
-                new.append((e, b))
-        mine[i:j] = new
-        for st, en in new:
-            bisect.insort(classes[bisect.bisect_right(_CLASSES, en - st) - 1], (st, en, nid))
 
     # -- waits -----------------------------------------------------------------------------------------------
     def _waits(self, w: Workload, gang: _Gang, r: float, room_at: float, nodes: Sequence[str], s: float,
