@@ -32,9 +32,10 @@ Words
 - *hole* at a *level* L: a maximal interval in which a node has at least L GPUs free. Per level (each per-worker GPU
   count some pending gang asks for), every node's holes, sorted by start: a worker of L GPUs for d seconds fits at
   the first hole, in start order, with d seconds left in it after the workload's ready time; a gang of k such
-  workers, one per node, at the first instant k holes cover its whole runtime. Only the holes of the node a
-  reservation lands on, at the levels it crosses, are recomputed. These lists are what make a plan cost about a
-  bisection and a short scan per workload, not a look at every node.
+  workers, one per node, at the first instant k holes cover its whole runtime. A reservation only cuts, at each
+  level its nodes' free GPUs fall below, the runs that lost it out of the holes that held them (a hole is maximal, so
+  each run lies in one, and at most two pieces are left). These lists are what make a plan cost about a bisection
+  and a short scan per workload, not a look at every node.
 - *device*: a GPU of a node (unit ``node#i``). Devices are planned only where some work takes a share of a GPU
   (pending, running, or a device partly used now); then a node's profile counts its wholly free devices and each
   device has its own profile of its free share. Otherwise a node's free GPUs are one amount (the same count).
@@ -249,9 +250,13 @@ class _Plan:
         else:
             self._node_profiles(gone)
         self.widest = max(self.caps.values(), default=0.0)
+        self.slots: Dict[Tuple, int] = {}  # (level, per, nodes) -> how many workers all nodes hold when empty
         # level -> length class -> the holes of every node of that length, by start (``_CLASSES``)
         self.holes: Dict[float, List[List[Tuple[float, float, str]]]] = {}
         self.node_holes: Dict[float, Dict[str, List[Tuple[float, float]]]] = {}  # level -> node -> its holes
+        # device or not -> (each level planned on that kind of unit, less _EPS, ascending; (its node holes, its
+        # classes) at that place): what ``_cut`` bisects for the levels a fall of free GPUs crosses
+        self.lanes: Dict[bool, Tuple[List[float], List[Tuple[Dict[str, List[Tuple[float, float]]], List]]]] = {}
         # 3. The quota profiles: per team and resource it has a quota for, what it holds; per resource, the pool.
         self.ledger = QuotaLedger(state.teams, state.usage)
         self.team_use: Dict[Tuple[str, str], _Profile] = {}
@@ -604,9 +609,12 @@ class _Plan:
         """(note, wait) when no plan could ever let ``team``'s ``gang`` in: it fits no set of nodes in service even
         when all are empty, or the team's quota could not hold it even if no team held anything (``empty``)."""
         if gang.g > _EPS:
-            all_caps = self.dev_caps if self._units(gang.g) is self.devs else self.caps
-            caps = all_caps if gang.nodes is None else {n: all_caps[n] for n in gang.nodes}
-            slots = sum(min(gang.per, int(c / gang.g + _EPS)) for c in caps.values())
+            key = (gang.g, gang.per, gang.nodes)
+            slots = self.slots.get(key)
+            if slots is None:
+                all_caps = self.dev_caps if self._units(gang.g) is self.devs else self.caps
+                caps = all_caps if gang.nodes is None else {n: all_caps[n] for n in gang.nodes}
+                slots = self.slots[key] = sum(min(gang.per, int(c / gang.g + _EPS)) for c in caps.values())
             if slots < gang.k:
                 return ("nothing in the plan lets it in: its gang does not fit the nodes in service even when they "
                         "are empty", CapacityWait(gang.total.gpu, _INF))
@@ -787,38 +795,32 @@ class _Plan:
     def _cut(self, unit: str, times: List[float], i: int, before: List[float], g: float, device: bool) -> None:
         """``unit``'s free GPUs fell by ``g`` over its segments ``i``... of ``times`` (from ``before``): at each
         level of its kind, the runs of those segments that had the level and have it no more are cut out of its
-        holes. A hole is a maximal interval, so each such run lies in one hole, which leaves at most two: no look
-        at the profile is needed."""
-        shares = self.shares
-        for level, per_unit in self.node_holes.items():
-            if shares and (level < 1 - _EPS) != device:
-                continue
-            lv = level - _EPS
-            run = None
-            for m, v in enumerate(before):
-                if v >= lv and v - g < lv:  # the value as ``_Profile.add`` leaves it: it had the level, not now
-                    if run is None:
-                        run = times[i + m]
-                elif run is not None:
-                    self._cut_hole(level, per_unit[unit], unit, run, times[i + m])
-                    run = None
-            if run is not None:
-                k = i + len(before)
-                self._cut_hole(level, per_unit[unit], unit, run, times[k] if k < len(times) else _INF)
-
-    def _cut_hole(self, level: float, mine: List[Tuple[float, float]], unit: str, x: float, y: float) -> None:
-        """Take ``[x, y)`` out of the hole of ``unit`` (its holes ``mine`` at ``level``) that holds it."""
-        j = bisect.bisect_right(mine, (x, _INF)) - 1
-        h0, h1 = mine[j]
-        classes = self.holes[level]
-        c = classes[bisect.bisect_right(_CLASSES, h1 - h0) - 1]
-        del c[bisect.bisect_left(c, (h0, h1, unit))]
-        left, right = h0 < x, y < h1
-        if left:
-            bisect.insort(classes[bisect.bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
-        if right:
-            bisect.insort(classes[bisect.bisect_right(_CLASSES, h1 - y) - 1], (y, h1, unit))
-        mine[j:j + 1] = ((h0, x),) * left + ((y, h1),) * right
+        holes (``_cut_hole``). The levels segment ``m`` no longer has are those in ``(before[m] - g, before[m]]``
+        (as ``_Profile.add`` leaves the value): a bisection of the sorted levels, not a look at each."""
+        got = self.lanes.get(device)
+        if got is None:
+            return
+        lvs, lanes = got
+        k = i + len(before)
+        end = times[k] if k < len(times) else _INF
+        if len(before) == 1:
+            v = before[0]
+            for li in range(bisect.bisect_right(lvs, v - g), bisect.bisect_right(lvs, v)):
+                mine, classes = lanes[li]
+                _cut_hole(classes, mine[unit], unit, times[i], end)
+            return
+        runs: Dict[int, float] = {}  # level index -> where its run of lost segments began
+        for m, v in enumerate(before):
+            lo, hi = bisect.bisect_right(lvs, v - g), bisect.bisect_right(lvs, v)
+            t = times[i + m]
+            for li in [li for li in runs if not lo <= li < hi]:
+                mine, classes = lanes[li]
+                _cut_hole(classes, mine[unit], unit, runs.pop(li), t)
+            for li in range(lo, hi):
+                runs.setdefault(li, t)
+        for li, t in runs.items():
+            mine, classes = lanes[li]
+            _cut_hole(classes, mine[unit], unit, t, end)
 
     def _lose_whole(self, nid: str, times: List[float], i: int, before: List[float], g: float, e: float,
                     gpus: float, wid: str) -> None:
@@ -860,6 +862,10 @@ class _Plan:
             c.sort()
         self.holes[level] = got
         self.node_holes[level] = per_node
+        lvs, lanes = self.lanes.setdefault(bool(self.shares and level < 1 - _EPS), ([], []))
+        at = bisect.bisect_right(lvs, level - _EPS)
+        lvs.insert(at, level - _EPS)
+        lanes.insert(at, (per_node, got))
         return got
 
     # -- waits -----------------------------------------------------------------------------------------------
@@ -948,6 +954,29 @@ def _named(ended: List[Tuple[float, float, str]]) -> Tuple[str, ...]:
     """At most ``_NAMED`` workloads of ``ended``, the latest last (of those ending at one instant, the largest)."""
     got = sorted(set(ended))
     return tuple(wid for _, _, wid in got[-_NAMED:])
+
+
+def _cut_hole(classes: List[List[Tuple[float, float, str]]], mine: List[Tuple[float, float]], unit: str, x: float,
+              y: float) -> None:
+    """Take ``[x, y)`` out of the hole of ``unit`` (its holes ``mine`` at a level, ``classes`` every unit's there)
+    that holds it: a hole is a maximal interval, so a run that lost the level lies in one, which leaves at most two
+    and needs no look at the profile."""
+    j = bisect.bisect_right(mine, (x, _INF)) - 1
+    h0, h1 = mine[j]
+    c = classes[bisect.bisect_right(_CLASSES, h1 - h0) - 1]
+    del c[bisect.bisect_left(c, (h0, h1, unit))]
+    if y < h1:
+        bisect.insort(classes[bisect.bisect_right(_CLASSES, h1 - y) - 1], (y, h1, unit))
+        if h0 < x:
+            bisect.insort(classes[bisect.bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
+            mine[j:j + 1] = ((h0, x), (y, h1))
+        else:
+            mine[j] = (y, h1)
+    elif h0 < x:
+        bisect.insort(classes[bisect.bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
+        mine[j] = (h0, x)
+    else:
+        del mine[j]
 
 
 def _find_holes(p: _Profile, level: float, a: float, b: float) -> List[Tuple[float, float]]:
