@@ -54,6 +54,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import operator
 from dataclasses import replace
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -83,6 +84,7 @@ _INF = math.inf
 EASY_MAX_PENDING = 400
 # How many ends a wait names as the ones that closed it.
 _NAMED = 2
+_WID = operator.itemgetter(2)  # of an end (time, GPUs, workload id)
 _NO_TEAM = Team("", {})
 # The length classes of holes (seconds): a minute, times 4 up to about 11 days, and the rest (tails run for ever).
 # A hole of a class whose lower bound is at least a workload's runtime is long enough for it wherever it starts.
@@ -938,22 +940,25 @@ def _ended(p: _Profile, t0: float, t1: float) -> List[Tuple[float, float, str]]:
     times, ends = p.times, p.ends
     i = bisect.bisect_right(times, t1) - 1
     out: List[Tuple[float, float, str]] = []
-    while i > 0 and times[i] > t0 and len(out) < _NAMED:
+    while i > 0:
         t = times[i]
+        if t <= t0:
+            break
         got = ends.get(t)
         if got:
             # Only the largest few of one instant can be named (many leases may end at one instant of a quota's
             # profile); ``_named`` ranks by time first.
-            top = got if len(got) <= _NAMED else heapq.nlargest(_NAMED, set(got))
-            out += [(t, g, wid) for g, wid in top]
+            for g, wid in got if len(got) <= _NAMED else heapq.nlargest(_NAMED, set(got)):
+                out.append((t, g, wid))
+            if len(out) >= _NAMED:
+                break
         i -= 1
     return out
 
 
 def _named(ended: List[Tuple[float, float, str]]) -> Tuple[str, ...]:
     """At most ``_NAMED`` workloads of ``ended``, the latest last (of those ending at one instant, the largest)."""
-    got = sorted(set(ended))
-    return tuple(wid for _, _, wid in got[-_NAMED:])
+    return tuple(map(_WID, sorted(set(ended))[-_NAMED:]))
 
 
 def _cut_hole(classes: List[List[Tuple[float, float, str]]], mine: List[Tuple[float, float]], unit: str, x: float,

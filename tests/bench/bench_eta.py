@@ -36,7 +36,7 @@ for a subclass that forecasts as the sampled jobs arrive (``tapped``); each meth
 same states in one replay.
 
     python -m tests.bench.bench_eta [--part all|speed|accuracy] [--methods replay,plan] [--samples N] [--plot PATH]
-                                    [--resolution R]
+                                    [--resolution R] [--plan-runs N]
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def speed(args) -> None:
         if "plan" not in args.methods:
             continue
         # The reservation plan on the same state, against the replay's CPU time and ETAs (when it ran).
-        runs, plan = _cpu_runs(lambda: fc.forecast(st, now, method="plan"), PLAN_RUNS)
+        runs, plan = _cpu_runs(lambda: fc.forecast(st, now, method="plan"), args.plan_runs)
         plan_s, plan_med = min(runs), statistics.median(runs)
         starts = [e.start - now for e in plan.values() if e.start is not None]
         line = (f"  plan: every pending workload   {plan_s * 1e3:7.1f} ms CPU (min of {len(runs)} runs; median "
@@ -434,6 +434,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resolution", type=float, default=0.0, help="the forecast's time resolution")
     ap.add_argument("--horizon-h", type=float, default=fc.DEFAULT_HORIZON_S / 3600)
+    ap.add_argument("--plan-runs", type=int, default=PLAN_RUNS,
+                    help="how many times --part speed times the plan on each scene (min and median printed)")
     ap.add_argument("--plot", default=None, help="write forecast vs actual wait as a PNG here")
     ap.add_argument("--methods", default=",".join(fc.METHODS),
                     help=f"the forecasting methods to measure, comma-separated (of {', '.join(fc.METHODS)}); "
@@ -443,6 +445,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     bad = [m for m in args.methods if m not in fc.METHODS]
     if bad or not args.methods:
         ap.error(f"--methods={','.join(args.methods)!r}: allowed: a comma-separated list of {', '.join(fc.METHODS)}")
+    if args.plan_runs < 1:
+        ap.error(f"--plan-runs={args.plan_runs}: allowed: 1 or more")
     if args.part in ("all", "speed"):
         speed(args)
     if args.part in ("all", "accuracy"):
