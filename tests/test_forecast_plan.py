@@ -8,6 +8,8 @@ leases' expected ends and the reservations made before it: under EASY backfill (
 pending) only the head's reservation binds later work, otherwise (conservative backfill) every earlier one does.
 It plans no preemption.
 """
+import bisect
+
 import pytest
 
 from raylane.forecast import CapacityWait, QuotaWait, describe, forecast
@@ -207,3 +209,32 @@ def test_bad_arguments_are_all_named():
         plan(st, float("nan"), horizon_s=-1, overrun=-0.5, default_runtime_s=-3)
     msg = str(e.value)
     assert all(s in msg for s in ("now=nan", "horizon_s=-1", "overrun=-0.5", "default_runtime_s=-3", "allowed"))
+
+
+# A mixed queue on a few nodes: gangs of whole GPUs of every size, and (with shares) quarter and half GPUs, so that
+# reservations cross every level in single and several segments.
+MIXED = [wl(f"m{i}").gpus(g).workers(k).est(300 + 700 * (i % 7)).at(i)
+         for i, (g, k) in enumerate([(1, 1), (2, 1), (8, 2), (4, 1), (1, 3), (8, 1), (2, 2), (4, 2), (1, 1)] * 4)]
+SHARED = MIXED + [wl(f"q{i}").gpus(0.25 * (1 + i % 2)).est(500 + 300 * i).at(100 + i) for i in range(8)]
+
+
+@pytest.mark.parametrize("pending", [MIXED, SHARED], ids=["whole GPUs", "with shares"])
+@pytest.mark.parametrize("easy_max", [0, 1000], ids=["conservative", "EASY"])
+def test_the_holes_kept_as_reservations_are_made_are_those_of_the_profiles(pending, easy_max, monkeypatch):
+    # The plan cuts holes as it books (``_cut``) instead of working them out again: after a whole plan, every unit's
+    # holes at every level, and the length classes, must be what its profile gives from scratch.
+    import raylane.forecast_plan as fp
+
+    monkeypatch.setattr(fp, "EASY_MAX_PENDING", easy_max)
+    st = build(Case("mixed", nodes(4), [running(wl("a").gpus(4).est(1000), on=["n1"]),
+                                        running(wl("b").gpus(2).est(2500), on=["n2"])], pending, config=FIFO))
+    p = fp._Plan(st, NOW, st.config.default_runtime_s, {}, {}, 0.25, 300.0)
+    p.run(None, fp.DEFAULT_HORIZON_S)
+    assert len(p.node_holes) >= 4
+    for level, per_unit in p.node_holes.items():
+        units = p._units(level)
+        for u, holes in per_unit.items():
+            assert holes == fp._find_holes(units[u], level, units[u].times[0], float("inf")), (level, u)
+        kept = [(c, h) for c, hs in enumerate(p.holes[level]) for h in hs]
+        assert all(c == bisect.bisect_right(fp._CLASSES, en - start) - 1 for c, (start, en, _) in kept)
+        assert sorted(h for _, h in kept) == sorted((a, b, u) for u, hs in per_unit.items() for a, b in hs)
