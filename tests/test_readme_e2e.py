@@ -94,23 +94,32 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def workload_of(proc: subprocess.Popen, lines: list, timeout: float = 180.0) -> str:
-    """The workload id the driver prints, reading the job's log as `ray job submit` tails it."""
+    """The workload id the driver prints, reading the job's log as `ray job submit` tails it. What is read is kept in
+    ``lines`` (the text as it came, a line not yet ended included), for ``proc.communicate()``'s rest to follow.
+
+    The pipe is read with ``os.read``, not ``readline``: a readline after ``select`` reads all that has come into the
+    file object's buffer and returns its first line, and ``select`` does not see the lines left there. The line
+    with the id, printed a moment after the one before it, then waited there for the next output (CI missed it so,
+    in 180 s, while the driver held its gang quietly at step 3)."""
     import selectors
 
     deadline = time.time() + timeout
+    fd, pending = proc.stdout.fileno(), b""
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         while time.time() < deadline:
             if not sel.select(timeout=1.0):
                 continue
-            line = proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
                 break
-            lines.append(line)
-            m = re.search(r"\[raylane\] workload (\S+) submitted", line)
+            *ended, pending = (pending + chunk).split(b"\n")
+            lines += [raw.decode(errors="replace") + "\n" for raw in ended]
+            m = re.search(r"\[raylane\] workload (\S+) submitted", "".join(lines))
             if m:
+                lines.append(pending.decode(errors="replace"))
                 return m.group(1)
-    raise AssertionError("no workload id in the job's output:\n" + "".join(lines))
+    raise AssertionError("no workload id in the job's output:\n" + "".join(lines) + pending.decode(errors="replace"))
 
 
 def mlflow_run(u, wid: str):
