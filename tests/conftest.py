@@ -148,25 +148,12 @@ def _session_credentials(tmp_path_factory):
         os.environ["RAYLANE_CREDENTIALS"] = before
 
 
-@pytest.fixture(scope="session")
-def template_db(tmp_path_factory):
-    """An empty MLflow sqlite store, made once (its migrations take ~3 s); tests copy it."""
-    from mlflow import MlflowClient
-
-    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # creates the tables
-    return db
-
-
 @pytest.fixture
-def uri(template_db, tmp_path) -> str:
-    """A fresh MLflow sqlite store (a copy of ``template_db``) for one test."""
-    import shutil
+def uri(tmp_path) -> str:
+    """A fresh MLflow sqlite store for one test (``tests.raytest.empty_store``)."""
+    from tests.raytest import empty_store
 
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(template_db, db)
-    return f"sqlite:///{db}"
+    return empty_store(tmp_path / "store" / "mlflow.db")
 
 
 @pytest.fixture(autouse=True)

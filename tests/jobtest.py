@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 import ray
 
 from raylane.control.client import ControlClient, WorkloadView, start_control, stop_control
-from tests.raytest import local_policy, start_cluster, stop_cluster, wait_for
+from tests.raytest import empty_store, local_policy, start_cluster, stop_cluster, wait_for
 
 # What every test job's driver gets: no auth (a test cluster), a fast Train controller, no drain watcher.
 JOB_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
@@ -47,7 +47,7 @@ def start_env(tmp, *, policy: Optional[dict] = None, gpu_nodes=(("gpu-a", ["gpu-
         stop_cluster(cluster)
         raise
     return {"cluster": cluster, "ctl": ctl, "client": client, "dash": dash, "tmp": tmp,
-            "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"), "jobs": []}
+            "uri": empty_store(tmp / "mlflow.db"), "storage": str(tmp / "runs"), "jobs": []}
 
 
 def module_env(tmp_path_factory, name: str, scheduler: Optional[dict] = None, **class_overrides):

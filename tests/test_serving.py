@@ -22,7 +22,7 @@ from raylane.jobs import with_credential  # noqa: E402
 from raylane.launchers.serve import slot_resource  # noqa: E402
 from tests.jobtest import JOB_ENV  # noqa: E402
 from tests.loadgen import LoadGen  # noqa: E402
-from tests.raytest import free_port, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
+from tests.raytest import empty_store, free_port, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def env(tmp_path_factory):
     client = JobSubmissionClient("http://" + ray._private.worker.get_dashboard_url())
     yield {"ctl": ctl, "client": client, "tmp": tmp, "port": port, "checkpoint": hooks.latest_checkpoint(),
            "address": cluster.address,
-           "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs")}
+           "uri": empty_store(tmp / "mlflow.db"), "storage": str(tmp / "runs")}
     for job in client.list_jobs():
         if job.submission_id and not job.status.is_terminal():
             client.stop_job(job.submission_id)

@@ -6,7 +6,6 @@ Creating an MLflow database runs its migrations (~3 s), so one is made per modul
 from __future__ import annotations
 
 import pickle
-import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -18,11 +17,7 @@ SWEEP = "pbt-lm-a1b2c3"
 
 
 @pytest.fixture
-def store(template_db, tmp_path):
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(template_db, db)
-    uri = f"sqlite:///{db}"
+def store(uri):
     client = MlflowClient(tracking_uri=uri)
     experiment_id = client.create_experiment("raylane/team-a")
     parent = client.create_run(experiment_id, run_name=SWEEP).info.run_id

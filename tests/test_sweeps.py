@@ -22,7 +22,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from raylane.control.client import EndState, Outcome, State, start_control, stop_control  # noqa: E402
-from tests.raytest import REPO, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
+from tests.raytest import REPO, empty_store, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ def env(tmp_path_factory):
     # No minimum runtime for sweep slots: a higher class may reclaim one at once.
     policy = local_policy(sweep={"min_runtime": 0, "grace_period": "60s"}, finetune={"min_runtime": 0})
     ctl = start_control(policy, str(tmp / "journal.db"), tick_s=0.2)
-    yield {"ctl": ctl, "tmp": tmp, "uri": f"sqlite:///{tmp / 'mlflow.db'}", "storage": str(tmp / "runs"),
+    yield {"ctl": ctl, "tmp": tmp, "uri": empty_store(tmp / "mlflow.db"), "storage": str(tmp / "runs"),
            "address": cluster.address}
     stop_control()
     stop_cluster(cluster)

@@ -1,8 +1,8 @@
 """raylane.tracking against a real MLflow sqlite store (no Ray): one run per workload across restarts, the event
 log and its counters, rank-0 metric logging against global steps across resumes, and a real short training run.
 
-Creating an MLflow database runs its migrations (~3 s), so one is made per session (conftest ``template_db``)
-and copied for each test."""
+Creating an MLflow database runs its migrations (~3 s), so one is made per test process and copied for each test
+(conftest ``uri``, ``tests.raytest.empty_store``)."""
 from __future__ import annotations
 
 import json
