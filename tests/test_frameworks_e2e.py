@@ -48,7 +48,7 @@ def preempted_once_and_finished(env, example: str, name: str, config: dict, hold
     a_spec = example_spec(example, name, team="team-a", cls="pretrain", gpu=4,
                           config={**config, "fault": {"hold_at_step": hold_at}})
     a_job = submit_job(env, a_spec, name, working_dir=USER_CODE / example)
-    a = record_of_job(env, a_job, timeout=120).id
+    a = record_of_job(env, a_job).id
     wait_for(lambda: hold_at in [s for s, _ in metric_history(env, a, "loss", must=False)[1]], timeout=300,
              every=0.5, what=f"{name} holding at step {hold_at}")
     b = reclaiming_lease(env, f"{name}-b")

@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 from raylane.control.client import State  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
 from tests.jobtest import (finish_lease, finished, job_env, metric_history, mlflow_run, module_env,  # noqa: E402
-                           operator_token, placed, reclaiming_lease, write_spec)
+                           operator_token, placed, reclaiming_lease, record_of_job, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -66,12 +66,6 @@ def cli_submit(env, s: dict, name: str, *, working_dir=None, wait: bool = False)
     return proc
 
 
-def workload_of_job(env, job_id: str):
-    return wait_for(lambda: next((r for r in env["ctl"].queue(include_done=True)
-                                  if env["ctl"].status(r.id).get("job_id") == job_id), None),
-                    timeout=90, what=f"the workload of {job_id}")
-
-
 def journal(env, wid, kind):
     return [e for e in env["ctl"].explain(wid)["journal"] if e["kind"] == kind]
 
@@ -84,7 +78,7 @@ def test_rays_linear_example_runs_on_logical_gpus_is_preempted_and_finishes(env)
     a_job = cli_submit(env, spec("ray-linear", "team-a", "pretrain", workers=2, gpu=2, cpu=1, entrypoint=LINEAR,
                                  config={"epochs": epochs, "data_size": 2000, "batch_size": 32,
                                          "fault": {"hold_at_step": 2}}), "ray-linear")
-    a = workload_of_job(env, a_job).id
+    a = record_of_job(env, a_job).id
     wait_for(lambda: len(journal(env, a, "checkpointed")) >= 1, timeout=240, what="a checkpoint of A")
     b = reclaiming_lease(env, "user-b")  # team-b's finetune reclaims the 2 GPUs it lent (tests/jobtest.py)
     wait_for(lambda: env["ctl"].status(a)["preemptions"] == 1, timeout=120, what="A preempted")
@@ -197,7 +191,7 @@ def test_raylane_submit_from_a_users_project_folder_uploads_it_as_the_jobs_worki
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = next(line.split()[2] for line in proc.stdout.splitlines() if line.startswith("ray job "))
     env["jobs"].append(job_id)
-    wid = workload_of_job(env, job_id).id
+    wid = record_of_job(env, job_id).id
     assert str(finished(env, job_id)).endswith("SUCCEEDED"), env["client"].get_job_logs(job_id)[-3000:]
     assert env["ctl"].explain(wid).state is State.SUCCEEDED
     assert mlflow_run(env, wid).info.status == "FINISHED"
