@@ -121,8 +121,9 @@ def workload_of(proc: subprocess.Popen, lines: list, timeout: float = GANG_S) ->
             if not chunk:
                 break
             *ended, pending = (pending + chunk).split(b"\n")
-            lines += [raw.decode(errors="replace") + "\n" for raw in ended]
-            m = re.search(r"\[raylane\] workload (\S+) submitted", "".join(lines))
+            new = "".join(raw.decode(errors="replace") + "\n" for raw in ended)
+            lines.append(new)
+            m = re.search(r"\[raylane\] workload (\S+) submitted", new)
             if m:
                 lines.append(pending.decode(errors="replace"))
                 return m.group(1)

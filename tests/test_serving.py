@@ -22,7 +22,8 @@ from raylane.jobs import with_credential  # noqa: E402
 from raylane.launchers.serve import slot_resource  # noqa: E402
 from tests.jobtest import JOB_ENV  # noqa: E402
 from tests.loadgen import LoadGen  # noqa: E402
-from tests.raytest import empty_store, free_port, local_policy, spec, start_cluster, stop_cluster, wait_for  # noqa: E402
+from tests.raytest import (empty_store, free_port, local_policy, spec, start_cluster, stop_cluster,  # noqa: E402
+                           wait_for)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

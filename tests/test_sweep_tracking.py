@@ -2,7 +2,8 @@
 (no Ray session): a PBT exploit is recorded on the weak trial's child run with the trial and step its checkpoint
 came from, across a driver that resumes the sweep.
 
-Creating an MLflow database runs its migrations (~3 s), so one is made per module and copied for each test."""
+Creating an MLflow database runs its migrations (~3 s), so one is made per test process and copied for
+each test (conftest ``uri``)."""
 from __future__ import annotations
 
 import pickle
