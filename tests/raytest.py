@@ -32,6 +32,26 @@ def wait_for(pred: Callable[[], T], timeout: float = 30.0, every: float = 0.2, w
                          + (f"\n{explain()}" if explain is not None else ""))
 
 
+def wait_while_progressing(pred: Callable[[], T], progress: Callable[[], object], stall: float = 120.0,
+                           every: float = 2.0, what: str = "condition") -> T:
+    """``pred()`` once it is truthy, waiting as long as ``progress()`` keeps changing: AssertionError once it has
+    stayed the same for ``stall`` seconds. For work whose length is known in steps, not seconds: a training run's
+    last thousand steps take a minute on an idle machine and several when the suite's other module loads it too, but
+    a run that moves on is not stuck."""
+    seen, since = progress(), time.time()
+    while True:
+        last = pred()
+        if last:
+            return last
+        now_seen = progress()
+        if now_seen != seen:
+            seen, since = now_seen, time.time()
+        elif time.time() - since > stall:
+            raise AssertionError(f"no progress for {stall:g}s waiting for {what} (last: {last!r}; "
+                                 f"progress stuck at {seen!r})")
+        time.sleep(every)
+
+
 def local_policy(**class_overrides) -> dict:
     """policies/local.yaml as a dict, with per-class overrides, e.g. pretrain={"min_runtime": 0}."""
     data = yaml.safe_load((REPO / "policies" / "local.yaml").read_text())
