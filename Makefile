@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast bench clean
+.PHONY: venv demo test test-e2e test-all test-fast bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,6 +28,19 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 # promtool (from Debian's prometheus package) checks and unit-tests the alerting rules in deploy/prometheus.
 # Chromium (from Debian's chromium package) runs the web console's browser tests.
 test: $(STAMP)
+	bash deploy/prometheus/install_promtool.sh
+	bash deploy/console/install_chromium.sh
+	$(BIN)/python -m pytest -q -ra --durations=10 -m "not e2e" $(XDIST)
+
+# The long end-to-end scenarios (marker e2e, 35 tests): each feature again through the entry a user comes by (the
+# README's commands, Ray's own examples, Lightning and Transformers, datasets), and the scenarios that need several
+# Train gangs one after another (crash and retry budgets, a Serve burst reclaiming training's GPUs, elastic resizes,
+# a killed node, PBT). About 35 minutes on 2 cores; .ci/run runs them after `make test`. docs/testing.md lists them.
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -ra --durations=10 -m e2e $(XDIST)
+
+# Both tiers in one pytest run.
+test-all: $(STAMP)
 	bash deploy/prometheus/install_promtool.sh
 	bash deploy/console/install_chromium.sh
 	$(BIN)/python -m pytest -q -ra --durations=10 $(XDIST)

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 from raylane.control.client import State  # noqa: E402
 from tests.jobtest import finished, metric_history, module_env, record_of_job, submit_job  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "user-code" / "ray-regression"
 

@@ -16,7 +16,7 @@ from tests.jobtest import (finished, metric_history, mlflow_run, module_env, pla
                            record_of_job, submit_job)
 from tests.raytest import spec, wait_for  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 
 # Stop requests are heard at checkpoints. The gang holds at its checkpoints of steps 20, 40 and 60 until it is asked
 # to stop (config.fault.hold_at_steps), so it is still training when the test changes the cluster around it,

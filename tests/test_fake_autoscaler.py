@@ -19,7 +19,7 @@ import pytest
 from tests.autoscalertest import FakeAutoscalingCluster, NodeType, request
 from tests.raytest import wait_for
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 
 NODE_TYPE = "raylane.io/node-type"
 A100 = {NODE_TYPE: "a100"}

@@ -20,7 +20,7 @@ from tests.jobtest import (finish_lease, finished, metric_history, module_env, p
                            reclaiming_lease, record_of_job, submit_job)
 from tests.raytest import wait_for  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 
 
 USER_CODE = Path(__file__).resolve().parents[1] / "examples" / "user-code"

@@ -96,6 +96,7 @@ def test_node_commands(env):
     assert row(env, b)["state"] == "ready"
 
 
+@pytest.mark.e2e
 def test_cordon_then_drain_moves_a_running_gang_with_no_step_lost(env):
     ctl = env["ctl"]
     a, b = node_of(env, "gpu-a"), node_of(env, "gpu-b")
@@ -190,6 +191,7 @@ def _node_journal(env, nid):
     return [e.data["event"] for e in Journal(path).replay() if e.kind == "node" and e.data["node"] == nid]
 
 
+@pytest.mark.e2e
 def test_killed_node_requeues_its_gang_which_resumes_when_a_node_joins(env):
     ctl = env["ctl"]
     a, b = node_of(env, "gpu-a"), node_of(env, "gpu-b")

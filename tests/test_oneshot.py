@@ -289,6 +289,7 @@ def succeeded(env, job):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_an_eval_records_its_metrics_next_to_the_run_it_evaluates(env, source, probe):
     from tests.jobtest import mlflow_run, submit_job
 
@@ -310,6 +311,7 @@ def test_an_eval_records_its_metrics_next_to_the_run_it_evaluates(env, source, p
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_batch_job_writes_predictions_with_a_trained_checkpoint(env, source, tmp_path):
     import pandas as pd
 
@@ -337,6 +339,7 @@ def test_a_batch_job_writes_predictions_with_a_trained_checkpoint(env, source, t
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_crashed_attempt_restarts_and_every_map_worker_runs_inside_the_lease(env, probe):
     import pandas as pd
     import ray
@@ -360,6 +363,7 @@ def test_a_crashed_attempt_restarts_and_every_map_worker_runs_inside_the_lease(e
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_preempted_eval_is_stopped_at_once_requeued_and_rerun(env, source, probe, tmp_path):
     from raylane.control.client import State
     from tests.jobtest import mlflow_run, submit_job, wait_for

@@ -65,6 +65,7 @@ def small(spec: dict) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_lifecycle_pipeline_runs_end_to_end_with_features_outputs_runs_and_gantt(env):
     from tests.jobtest import finished, submit_job
     from raylane.tracking import client_for

@@ -28,7 +28,7 @@ from tests.jobtest import (finish_lease, finished, job_env, metric_history, mlfl
                            operator_token, placed, reclaiming_lease, record_of_job, write_spec)
 from tests.raytest import spec, wait_for  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 
 LINEAR = "ray.train.examples.pytorch.torch_linear_example:train_func"
 REGRESSION = "ray.train.examples.pytorch.torch_regression_example:train_func"

@@ -25,7 +25,7 @@ import yaml
 from tests.conftest import SESSION_KEY
 from tests.raytest import LM_ENTRYPOINT, wait_for
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin folder: .venv/bin
 TRAIN = {"max_steps": 6, "checkpoint_every": 3, "batch_size": 4, "warmup_steps": 1, "eval_every": 0,

@@ -227,6 +227,7 @@ def test_driver_without_credential_exits_at_once(env, people):
     print(f"driver without a credential failed {time.time() - t0:.1f}s after submission")
 
 
+@pytest.mark.e2e
 def test_credentials_appear_nowhere_after_an_end_to_end_run(env, people):
     """alice submits digits-cnn the way `raylane submit` does (a job token in a py_modules package); then every
     log, journal row, MLflow record and job entry is searched for her token and the job token."""

@@ -156,6 +156,7 @@ def test_asha_sweep_of_the_lm_stops_weak_trials_at_the_rungs_and_records_mlflow(
     assert parent.data.tags["raylane.best_trial_id"] == best[0].data.tags["raylane.trial_id"] == rec["best"]["trial_id"]
 
 
+@pytest.mark.e2e
 def test_synchronous_asha_stops_the_same_trials_whatever_the_order_they_reach_a_rung(env):
     """Eight points of the quadratic, drawn worst first, two slots: Tune's asynchronous ASHA never stops the first
     trials to reach a rung, so it would let the worst go on; synchronous rungs wait for all eight (the first ones
@@ -189,6 +190,7 @@ def test_synchronous_asha_stops_the_same_trials_whatever_the_order_they_reach_a_
 # ----------------------------------------------------------------------------------------------------- PBT
 
 
+@pytest.mark.e2e
 def test_pbt_sweep_exploit_copies_a_checkpoint_of_a_stronger_trial(env):
     from raylane.sweeps.tracking import exploits
 
@@ -333,6 +335,7 @@ def value(row, key):
 # --------------------------------------------------------------------------------------- driver death
 
 
+@pytest.mark.e2e
 def test_sweep_resumes_after_its_driver_dies(env, tmp_path):
     import yaml
 

@@ -78,6 +78,7 @@ def test_graceful_preemption_loses_no_step_and_resumes_exactly(env):
     assert [v for _, v in hist] == [ref[s] for s in steps]
 
 
+@pytest.mark.e2e
 def test_forced_stop_after_grace_resumes_from_last_checkpoint(env):
     grace = env["ctl"].class_info("pretrain")["grace_period_s"]
     # The first attempt holds after step 50 until it is asked to stop, then hangs instead of yielding: only the
@@ -143,6 +144,7 @@ def own_job(env, side_by_side, name):
     return job
 
 
+@pytest.mark.e2e
 def test_crash_within_retry_budget_restarts_from_checkpoint(env, side_by_side):
     job = own_job(env, side_by_side, "crash1")
     wid = record_of_job(env, job)["id"]
@@ -157,6 +159,7 @@ def test_crash_within_retry_budget_restarts_from_checkpoint(env, side_by_side):
     assert rec["mlflow_run_id"] == run.info.run_id
 
 
+@pytest.mark.e2e
 def test_crash_over_retry_budget_fails_with_reason(env, side_by_side):
     job = own_job(env, side_by_side, "crash9")
     wid = record_of_job(env, job)["id"]
@@ -168,6 +171,7 @@ def test_crash_over_retry_budget_fails_with_reason(env, side_by_side):
     assert run.info.status == "FAILED"
 
 
+@pytest.mark.e2e
 def test_an_error_no_retry_fixes_fails_in_one_attempt(env, side_by_side):
     src = own_job(env, side_by_side, "src-c")
     c = record_of_job(env, src)["id"]
@@ -183,6 +187,7 @@ def test_an_error_no_retry_fixes_fails_in_one_attempt(env, side_by_side):
     assert "ConfigError" in note and "model" in note and "not retried" in note, note
 
 
+@pytest.mark.e2e
 def test_finetune_loads_the_checkpoint_it_was_promised_while_the_source_rotates(env):
     # A holds all of team-a's quota (2 nominal + 2 borrowed) and checkpoints every 20 steps; Ray Train keeps the
     # newest 3, so step 40 is deleted before A ends. B (team-a too, same class: no preemption) names step 40,

@@ -39,6 +39,7 @@ def last_step(env, wid):
     return (metric_history(env, wid, "loss", must=False)[1] or [(0, 0)])[-1][0]
 
 
+@pytest.mark.e2e
 def test_an_unchanged_ray_train_loop_yields_at_its_next_checkpoint_and_resumes_exactly(env):
     # Long enough (~40 s alone) that the preemption lands well before the end on a loaded machine.
     steps, every, report_every = 400, 20, 4
@@ -71,6 +72,7 @@ def test_an_unchanged_ray_train_loop_yields_at_its_next_checkpoint_and_resumes_e
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.e2e
 def test_a_loop_that_asks_should_yield_stops_at_the_current_step(env):
     a_job = submit_job(env, spec("polite-a", "team-a", "pretrain", workers=1, gpu=4, cpu=1,
                                  entrypoint="polite_train:train_loop_per_worker", config={"steps": 4000}),
