@@ -51,11 +51,12 @@ as admitted).
 """
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import operator
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import replace
+from itertools import repeat
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from raylane.forecast_types import (
@@ -125,7 +126,7 @@ def plan(
 
 class _Profile:
     """A step function of time from ``now``: ``times[i]`` starts segment ``i`` of value ``vals[i]``; the last
-    segment runs on for ever. ``ends``: time -> (GPUs, workload id) of what gives its share back then."""
+    segment runs on for ever. ``ends``: time -> (time, GPUs, workload id) of what gives its share back then."""
 
     __slots__ = ("times", "vals", "ends")
 
@@ -142,12 +143,12 @@ class _Profile:
             else:
                 self.times.append(t)
                 self.vals.append(value)
-        self.ends: Dict[float, List[Tuple[float, str]]] = {}
+        self.ends: Dict[float, List[Tuple[float, float, str]]] = {}
 
     def split(self, t: float) -> int:
         """The index of the segment starting at ``t`` (made if need be)."""
         times = self.times
-        i = bisect.bisect_right(times, t) - 1
+        i = bisect_right(times, t) - 1
         if times[i] == t:
             return i
         times.insert(i + 1, t)
@@ -161,46 +162,53 @@ class _Profile:
         j = self.split(e) if e < _INF else len(self.times)
         vals = self.vals
         before = vals[i:j]
-        vals[i:j] = [v + dv for v in before]
+        vals[i:j] = map(operator.add, before, repeat(dv))
         return i, before
 
     def at(self, t: float) -> float:
-        return self.vals[bisect.bisect_right(self.times, t) - 1]
+        return self.vals[bisect_right(self.times, t) - 1]
 
     def least(self, s: float, e: float) -> float:
         """The least value over ``[s, e)``."""
-        times, vals = self.times, self.vals
-        i = bisect.bisect_right(times, s) - 1
-        lo = vals[i]
-        i += 1
-        n = len(times)
-        while i < n and times[i] < e:
-            if vals[i] < lo:
-                lo = vals[i]
-            i += 1
-        return lo
+        times = self.times
+        i = bisect_right(times, s) - 1
+        return min(self.vals[i:bisect_left(times, e, i + 1)])
 
     def first_fit(self, s: float, d: float, limit: float) -> Tuple[float, float]:
         """The earliest ``q >= s`` such that the value stays ``<= limit`` over ``[q, q + d)``, and by how much it
-        went over first (0 when ``q == s``); ``q`` is infinite when it never does."""
+        went over first (0 when ``q == s``); ``q`` is infinite when it never does. Each try looks at the segments of
+        ``[q, q + d)`` at once (``max`` of a slice) and, if some go over, tries again just after the last of them."""
         times, vals = self.times, self.vals
         n = len(times)
-        i = bisect.bisect_right(times, s) - 1
+        i = bisect_right(times, s) - 1
+        lim = limit + _EPS
         q, over = s, 0.0
-        while i < n:
-            t0 = times[i] if times[i] > q else q
-            if t0 >= q + d and d > 0:
-                return q, over
-            if vals[i] > limit + _EPS:
+        if d <= 0:  # the first segment from ``s`` on that holds
+            while vals[i] > lim:
                 if not over:
                     over = vals[i] - limit
-                if i + 1 >= n:
+                i += 1
+                if i >= n:
                     return _INF, over
-                q = times[i + 1]
-            elif i + 1 >= n or (d <= 0 and t0 >= q):
+                q = times[i]
+            return q, over
+        while True:
+            end = q + d
+            if end <= q:
                 return q, over
-            i += 1
-        return q, over  # pragma: no cover - the last segment returns above
+            j = bisect_left(times, end, i + 1)
+            window = vals[i:j]
+            if max(window) <= lim:
+                return q, over
+            if not over:
+                over = next(v for v in window if v > lim) - limit
+            j -= 1
+            while vals[j] <= lim:
+                j -= 1
+            i = j + 1
+            if i >= n:
+                return _INF, over
+            q = times[i]
 
 
 # ---------------------------------------------------------------------------------------------------- plan
@@ -292,7 +300,7 @@ class _Plan:
                 for nid in set(lease.placement):
                     p = self.nodes.get(nid)
                     if p is not None:
-                        p.ends.setdefault(at, []).append((lease.workload.gang.total.gpu, lease.id))
+                        p.ends.setdefault(at, []).append((at, lease.workload.gang.total.gpu, lease.id))
 
     def _device_profiles(self, gone) -> None:
         """Each GPU device's free share over time (unit ``node#i``), as the live placement sees devices: a worker
@@ -383,7 +391,7 @@ class _Plan:
                     (at, -getattr(lease.workload.gang.total, r)) for at, lease in ends))
                 for at, lease in ends:
                     if at > now:
-                        p.ends.setdefault(at, []).append((lease.workload.gang.total.gpu, lease.id))
+                        p.ends.setdefault(at, []).append((at, lease.workload.gang.total.gpu, lease.id))
                     if r in pool_changes:
                         v = u - getattr(lease.workload.gang.total, r)
                         pool_changes[r].append((at, max(0.0, v - guaranteed) - max(0.0, u - guaranteed)))
@@ -635,7 +643,7 @@ class _Plan:
         classes = self._holes(gang.g)
         ok = gang.nodes
         dd = d - _EPS
-        first = bisect.bisect_right(_CLASSES, d) - 1  # holes of shorter classes are all too short
+        first = bisect_right(_CLASSES, d) - 1  # holes of shorter classes are all too short
         if gang.k == 1:
             # Per class, the first hole in start order with d seconds left after r; of ties, the shortest class.
             best, where = _INF, ""
@@ -653,12 +661,13 @@ class _Plan:
         # past start + d cover the runtime.
         k, per, g = gang.k, gang.per, gang.g
         ends: List[Tuple[float, str]] = []
-        for st, en, nid in heapq.merge(*classes[first:]):
+        lists = [c for c in classes[first:] if c]  # (most searches have one class long enough, or two)
+        for st, en, nid in lists[0] if len(lists) == 1 else heapq.merge(*lists):
             at = st if st > r else r
             if en - at < dd or (ok is not None and nid not in ok):
                 continue
-            bisect.insort(ends, (en, nid))
-            i = bisect.bisect_left(ends, (at + dd,))
+            insort(ends, (en, nid))
+            i = bisect_left(ends, (at + dd,))
             if (len(ends) - i) * per < k:
                 continue
             if per == 1:
@@ -715,7 +724,7 @@ class _Plan:
         cap = self.pool_cap[r]
         times, vals = pool.times, pool.vals
         m = len(times)
-        i = bisect.bisect_right(times, s) - 1
+        i = bisect_right(times, s) - 1
         q, over = s, 0.0
         while i < m:
             t0 = times[i] if times[i] > q else q
@@ -785,14 +794,14 @@ class _Plan:
                 # segment of what it holds (the pool's breakpoints hold the team's).
                 pool.split(s)
                 pool.split(e)
-                i = bisect.bisect_right(pool.times, s) - 1
+                i = bisect_right(pool.times, s) - 1
                 while i < len(pool.times) and pool.times[i] < e:
                     u = mine.at(pool.times[i])
                     pool.vals[i] += max(0.0, u + n - guaranteed) - max(0.0, u - guaranteed)
                     i += 1
-                pool.ends.setdefault(e, []).append((gpus, w.id))
+                pool.ends.setdefault(e, []).append((e, gpus, w.id))
             mine.add(s, e, n)
-            mine.ends.setdefault(e, []).append((gpus, w.id))
+            mine.ends.setdefault(e, []).append((e, gpus, w.id))
 
     def _cut(self, unit: str, times: List[float], i: int, before: List[float], g: float, device: bool) -> None:
         """``unit``'s free GPUs fell by ``g`` over its segments ``i``... of ``times`` (from ``before``): at each
@@ -807,22 +816,25 @@ class _Plan:
         end = times[k] if k < len(times) else _INF
         if len(before) == 1:
             v = before[0]
-            for li in range(bisect.bisect_right(lvs, v - g), bisect.bisect_right(lvs, v)):
+            for li in range(bisect_right(lvs, v - g), bisect_right(lvs, v)):
                 mine, classes = lanes[li]
                 _cut_hole(classes, mine[unit], unit, times[i], end)
             return
-        runs: Dict[int, float] = {}  # level index -> where its run of lost segments began
-        for m, v in enumerate(before):
-            lo, hi = bisect.bisect_right(lvs, v - g), bisect.bisect_right(lvs, v)
-            t = times[i + m]
-            for li in [li for li in runs if not lo <= li < hi]:
-                mine, classes = lanes[li]
-                _cut_hole(classes, mine[unit], unit, runs.pop(li), t)
-            for li in range(lo, hi):
-                runs.setdefault(li, t)
-        for li, t in runs.items():
+        # Per level some segment lost, its runs of segments that lost it (those with ``v - g < level <= v``).
+        for li in range(bisect_right(lvs, min(before) - g), bisect_right(lvs, max(before))):
+            lv = lvs[li]
             mine, classes = lanes[li]
-            _cut_hole(classes, mine[unit], unit, t, end)
+            holes = mine[unit]
+            run = None
+            for m, v in enumerate(before):
+                if v - g < lv <= v:
+                    if run is None:
+                        run = times[i + m]
+                elif run is not None:
+                    _cut_hole(classes, holes, unit, run, times[i + m])
+                    run = None
+            if run is not None:
+                _cut_hole(classes, holes, unit, run, end)
 
     def _lose_whole(self, nid: str, times: List[float], i: int, before: List[float], g: float, e: float,
                     gpus: float, wid: str) -> None:
@@ -859,13 +871,13 @@ class _Plan:
         for nid, p in self._units(level).items():
             mine = per_node[nid] = _find_holes(p, level, p.times[0], _INF)
             for st, en in mine:
-                got[bisect.bisect_right(_CLASSES, en - st) - 1].append((st, en, nid))
+                got[bisect_right(_CLASSES, en - st) - 1].append((st, en, nid))
         for c in got:
             c.sort()
         self.holes[level] = got
         self.node_holes[level] = per_node
         lvs, lanes = self.lanes.setdefault(bool(self.shares and level < 1 - _EPS), ([], []))
-        at = bisect.bisect_right(lvs, level - _EPS)
+        at = bisect_right(lvs, level - _EPS)
         lvs.insert(at, level - _EPS)
         lanes.insert(at, (per_node, got))
         return got
@@ -931,14 +943,14 @@ def _whole(now: float, devs: Sequence[_Profile]) -> _Profile:
 def _end(p: _Profile, at: float, gpus: float, wid: str) -> None:
     """``wid`` (of ``gpus`` GPUs in all) gives its share of ``p`` back at ``at``."""
     got = p.ends.setdefault(at, [])
-    if not got or got[-1][1] != wid:
-        got.append((gpus, wid))
+    if not got or got[-1][2] != wid:
+        got.append((at, gpus, wid))
 
 
 def _ended(p: _Profile, t0: float, t1: float) -> List[Tuple[float, float, str]]:
     """The last few (time, GPUs, workload id) of what gives its share of ``p`` back after ``t0`` and by ``t1``."""
     times, ends = p.times, p.ends
-    i = bisect.bisect_right(times, t1) - 1
+    i = bisect_right(times, t1) - 1
     out: List[Tuple[float, float, str]] = []
     while i > 0:
         t = times[i]
@@ -948,8 +960,7 @@ def _ended(p: _Profile, t0: float, t1: float) -> List[Tuple[float, float, str]]:
         if got:
             # Only the largest few of one instant can be named (many leases may end at one instant of a quota's
             # profile); ``_named`` ranks by time first.
-            for g, wid in got if len(got) <= _NAMED else heapq.nlargest(_NAMED, set(got)):
-                out.append((t, g, wid))
+            out += got if len(got) <= _NAMED else heapq.nlargest(_NAMED, set(got))
             if len(out) >= _NAMED:
                 break
         i -= 1
@@ -966,19 +977,19 @@ def _cut_hole(classes: List[List[Tuple[float, float, str]]], mine: List[Tuple[fl
     """Take ``[x, y)`` out of the hole of ``unit`` (its holes ``mine`` at a level, ``classes`` every unit's there)
     that holds it: a hole is a maximal interval, so a run that lost the level lies in one, which leaves at most two
     and needs no look at the profile."""
-    j = bisect.bisect_right(mine, (x, _INF)) - 1
+    j = bisect_right(mine, (x, _INF)) - 1
     h0, h1 = mine[j]
-    c = classes[bisect.bisect_right(_CLASSES, h1 - h0) - 1]
-    del c[bisect.bisect_left(c, (h0, h1, unit))]
+    c = classes[bisect_right(_CLASSES, h1 - h0) - 1]
+    del c[bisect_left(c, (h0, h1, unit))]
     if y < h1:
-        bisect.insort(classes[bisect.bisect_right(_CLASSES, h1 - y) - 1], (y, h1, unit))
+        insort(classes[bisect_right(_CLASSES, h1 - y) - 1], (y, h1, unit))
         if h0 < x:
-            bisect.insort(classes[bisect.bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
+            insort(classes[bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
             mine[j:j + 1] = ((h0, x), (y, h1))
         else:
             mine[j] = (y, h1)
     elif h0 < x:
-        bisect.insort(classes[bisect.bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
+        insort(classes[bisect_right(_CLASSES, x - h0) - 1], (h0, x, unit))
         mine[j] = (h0, x)
     else:
         del mine[j]
@@ -988,7 +999,7 @@ def _find_holes(p: _Profile, level: float, a: float, b: float) -> List[Tuple[flo
     """The maximal intervals within ``[a, b)`` in which ``p`` is at least ``level``."""
     times, vals = p.times, p.vals
     n = len(times)
-    i = bisect.bisect_right(times, a) - 1
+    i = bisect_right(times, a) - 1
     out: List[Tuple[float, float]] = []
     start = None
     lv = level - _EPS
@@ -1038,7 +1049,7 @@ class _Order:
         for w, _ in requeued:
             q = queues.setdefault(w.team, [])
             keys = [order.queue_key(x, cfg) for x in q]
-            q.insert(bisect.bisect_right(keys, order.queue_key(w, cfg)), w)
+            q.insert(bisect_right(keys, order.queue_key(w, cfg)), w)
         for t in state.teams.values():
             q = queues.get(t.name)
             if q and t.users is not None and t.users.fair:
