@@ -56,7 +56,7 @@ import math
 import operator
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import replace
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from raylane.forecast_types import (
@@ -254,7 +254,8 @@ class _Plan:
         self.devs: Dict[str, _Profile] = {}
         self.dev_caps: Dict[str, float] = {}
         self.dev_of: Dict[str, Tuple[str, ...]] = {}
-        self.shares = _shares(state)
+        self.pending = state.pending()
+        self.shares = _shares(state, self.pending)
         if self.shares:
             self._device_profiles(gone)
         else:
@@ -417,10 +418,10 @@ class _Plan:
         """Conservative backfill: every workload in queue order holds its reservation against all later ones."""
         state, now = self.state, self.now
         wanted = None if only is None else set(only)
-        targets = {w.id for w in state.pending() if wanted is None or w.id in wanted}
+        targets = {w.id for w in self.pending if wanted is None or w.id in wanted}
         out: Dict[str, Eta] = {}
         last = now + horizon_s
-        order = _Order(state, self.ledger, self.requeued)
+        order = _Order(state, self.ledger, self.requeued, self.pending)
         ready = {w.id: at for w, at in self.requeued}
         gangs: Dict[Tuple, Tuple[_Gang, Optional[Tuple[str, Wait]]]] = {}
         empty = QuotaLedger(state.teams, {})
@@ -428,7 +429,7 @@ class _Plan:
             if len(out) == len(targets):
                 break
             r = ready.get(w.id, now)
-            key = (w.gang, w.team, w.cls.resizable)
+            key = _shape(w)
             got = gangs.get(key)
             if got is None:
                 gang = self._gang(w)
@@ -465,7 +466,7 @@ class _Plan:
         and worked out again only when one comes up (lazily): one that still holds is the earliest of all."""
         state, now = self.state, self.now
         wanted = None if only is None else set(only)
-        targets = {w.id for w in state.pending() if wanted is None or w.id in wanted}
+        targets = {w.id for w in self.pending if wanted is None or w.id in wanted}
         out: Dict[str, Eta] = {}
         last = now + horizon_s
         ready = {w.id: at for w, at in self.requeued}
@@ -474,8 +475,8 @@ class _Plan:
         # (workload, gang, ready, runtime, never) in queue order (the order as it stands now: a team's head key is
         # not re-read as its work is planned to start)
         items = []
-        for w in _Order(state, self.ledger, self.requeued):
-            key = (w.gang, w.team, w.cls.resizable)
+        for w in _Order(state, self.ledger, self.requeued, self.pending):
+            key = _shape(w)
             got = gangs.get(key)
             if got is None:
                 gang = self._gang(w)
@@ -661,8 +662,10 @@ class _Plan:
         # past start + d cover the runtime.
         k, per, g = gang.k, gang.per, gang.g
         ends: List[Tuple[float, str]] = []
-        lists = [c for c in classes[first:] if c]  # (most searches have one class long enough, or two)
-        for st, en, nid in lists[0] if len(lists) == 1 else heapq.merge(*lists):
+        # The classes long enough, merged in start order (sorting sorted runs is a merge, done in C: cheaper than
+        # ``heapq.merge``'s steps in Python, though the sweep often stops early).
+        lists = [c for c in classes[first:] if c]
+        for st, en, nid in lists[0] if len(lists) == 1 else sorted(chain.from_iterable(lists)):
             at = st if st > r else r
             if en - at < dd or (ok is not None and nid not in ok):
                 continue
@@ -906,12 +909,11 @@ class _Plan:
         return tuple(out)
 
 
-def _shares(state: ClusterState) -> bool:
+def _shares(state: ClusterState, pending: Sequence[Workload]) -> bool:
     """Whether some work takes a share of a GPU (pending, running, or on a device now): then devices are planned."""
-    def share(w: Workload) -> bool:
-        g = w.gang.per_worker.gpu
-        return _EPS < g < 1 - _EPS
-    if any(share(lease.workload) for lease in state.leases.values()) or any(share(w) for w in state.pending()):
+    per_worker = {lease.workload.gang.per_worker.gpu for lease in state.leases.values()}
+    per_worker.update(w.gang.per_worker.gpu for w in pending)
+    if any(_EPS < g < 1 - _EPS for g in per_worker):
         return True
     return any(_EPS < d < 1 - _EPS for n in state.nodes.values() if n.schedulable for d in node_devices(n))
 
@@ -1016,6 +1018,15 @@ def _find_holes(p: _Profile, level: float, a: float, b: float) -> List[Tuple[flo
     return out
 
 
+def _shape(w: Workload) -> Tuple:
+    """What ``_Plan._gang`` and ``_Plan._never`` read of ``w``, as a key of plain values (cheaper to hash and
+    compare than the ``Gang`` itself, whose other fields, ``prefer`` and ``group_by``, they do not read)."""
+    g = w.gang
+    p = g.per_worker
+    return (g.workers, p.gpu, p.cpu, p.memory, g.strategy, g.min_workers, g.max_workers, g.features, g.node_types,
+            g.spot, g.avoid_types, w.team, w.cls.resizable)
+
+
 def _with_attained(w: Workload, attained: float) -> Workload:
     return replace(w, attained_gpu_s=attained)
 
@@ -1038,13 +1049,14 @@ class _Order:
     ordering's head key; a team is re-keyed after a workload of its own starts now, as the cycle re-keys after an
     admission (fair share reads what a team holds)."""
 
-    def __init__(self, state: ClusterState, ledger: QuotaLedger, requeued: Sequence[Tuple[Workload, float]]):
+    def __init__(self, state: ClusterState, ledger: QuotaLedger, requeued: Sequence[Tuple[Workload, float]],
+                 pending: Sequence[Workload]):
         cfg = state.config
         self.cfg, self.ledger = cfg, ledger
         self.order = order = ORDERINGS.get(cfg.ordering)
         # (read without ``snapshot``, which would fill the state's caches: the state is left as it was)
         queues: Dict[str, List[Workload]] = {}
-        for w in state.pending():  # team by team, each in its queue order
+        for w in pending:  # team by team, each in its queue order (``state.pending()``)
             queues.setdefault(w.team, []).append(w)
         for w, _ in requeued:
             q = queues.setdefault(w.team, [])
