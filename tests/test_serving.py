@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 from raylane.control.client import State, start_control, stop_control  # noqa: E402
 from raylane.jobs import with_credential  # noqa: E402
 from raylane.launchers.serve import slot_resource  # noqa: E402
+from tests import jobtest  # noqa: E402
 from tests.jobtest import JOB_ENV  # noqa: E402
 from tests.loadgen import LoadGen  # noqa: E402
 from tests.raytest import (empty_store, free_port, local_policy, spec, start_cluster, stop_cluster,  # noqa: E402
@@ -97,12 +98,10 @@ def submit_job(env, s, name):
 
 
 def record_of_job(env, job_id):
-    def find():
-        # Replica leases carry their app's job id once held; the app's own record is the one asked for.
-        return next((r for r in env["ctl"].queue(include_done=True) if "-replica-" not in r.id
-                     and env["ctl"].status(r.id).get("job_id") == job_id), None)
+    # Replica leases carry their app's job id once held; find_job answers the first record of the job, the app's own,
+    # queued before any of its replicas.
     try:
-        return wait_for(find, timeout=90, what=f"workload of job {job_id}")
+        return jobtest.record_of_job(env, job_id)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{job_log(env, job_id)}") from None
 
