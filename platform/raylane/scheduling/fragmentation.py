@@ -150,13 +150,33 @@ class _Class:
 def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation:
     """Stranded GPUs of ``nodes`` given the waiting ``gangs`` (already filtered by quota; see the module doc)."""
     gangs = [g for g in gangs if g.per_worker.gpu > 0]
-    grouped = [g for g in gangs if g.strategy == "group"]
-    label_keys = tuple(dict.fromkeys(g.group_by for g in grouped))
+    label_keys = tuple(dict.fromkeys(g.group_by for g in gangs if g.strategy == "group"))
+    free, fine, whole = _node_classes(nodes, label_keys)
+    if not gangs or not fine or (whole and any(map(takes_any_gpu, gangs))):
+        # Nothing waits, nothing is free, or a waiting single 1-GPU worker could take any free GPU.
+        return Fragmentation({t: 0.0 for t in free}, free, len(gangs), 0)
+    room = _Slots()
+    # Gangs of one worker shape and feature set share their per-class room; what differs between them (workers,
+    # strategy) is then decided from a few totals.
+    by_shape: Dict[Tuple, List[Gang]] = {}
+    for g in gangs:
+        key = (g.per_worker, g.features, g.group_by if g.strategy == "group" else None)
+        by_shape.setdefault(key, []).append(g)
+    fine_list = list(fine.values())
+    blocked = _mark_group_gangs(by_shape, fine_list, label_keys, room)
+    cls = _merged(fine_list)
+    blocked += _mark_other_gangs(by_shape, cls, room)
+    if not blocked:
+        return Fragmentation({t: 0.0 for t in free}, free, len(gangs), 0)
+    return Fragmentation(_stranded(cls, free), free, len(gangs), blocked)
 
-    # 1. Node classes: nodes in service with free GPUs, by type, free resources, features (and group labels).
+
+def _node_classes(nodes: Iterable[Node], label_keys: Tuple) -> Tuple[Dict[str, float], Dict[Tuple, _Class], bool]:
+    """1. Node classes: nodes in service with free GPUs, by type, free resources, features (and group labels).
+    Also the free GPUs per node type, and whether every free GPU count is a whole number on whole devices."""
     free: Dict[str, float] = {}
     fine: Dict[Tuple, _Class] = {}
-    whole = True  # every free GPU count is a whole number
+    whole = True
     for n in nodes:
         f = n.free
         if not n.schedulable or f.gpu <= _EPS:
@@ -172,21 +192,14 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
         if c is None:
             c = fine[key] = _Class(t, f, n.features, labels, devs)
         c.count += 1
-    if not gangs or not fine or (whole and any(map(takes_any_gpu, gangs))):
-        # Nothing waits, nothing is free, or a waiting single 1-GPU worker could take any free GPU.
-        return Fragmentation({t: 0.0 for t in free}, free, len(gangs), 0)
-    room = _Slots()
-    # Gangs of one worker shape and feature set share their per-class room; what differs between them (workers,
-    # strategy) is then decided from a few totals.
-    by_shape: Dict[Tuple, List[Gang]] = {}
-    for g in gangs:
-        key = (g.per_worker, g.features, g.group_by if g.strategy == "group" else None)
-        by_shape.setdefault(key, []).append(g)
+    return free, fine, whole
 
-    # 2. Group gangs, on the classes split by label value: a class is usable when it has room for a worker and
-    #    its group (nodes sharing the label value) has room for the whole gang.
+
+def _mark_group_gangs(by_shape: Mapping[Tuple, List[Gang]], fine_list: List[_Class], label_keys: Tuple,
+                      room: "_Slots") -> int:
+    """2. Group gangs, on the classes split by label value: a class is usable when it has room for a worker and
+    its group (nodes sharing the label value) has room for the whole gang. Marks ``usable``; the gangs blocked."""
     blocked = 0
-    fine_list = list(fine.values())
     for (pw, feats, group_by), members in by_shape.items():
         if group_by is None:
             continue
@@ -209,8 +222,11 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
                 c.usable[pw] = None
         largest_group = max(per_value.values(), default=0)
         blocked += sum(1 for g in members if largest_group < g.workers and matching_gpus + _EPS >= g.total.gpu)
+    return blocked
 
-    # 3. The classes merged again, label values left out.
+
+def _merged(fine_list: List[_Class]) -> List[_Class]:
+    """3. The classes merged again, label values left out."""
     merged: Dict[Tuple, _Class] = {}
     for c in fine_list:
         key = (c.node_type, c.free, c.features, tuple(c.usable), c.devices)
@@ -219,9 +235,13 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
             m = merged[key] = _Class(c.node_type, c.free, c.features, devices=c.devices)
             m.usable = dict(c.usable)
         m.count += c.count
-    cls = list(merged.values())
+    return list(merged.values())
 
-    # 4. Every other gang: could it be placed whole now, and on which classes could one of its workers be?
+
+def _mark_other_gangs(by_shape: Mapping[Tuple, List[Gang]], cls: List[_Class], room: "_Slots") -> int:
+    """4. Every other gang: could it be placed whole now, and on which classes could one of its workers be? Marks
+    ``usable``; the gangs blocked."""
+    blocked = 0
     for (pw, feats, group_by), members in by_shape.items():
         if group_by is not None:
             continue
@@ -246,11 +266,11 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
         for c, k in zip(cls, ks):
             if k >= one_node:
                 c.usable[pw] = None
+    return blocked
 
-    if not blocked:
-        return Fragmentation({t: 0.0 for t in free}, free, len(gangs), 0)
 
-    # 5. Per class: free GPUs less the best fill of the worker shapes usable there.
+def _stranded(cls: List[_Class], free: Mapping[str, float]) -> Dict[str, float]:
+    """5. Per node type: free GPUs less the best fill of the worker shapes usable on each class."""
     stranded: Dict[str, float] = {t: 0.0 for t in free}
     memo: Dict[Tuple, float] = {}
     for c in cls:
@@ -262,7 +282,7 @@ def fragmentation(nodes: Iterable[Node], gangs: Sequence[Gang]) -> Fragmentation
         left = c.free.gpu - used
         if left > _EPS:
             stranded[c.node_type] += left * c.count
-    return Fragmentation({t: round(v, 6) for t, v in stranded.items()}, free, len(gangs), blocked)
+    return {t: round(v, 6) for t, v in stranded.items()}
 
 
 def takes_any_gpu(g: Gang) -> bool:
