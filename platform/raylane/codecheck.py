@@ -450,15 +450,7 @@ def _serve(idle_s: float = IDLE_S) -> int:
     seen = learned_at()
     hold(_preloaded() or SEED)
     prints = _fingerprint()
-    path.unlink(missing_ok=True)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        server.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    server.listen(16)
-    server.settimeout(idle_s)
+    server = _bind(path, idle_s)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} codecheck checker {os.getpid()} serving {path} "
           f"({len(prints)} module files held)", flush=True)
@@ -490,18 +482,7 @@ def _serve(idle_s: float = IDLE_S) -> int:
                     hold(_preloaded())
                     prints = {**_fingerprint(), **prints}
                 if os.fork() == 0:
-                    server.close()
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    code = 0
-                    try:
-                        conn.settimeout(None)
-                        answer = _check(payload)
-                        conn.sendall(f"\n{_MARK}{json.dumps(answer)}\n".encode())
-                    except BaseException:  # noqa: BLE001 - the caller sees a closed connection and checks cold
-                        code = 1
-                    finally:
-                        os._exit(code)
+                    _answer_in_child(server, conn, payload)
     finally:
         try:
             if os.stat(path).st_ino == ino:
@@ -509,6 +490,39 @@ def _serve(idle_s: float = IDLE_S) -> int:
         except OSError:
             pass
         server.close()
+
+
+def _bind(path: Path, idle_s: float) -> socket.socket:
+    """The checker's listening socket at ``path`` (readable and writable by its owner only), accepting with a
+    timeout of ``idle_s``."""
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        server.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    server.listen(16)
+    server.settimeout(idle_s)
+    return server
+
+
+def _answer_in_child(server: socket.socket, conn: socket.socket, payload: Dict[str, Any]) -> None:
+    """In a fork of the checker: check ``payload`` and answer on ``conn``; never returns."""
+    import signal
+
+    server.close()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = 0
+    try:
+        conn.settimeout(None)
+        answer = _check(payload)
+        conn.sendall(f"\n{_MARK}{json.dumps(answer)}\n".encode())
+    except BaseException:  # noqa: BLE001 - the caller sees a closed connection and checks cold
+        code = 1
+    finally:
+        os._exit(code)
 
 
 if __name__ == "__main__":
