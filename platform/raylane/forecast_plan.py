@@ -56,7 +56,7 @@ import math
 import operator
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import replace
-from itertools import chain, repeat
+from itertools import compress, repeat
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from raylane.forecast_types import (
@@ -157,10 +157,21 @@ class _Profile:
 
     def add(self, s: float, e: float, dv: float) -> Tuple[int, List[float]]:
         """Add ``dv`` over ``[s, e)``; returns the index of the segment starting at ``s`` and the values there
-        before."""
-        i = self.split(s)
-        j = self.split(e) if e < _INF else len(self.times)
-        vals = self.vals
+        before. (``split`` at ``s`` and ``e``, written out: this runs for every node a reservation takes.)"""
+        times, vals = self.times, self.vals
+        i = bisect_right(times, s) - 1
+        if times[i] != s:
+            i += 1
+            times.insert(i, s)
+            vals.insert(i, vals[i - 1])
+        if e < _INF:
+            j = bisect_right(times, e, i) - 1
+            if times[j] != e:
+                j += 1
+                times.insert(j, e)
+                vals.insert(j, vals[j - 1])
+        else:
+            j = len(times)
         before = vals[i:j]
         vals[i:j] = map(operator.add, before, repeat(dv))
         return i, before
@@ -439,7 +450,7 @@ class _Plan:
             if never is not None:
                 start, nodes, waits, why = None, (), (never[1],), never[0]
             else:
-                start, nodes, waits, why = self._earliest(w, gang, r, d)
+                start, nodes, waits, why = self._explain(w, gang, r, self._find(w, gang, r, d))
             if start is not None:
                 self._book(w, gang, start, d, nodes)
                 if start <= now + _EPS:
@@ -580,14 +591,12 @@ class _Plan:
         return _Gang(k, pw, per, g.total, nodes)
 
     # -- one workload ------------------------------------------------------------------------------------------
-    def _earliest(self, w: Workload, gang: _Gang, r: float, d: float):
-        """(start, [node per worker], waits, note) of ``w`` ready at ``r`` for ``d`` seconds; start None: never."""
-        return self._explain(w, gang, r, self._find(w, gang, r, d))
-
     def _find(self, w: Workload, gang: _Gang, r: float, d: float):
         """(start, nodes, when it found room, where, what its quota lacked first) of ``w`` ready at ``r`` for ``d``
         seconds; the start is infinite when nothing in the plan lets it in."""
         s, nodes = self._room(gang, r, d)
+        if not self.quota:
+            return s, nodes, s, nodes, None
         room_at, room_nodes = s, nodes
         quota_wait: Optional[Tuple[str, float, _Profile]] = None
         while s < _INF:
@@ -603,7 +612,8 @@ class _Plan:
         return s, nodes, room_at, room_nodes, quota_wait
 
     def _explain(self, w: Workload, gang: _Gang, r: float, found):
-        """``_earliest``'s answer from ``_find``'s."""
+        """(start, [node per worker], waits, note) of ``w`` ready at ``r`` from ``_find``'s answer ``found``;
+        start None: never."""
         s, nodes, room_at, room_nodes, quota_wait = found
         if s == _INF:
             why = ("nothing in the plan lets it in: no lease or reservation is left to end and it still does not fit "
@@ -662,10 +672,8 @@ class _Plan:
         # past start + d cover the runtime.
         k, per, g = gang.k, gang.per, gang.g
         ends: List[Tuple[float, str]] = []
-        # The classes long enough, merged in start order (sorting sorted runs is a merge, done in C: cheaper than
-        # ``heapq.merge``'s steps in Python, though the sweep often stops early).
-        lists = [c for c in classes[first:] if c]
-        for st, en, nid in lists[0] if len(lists) == 1 else sorted(chain.from_iterable(lists)):
+        lists = [c for c in classes[first:] if c]  # (most searches have one class long enough)
+        for st, en, nid in lists[0] if len(lists) == 1 else heapq.merge(*lists):
             at = st if st > r else r
             if en - at < dd or (ok is not None and nid not in ok):
                 continue
@@ -823,21 +831,19 @@ class _Plan:
                 mine, classes = lanes[li]
                 _cut_hole(classes, mine[unit], unit, times[i], end)
             return
-        # Per level some segment lost, its runs of segments that lost it (those with ``v - g < level <= v``).
-        for li in range(bisect_right(lvs, min(before) - g), bisect_right(lvs, max(before))):
-            lv = lvs[li]
+        runs: Dict[int, float] = {}  # level index -> where its run of lost segments began
+        for m, v in enumerate(before):
+            lo, hi = bisect_right(lvs, v - g), bisect_right(lvs, v)
+            t = times[i + m]
+            for li in [li for li in runs if not lo <= li < hi]:
+                mine, classes = lanes[li]
+                _cut_hole(classes, mine[unit], unit, runs.pop(li), t)
+            for li in range(lo, hi):
+                if li not in runs:
+                    runs[li] = t
+        for li, t in runs.items():
             mine, classes = lanes[li]
-            holes = mine[unit]
-            run = None
-            for m, v in enumerate(before):
-                if v - g < lv <= v:
-                    if run is None:
-                        run = times[i + m]
-                elif run is not None:
-                    _cut_hole(classes, holes, unit, run, times[i + m])
-                    run = None
-            if run is not None:
-                _cut_hole(classes, holes, unit, run, end)
+            _cut_hole(classes, mine[unit], unit, t, end)
 
     def _lose_whole(self, nid: str, times: List[float], i: int, before: List[float], g: float, e: float,
                     gpus: float, wid: str) -> None:
@@ -872,7 +878,7 @@ class _Plan:
         got = [[] for _ in _CLASSES]
         per_node = {}
         for nid, p in self._units(level).items():
-            mine = per_node[nid] = _find_holes(p, level, p.times[0], _INF)
+            mine = per_node[nid] = _find_holes(p, level)
             for st, en in mine:
                 got[bisect_right(_CLASSES, en - st) - 1].append((st, en, nid))
         for c in got:
@@ -997,25 +1003,15 @@ def _cut_hole(classes: List[List[Tuple[float, float, str]]], mine: List[Tuple[fl
         del mine[j]
 
 
-def _find_holes(p: _Profile, level: float, a: float, b: float) -> List[Tuple[float, float]]:
-    """The maximal intervals within ``[a, b)`` in which ``p`` is at least ``level``."""
+def _find_holes(p: _Profile, level: float) -> List[Tuple[float, float]]:
+    """The maximal intervals in which ``p`` is at least ``level``: the runs of segments that have it, whose ends
+    are found in C (where having it changes)."""
     times, vals = p.times, p.vals
-    n = len(times)
-    i = bisect_right(times, a) - 1
-    out: List[Tuple[float, float]] = []
-    start = None
-    lv = level - _EPS
-    while i < n and times[i] < b:
-        if vals[i] >= lv:
-            if start is None:
-                start = times[i] if times[i] > a else a
-        elif start is not None:
-            out.append((start, times[i]))
-            start = None
-        i += 1
-    if start is not None:
-        out.append((start, b))
-    return out
+    n = len(vals)
+    has = list(map(operator.ge, vals, repeat(level - _EPS)))
+    edges = [0, *compress(range(1, n), map(operator.ne, has[1:], has)), n]  # each run: edges[m] to edges[m + 1]
+    ends = times[1:] + [_INF]  # where the segments end
+    return [(times[edges[m]], ends[edges[m + 1] - 1]) for m in range(0 if has[0] else 1, len(edges) - 1, 2)]
 
 
 def _shape(w: Workload) -> Tuple:
