@@ -35,9 +35,12 @@ test: $(STAMP)
 # The long end-to-end scenarios (marker e2e, 35 tests): each feature again through the entry a user comes by (the
 # README's commands, Ray's own examples, Lightning and Transformers, datasets), and the scenarios that need several
 # Train gangs one after another (crash and retry budgets, a Serve burst reclaiming training's GPUs, elastic resizes,
-# a killed node, PBT). About 35 minutes on 2 cores; .ci/run runs them after `make test`. docs/testing.md lists them.
+# a killed node, PBT). .ci/run runs them after `make test`; docs/testing.md lists them. One module at a time by
+# default: every one of them starts Train gangs, and two side by side on 2 cores load the machine to an average of
+# 20 and more, where each takes three to four times as long as alone (docs/testing.md).
+E2E_WORKERS ?= 1
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=10 -m e2e $(XDIST)
+	$(BIN)/python -m pytest -q -ra --durations=10 -m e2e -n $(E2E_WORKERS) --dist loadfile
 
 # Both tiers in one pytest run.
 test-all: $(STAMP)
