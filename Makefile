@@ -27,9 +27,10 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 # promtool (from Debian's prometheus package) checks and unit-tests the alerting rules in deploy/prometheus.
 # Chromium (from Debian's chromium package) runs the web console's browser tests.
+TEST_TOOLS := bash deploy/prometheus/install_promtool.sh && bash deploy/console/install_chromium.sh
+
 test: $(STAMP)
-	bash deploy/prometheus/install_promtool.sh
-	bash deploy/console/install_chromium.sh
+	$(TEST_TOOLS)
 	$(BIN)/python -m pytest -q -ra --durations=10 -m "not e2e" $(XDIST)
 
 # The long end-to-end scenarios (marker e2e, 35 tests): each feature again through the entry a user comes by (the
@@ -44,8 +45,7 @@ test-e2e: $(STAMP)
 
 # Both tiers in one pytest run.
 test-all: $(STAMP)
-	bash deploy/prometheus/install_promtool.sh
-	bash deploy/console/install_chromium.sh
+	$(TEST_TOOLS)
 	$(BIN)/python -m pytest -q -ra --durations=10 $(XDIST)
 
 test-fast: $(STAMP)

@@ -34,7 +34,7 @@ LEFTOVER_GRACE_S = 20.0
 
 
 # The Ray modules that take longest, longest first (seconds each, alone on a 2-core machine, when last measured:
-# 275, 196, 161, 156, 153, 136, 134, 121, 104, ~100, 94, 88, 68, 47, 46, 38, 36): `make test` starts them first, so
+# 275, 196, 161, 156, 153, 136, 134, 121, 104, ~100, 94, 88, 68, 47, 46, 38, 36): each test target starts them first, so
 # that the pure modules fill the gaps at the end. A module not named here comes after them, by ``_module_weight``.
 LONGEST_FIRST = ("test_train_e2e", "test_readme_e2e", "test_frameworks_e2e", "test_ray_examples_e2e", "test_sweeps",
                  "test_user_loop_e2e", "test_elastic_e2e", "test_nodes_e2e", "test_oneshot", "test_fake_autoscaler",
