@@ -121,6 +121,11 @@ def test_stranded_gpus_reach_info_metrics_and_the_queue_footer(ctl):
                     what="2 stranded GPUs in info")
     assert sum(info["free_gpus"].values()) == 2 and ctl.status(big).state is State.PENDING
     assert stranded_footer(info).startswith("stranded GPUs: 2 of 2 free (")
+    # Its ETA, forecast on the actor's forecast thread (RayHost.forecast) and answered by a later call: after a
+    # hole's lease ends, at the class's default runtime (none of these has an estimate).
+    row = wait_for(lambda: next((r for r in ctl.queue() if r.id == big and r.get("eta_start")), None),
+                   what="an ETA for the waiting gang")
+    assert row["eta_start"] > min(ctl.status(i)["admitted_at"] for i in holes)
     ports = {n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]}
 
     def scraped():

@@ -65,3 +65,93 @@ def test_etas_use_the_plan_past_the_replay_limit_and_give_every_pending_workload
     assert max(starts) == pytest.approx(end + (300 if waiting > 4 else 0))
     rows = {r["id"]: r for r in h.call("queue")}
     assert all(rows[i]["eta_start"] == pytest.approx(etas[i].start) for i in ids)
+
+
+class _HeldForecasts:
+    """A host's ``forecast`` as the actor's runs it, on a thread, made explicit: each forecast is held until the
+    test finishes it (``finish``), reporting the CPU time it is told to."""
+
+    def __init__(self, h):
+        self.held = []
+        h.host.forecast = lambda run, done: self.held.append((run, done))
+
+    def finish(self, cpu_s: float = 0.01):
+        run, done = self.held.pop(0)
+        done(run(), cpu_s, cpu_s)
+
+
+def _waiting(h, n: int, prefix: str = "w"):
+    """A gang that fills both nodes, then ``n`` 1-GPU workloads of its team waiting behind it."""
+    if not h.cs.state.leases:
+        big = _submit(h, "big", "team-a", workers=2, gpu=2, estimate="10m")
+        h.tick()
+        h.call("report", workload_id=big, kind="running")
+    return [_submit(h, f"{prefix}{i}", "team-a", workers=1, gpu=1, estimate="5m") for i in range(n)]
+
+
+def test_a_forecast_under_way_answers_the_one_before_and_starts_no_other(h):
+    held = _HeldForecasts(h)
+    first = _waiting(h, 2)
+    h.clock.advance(1)
+    h.tick()  # a full tick asks for ETAs: one forecast starts, none is done yet
+    assert len(held.held) == 1 and h.cs.etas() == {}
+    held.finish()
+    assert set(h.cs.etas()) == set(first)
+
+    h.clock.advance(2)
+    more = _waiting(h, 2, prefix="x")
+    h.tick()  # workloads without an ETA, a second since the last: a new forecast, on a copy of the state
+    assert len(held.held) == 1
+    h.clock.advance(20)
+    h.tick()
+    h.call("queue")
+    assert len(held.held) == 1, "a second forecast started while one was under way"
+    rows = {r["id"]: r for r in h.call("queue")}  # meanwhile: the forecast before
+    assert all("eta_start" in rows[i] for i in first) and not any("eta_start" in rows[i] for i in more)
+    held.finish()
+    assert set(h.cs.etas()) == set(first + more)
+
+
+def test_a_forecast_that_fails_keeps_the_etas_before_it(h):
+    held = _HeldForecasts(h)
+    ids = _waiting(h, 2)
+    h.clock.advance(1)
+    h.tick()
+    held.finish()
+    before = h.cs.etas()
+    h.clock.advance(state_views.ETA_EVERY_S)
+    h.tick()
+    run, done = held.held.pop(0)
+    done(None, 0.01, 0.01)  # what the actor's host gives for a forecast that raised
+    assert h.cs.etas() is before and set(before) == set(ids)
+    h.clock.advance(state_views.ETA_EVERY_S)
+    h.tick()
+    assert len(held.held) == 1, "no forecast after a failed one"
+
+
+def test_forecasts_take_at_most_their_share_of_the_control_planes_time(h):
+    # A forecast that took 3 s of CPU: the next waits 3 / ETA_MAX_SHARE = 30 s, past both ETA_EVERY_S and the
+    # second after which a workload with no ETA asks for one.
+    held = _HeldForecasts(h)
+    cost = 3.0
+    wait = cost / state_views.ETA_MAX_SHARE
+    assert wait > state_views.ETA_EVERY_S
+    _waiting(h, 2)
+    h.clock.advance(1)
+    h.tick()
+    held.finish(cpu_s=cost)
+    started = h.clock()
+    _waiting(h, 1, prefix="x")
+    while h.clock() - started < wait - 1:
+        h.clock.advance(1)
+        h.tick()
+        assert not held.held, f"a forecast started {h.clock() - started:.0f} s after one of {cost:g} s of CPU"
+    h.clock.advance(1)
+    h.tick()
+    assert len(held.held) == 1
+    held.finish(cpu_s=0.01)  # a cheap one: the cadence is ETA_EVERY_S again, and a second for a new workload
+    started = h.clock()
+    h.clock.advance(1)
+    _waiting(h, 1, prefix="y")
+    h.tick()
+    assert len(held.held) == 1

@@ -298,6 +298,36 @@ def _releaser_actor():
     return Releaser
 
 
+def settle(after: str, quiet_pct: float = 50.0, max_s: float = 120.0) -> float:
+    """Wait until this machine's CPUs are quiet (under ``quiet_pct`` percent busy over two seconds in a row, at most
+    ``max_s``), and say how long it took: starting processes (the releasers, and those Ray starts besides, the
+    first health probes' workers on every node) takes seconds of CPU each on a small machine, and a window opened
+    meanwhile measures them, not the control plane."""
+    import psutil
+
+    t0 = time.perf_counter()
+    quiet = 0
+    while quiet < 2 and time.perf_counter() - t0 < max_s:
+        quiet = quiet + 1 if psutil.cpu_percent(interval=1.0) < quiet_pct else 0
+    took = time.perf_counter() - t0
+    _say(f"   settled after {after}: CPUs under {quiet_pct:g}% busy after {took:.1f} s"
+         + ("" if quiet >= 2 else f" (not quiet within {max_s:g} s: measuring anyway)"))
+    return took
+
+
+def first_probes(ctl, timeout_s: float = 120.0) -> float:
+    """Wait until the control plane has its first health probe's verdict on every node (``health.probe_interval``,
+    a Ray task on each node, whose first run starts a worker process there), then until the CPUs are quiet."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if all(n.get("probe", {}).get("at") for n in ctl.nodes()):
+            break
+        time.sleep(0.5)
+    took = time.perf_counter() - t0
+    _say(f"first health probes done on every node in {took:.1f} s")
+    return took + settle("the first health probes")
+
+
 def churn(clients, order: List[str], window_s: float, info: Callable[[], dict], processes: bool = True,
           drivers: int = 1) -> Churned:
     """Release, for ``window_s`` seconds, each workload of ``order`` once its reservation is placed, taking them in
@@ -318,6 +348,7 @@ def churn(clients, order: List[str], window_s: float, info: Callable[[], dict], 
         Releaser = _releaser_actor()
         actors = [Releaser.remote(c) for c in clients]
         ray.get([a.__ray_ready__.remote() for a in actors], timeout=120)
+        settle("the releasers' processes started")
     pending_before = info()["pending"]
     t0 = time.perf_counter()
     stop_at = time.time() + window_s
@@ -746,6 +777,7 @@ def main(argv=None) -> None:
         _say(f"cluster and control actor up in {time.perf_counter() - t_start:.1f} s; scheduler "
              f"{sched['ordering']}/{sched['admission']}/{sched['backfill']}, at most "
              f"{sched['max_admissions_per_cycle']} admissions per cycle")
+        first_probes(ctl)
         print_summary(run_phases(args, ctl, cluster.address))
     finally:
         try:

@@ -8,7 +8,8 @@ The logic (queue, leases, quotas, the journal, checkpoint pins, pipelines, nodes
   answered before what it changed is on disk (group commit: the requests of one turn of the event loop share one
   commit). The state machine is an attribute (``cs``), not methods of this class, so a holder of the handle has
   no way around ``request()``;
-- reads Ray for it (``RayHost``: the node table, drain notices, the job table, placement groups);
+- reads Ray for it (``RayHost``: the node table, drain notices, the job table, placement groups) and runs its queue
+  forecasts on a thread of their own (``RayHost.forecast``);
 - carries out its effects (``raylane.control.effects``) after committing the journal entries that decided them:
   placement groups reserved (and reported placed or failed) and removed, gangs killed, jobs stopped, MLflow runs
   closed, health probes run, drivers waiting for their admission woken. Ray's placement-group calls are synchronous
@@ -50,6 +51,7 @@ class RayHost(Host):
 
     def __init__(self):
         self._jobs_client = None  # ray.job_submission.JobSubmissionClient, made at first use
+        self._forecasts: Optional[concurrent.futures.ThreadPoolExecutor] = None  # forecast's thread, made at first use
 
     def nodes(self) -> List[Dict[str, Any]]:
         return ray.nodes()
@@ -80,6 +82,30 @@ class RayHost(Host):
     def placement_groups(self) -> Dict[str, str]:
         return {v["name"]: v.get("state", "") for v in placement_group_table().values()
                 if v.get("state") != "REMOVED" and v.get("name")}
+
+    def forecast(self, run, done) -> None:
+        """The forecast on a thread of its own, ``done`` called back on the loop: the forecast is pure Python and
+        holds the GIL, but the interpreter hands it over every few milliseconds, so the loop keeps answering
+        (run on the loop, a plan of thousands of pending workloads stalled it for a second or more). A forecast
+        that fails is logged and gives None (the ETAs before it stay)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the loop (no caller does this now): at once, as the base host does
+            return super().forecast(run, done)
+        if self._forecasts is None:
+            self._forecasts = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                    thread_name_prefix="raylane-forecast")
+
+        def timed():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                out = run()
+            except Exception:  # noqa: BLE001 - a forecast is advice: the queue goes on without it
+                log.exception("queue forecast failed")
+                out = None
+            loop.call_soon_threadsafe(done, out, time.perf_counter() - t0, time.thread_time() - c0)
+
+        self._forecasts.submit(timed)
 
 
 class PlacementGroups:

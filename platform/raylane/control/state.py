@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 import logging
 import os
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any, Callable, Dict, List, Optional
 
 from raylane import metrics
@@ -115,6 +115,15 @@ class Host:
         """Placement groups that exist and are not removed: name -> Ray's state (``CREATED`` once placed)."""
         return {}
 
+    def forecast(self, run: Callable[[], Any], done: Callable[[Any, float, float], None]) -> None:
+        """Run a queue forecast: ``run`` is pure (it reads a copy of the state, never the live one); call
+        ``done(result, wall_s, cpu_s)`` with what it gave, its wall time and the CPU time of the thread that ran
+        it. Here at once, in the caller; the actor's host runs it on a thread of its own and calls ``done`` back
+        on its event loop, so that a forecast of thousands of pending workloads does not stall the loop."""
+        t0, c0 = perf_counter(), thread_time()
+        out = run()
+        done(out, perf_counter() - t0, thread_time() - c0)
+
 
 def health_rules(policy) -> HealthRules:
     h = policy.health
@@ -185,6 +194,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._reason_of: Dict[str, Any] = {}  # pending workload id -> the core's reason its record shows (tick)
         self._etas: Dict[str, Any] = {}  # pending workload id -> its raylane.forecast.Eta (``etas``)
         self._etas_at: Optional[float] = None
+        self._eta_cpu_s = 0.0  # the CPU time of the last forecast (``etas``: the next waits in proportion)
+        self._eta_running = False  # a forecast is under way on the host (``etas``)
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
         self._waiting: set = set()
         self._started = self.clock()

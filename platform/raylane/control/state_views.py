@@ -6,7 +6,6 @@ none past ``ETA_MAX_PENDING``; docs/eta.md).
 """
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Any, Dict, List, Optional
 
 from raylane import metrics
@@ -17,8 +16,8 @@ from raylane.control.records import State
 from raylane.scheduling.cohorts import cohort_path, cohort_row, cohort_usage
 from raylane.scheduling.types import Resources
 
-# Queue ETAs (raylane.forecast) are recomputed at most this often, when a queue or explain call asks for them, in the
-# actor's loop (docs/eta.md).
+# Queue ETAs (raylane.forecast) are recomputed at most this often, when a full tick, a queue or an explain call asks
+# for them, off the actor's loop (``Host.forecast``; docs/eta.md).
 ETA_EVERY_S = 10.0
 # Up to this many pending, the replay (method "replay"): it runs the live cycle forward, so it plays what the live
 # policy does (preemption, quota reclaim, in-quota work first, EASY backfill), but it runs about one cycle per workload
@@ -29,6 +28,9 @@ ETA_EVERY_S = 10.0
 ETA_REPLAY_MAX_PENDING = 100
 # No forecast past this many pending: the plan's 5,000 cost about a quarter of a second every ETA_EVERY_S.
 ETA_MAX_PENDING = 5000
+# The forecasts' share of the control plane's time at most: after one that took c seconds of CPU, the next starts no
+# sooner than c / ETA_MAX_SHARE after it (a burst of submissions would otherwise start one every second).
+ETA_MAX_SHARE = 0.1
 
 
 def _gang_text(spec: Dict[str, Any]) -> str:
@@ -94,29 +96,51 @@ class ViewCalls:
         return rows
 
     def etas(self) -> Dict[str, Any]:
-        """The queue's ETAs (``raylane.forecast``) from the live state: recomputed every ``ETA_EVERY_S`` (sooner,
-        at most once a second, when a workload queued since has none), by replay while at most
+        """The queue's ETAs (``raylane.forecast``) from the live state, as last forecast: by replay while at most
         ``ETA_REPLAY_MAX_PENDING`` workloads are pending, else by reservation plan, and none while more than
-        ``ETA_MAX_PENDING`` are pending."""
+        ``ETA_MAX_PENDING`` are pending. A new forecast starts when this is asked for (a full tick, ``queue``,
+        ``explain``) and none is under way: ``ETA_EVERY_S`` after the last one started, or a second after when a
+        workload queued since has none; never sooner than the last one's CPU time over ``ETA_MAX_SHARE``. It runs
+        on the host (``Host.forecast``) over a copy of the state: the actor's host runs it on a thread of its own,
+        and until it is done this answers the forecast before it."""
         now = self.clock()
         n = self.state.pending_count()
-        if self._etas_at is not None and now - self._etas_at < ETA_EVERY_S and not (
-                # A workload queued since the last forecast has none yet: forecast again, at most once a second.
-                now - self._etas_at >= 1.0 and n <= ETA_MAX_PENDING
-                and any(w.id not in self._etas for w in self.state.pending())):
+        if self._eta_running:
             return self._etas
+        if self._etas_at is not None:
+            since, least = now - self._etas_at, self._eta_cpu_s / ETA_MAX_SHARE
+            if since < max(ETA_EVERY_S, least) and not (
+                    # A workload queued since the last forecast has none yet: forecast again, at most once a second.
+                    since >= max(1.0, least) and n <= ETA_MAX_PENDING
+                    and any(w.id not in self._etas for w in self.state.pending())):
+                return self._etas
         self._etas_at = now
         if not 0 < n <= ETA_MAX_PENDING:
             self._etas = {}
             return self._etas
         from raylane.forecast import forecast
 
-        t0 = perf_counter()
-        self._etas = forecast(self.state, now, method="replay" if n <= ETA_REPLAY_MAX_PENDING else "plan",
-                              stopping_ends={wid: self.records[wid].stop_deadline for wid in self.state.leases
-                                             if wid in self.records and self.records[wid].stop_deadline is not None})
-        metrics.ETA_SECONDS.observe(perf_counter() - t0)
+        state = self.state.copy()
+        method = "replay" if n <= ETA_REPLAY_MAX_PENDING else "plan"
+        stopping = {wid: self.records[wid].stop_deadline for wid in self.state.leases
+                    if wid in self.records and self.records[wid].stop_deadline is not None}
+        self._eta_running = True
+        try:
+            self.host.forecast(lambda: forecast(state, now, method=method, stopping_ends=stopping),
+                               self._forecast_done)
+        except BaseException:
+            self._eta_running = False
+            raise
         return self._etas
+
+    def _forecast_done(self, etas: Dict[str, Any], wall_s: float, cpu_s: float) -> None:
+        """Event: a forecast ``etas`` started has given its ETAs (``Host.forecast``; None: it failed, the ETAs
+        before it stay), in ``wall_s`` seconds and ``cpu_s`` of CPU."""
+        self._eta_running = False
+        self._eta_cpu_s = cpu_s
+        if etas is not None:
+            self._etas = etas
+        metrics.ETA_SECONDS.observe(wall_s)
 
     def _export_etas(self) -> None:
         """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none)."""
