@@ -9,7 +9,14 @@ one-worker, one-GPU ``pretrain`` gang (``tests.raytest.spec``). The first worklo
 placement groups; the rest wait. Nothing ever runs on a reservation: a workload whose reservation is placed is ended
 by its ``release`` (FINISHED, SUCCEEDED), which frees its GPU and removes its placement group.
 
+Before the phases, the bench waits for the control plane's first health probe on every node (a Ray task on each,
+whose first run starts a worker process there: seconds of CPU each on a small machine) and for the CPUs to be quiet
+(``settle``); it settles again before the churn's window, once its releasers' processes have started.
+
 Phases, in order (each client is a thread of this driver with a ``ControlClient`` of its own):
+0. Ray alone (``ray_alone``): no control plane, a 1-GPU placement group on every GPU, and each one placed is removed
+   and made again on its node, for 15 s, from one thread: the placement-group work of the churn's admissions with
+   nothing else asking, what Ray's own processes give on this machine (printed beside the admissions/s);
 1. ``--single`` submissions from one client, one after the other (``ControlClient.submit``);
 2. ``--multi`` submissions from ``--clients`` clients at once;
 3. churn: the queue topped up to ``--backlog`` pending workloads, then for ``--churn-s`` seconds ``--clients``
@@ -553,6 +560,7 @@ class Measured:
     queue: QueueTimes
     stall_s: float
     monitor: Monitor
+    ray_alone: float = float("nan")  # placement groups made, placed and removed per second by Ray alone (phase 0)
 
 
 def _say(line: str) -> None:
@@ -630,6 +638,46 @@ def phase_queue(args, ctl, address: str, burst: Submitted, live: Dict[str, float
     return counted, q
 
 
+def ray_alone(args, window_s: float = 15.0) -> float:
+    """0. What Ray alone sustains of the churn's placement-group work on this cluster, without the control plane:
+    a 1-GPU group pinned to each GPU of the cluster, all at once (the churn's full cluster); then for ``window_s``
+    seconds, each time one is placed, it is removed and a new one made on the same node (a release freeing a GPU
+    and an admission taking it), from one thread of this process. Every admission of the churn costs Ray at least
+    this (one group made, placed and removed), so its rate is what Ray's processes (the GCS, the raylets) give on
+    this machine with nothing else asking. Returns groups per second."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    def make(nid: str):
+        pg = placement_group([{"GPU": 1}], bundle_label_selector=[{"ray.io/node-id": nid}], lifetime="detached")
+        return pg.ready(), (pg, nid)
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU"))
+    inflight = dict(make(nid) for nid in nodes for _ in range(args.gpus))
+    ray.get(list(inflight), timeout=args.phase_timeout)
+    done = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < window_s:
+        refs = list(inflight)
+        ready, rest = ray.wait(refs, num_returns=1, timeout=5.0, fetch_local=False)
+        if rest and ready:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0, fetch_local=False)[0]
+        for ref in ready:
+            pg, nid = inflight.pop(ref)
+            remove_placement_group(pg)
+            ref2, made = make(nid)
+            inflight[ref2] = made
+            done += 1
+    took = time.perf_counter() - t0
+    for pg, _ in inflight.values():
+        remove_placement_group(pg)
+    rate = done / took
+    _say(f"0. Ray alone: {done:,} placement groups placed, removed and made again on their node in {took:.1f} s "
+         f"(one per GPU, {len(inflight)}, always): {rate:,.1f} /s (what Ray gives of the churn's work here)")
+    settle("Ray alone")
+    return rate
+
+
 def run_phases(args, ctl, address: str) -> Measured:
     """The five phases against the running control plane ``ctl`` (an operator's client) of the Ray cluster at
     ``address``."""
@@ -637,6 +685,7 @@ def run_phases(args, ctl, address: str) -> Measured:
 
     clients = [ControlClient(ctl.handle, ctl.credential, timeout=120.0) for _ in range(args.clients)]
     live: Dict[str, float] = {}  # workload id -> its submit time, for every workload not ended
+    alone = ray_alone(args)
     one = submit_many(clients[:1], args.single, "one-", args.phase_timeout)
     _submitted("1. submissions, 1 client", one, live)
     multi = submit_many(clients, args.multi, "multi-", args.phase_timeout)
@@ -657,7 +706,7 @@ def run_phases(args, ctl, address: str) -> Measured:
     pg_end = placement_groups_vs_leases(ctl)
     _pg_line("at the end", pg_end)
     stall = max([lat for _, lat, _ in mon.samples] or [float("nan")])
-    return Measured(args.clients, one, multi, ch, burst, pg_churn, pg_end, counted, queue, stall, mon)
+    return Measured(args.clients, one, multi, ch, burst, pg_churn, pg_end, counted, queue, stall, mon, alone)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -690,6 +739,8 @@ def print_summary(m: Measured) -> None:
         ("admissions/s with placement groups", f"{ch.admissions_rate:,.1f} /s", f"backlog {ch.pending_before:,}",
          f">= {GOALS['admissions']:.0f} /s", ch.admissions_rate >= GOALS["admissions"],
          f"{BASELINE['admissions']:g} /s (2,900)", _ratio(ch.admissions_rate, BASELINE["admissions"])),
+        ("  Ray alone: groups made, placed, removed", f"{m.ray_alone:,.1f} /s", "one a GPU, 1 thread",
+         "", None, "", f"admissions {ch.admissions_rate / m.ray_alone:.0%} of it" if m.ray_alone > 0 else "-"),
         ("longest stall (backlog, churn, burst)", f"{m.stall_s:.2f} s", f"{len(m.monitor.samples):,} calls",
          f"<= {GOALS['stall_s']:g} s", m.stall_s <= GOALS["stall_s"], "", "-"),
         *[(f"raylane queue, {where}", _secs(secs), f"{q.entries:,} entries", f"< {GOALS['queue_s']:g} s (10,000)",
