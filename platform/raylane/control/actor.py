@@ -84,17 +84,15 @@ class RayHost(Host):
                 if v.get("state") != "REMOVED" and v.get("name")}
 
     def forecast(self, run, done) -> None:
-        """The forecast on a thread of its own, ``done`` called back on the loop: the forecast is pure Python and
-        holds the GIL, but the interpreter hands it over every few milliseconds, so the loop keeps answering
-        (run on the loop, a plan of thousands of pending workloads stalled it for a second or more). A forecast
-        that fails is logged and gives None (the ETAs before it stay)."""
+        """On a thread of its own, ``done`` called back on the loop: the GIL changes hands every few ms, so the loop
+        keeps answering (on the loop, a plan of thousands pending stalled it for a second or more). A forecast that
+        fails is logged and gives None (the ETAs before it stay)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not on the loop (no caller does this now): at once, as the base host does
             return super().forecast(run, done)
         if self._forecasts is None:
-            self._forecasts = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                                    thread_name_prefix="raylane-forecast")
+            self._forecasts = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raylane-forecast")
 
         def timed():
             t0, c0 = time.perf_counter(), time.thread_time()
