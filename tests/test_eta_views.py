@@ -155,3 +155,18 @@ def test_forecasts_take_at_most_their_share_of_the_control_planes_time(h):
     _waiting(h, 1, prefix="y")
     h.tick()
     assert len(held.held) == 1
+
+
+def test_a_workload_admitted_since_the_last_forecast_shows_no_eta(h):
+    held = _HeldForecasts(h)
+    ids = _waiting(h, 1)
+    h.clock.advance(1)
+    h.tick()
+    held.finish()
+    assert ids[0] in h.cs.etas()
+    big = next(r["id"] for r in h.call("queue") if r["state"] != "PENDING")
+    h.call("release", workload_id=big, outcome="finished", state="SUCCEEDED")
+    h.tick()  # the waiting workload takes the freed GPUs; the forecast, not redone yet, still names it
+    assert ids[0] in h.cs.etas()
+    rows = {r["id"]: r for r in h.call("queue")}
+    assert rows[ids[0]]["state"] != "PENDING" and "eta_start" not in rows[ids[0]]

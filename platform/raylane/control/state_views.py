@@ -71,7 +71,7 @@ class ViewCalls:
                 "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
                 "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
-                **self._eta_fields(etas.get(rec.id)),
+                **self._eta_fields(etas.get(rec.id) if rec.state is State.PENDING else None),
             })
             got = self.pipes.stage_of(rec.id)
             if got is not None:
@@ -148,7 +148,7 @@ class ViewCalls:
         longest: Dict[tuple, float] = {}
         for wid, eta in self.etas().items():
             rec = self.records.get(wid)
-            if rec is None or eta.start is None:
+            if rec is None or eta.start is None or rec.state is not State.PENDING:  # admitted since the forecast
                 continue
             key = (rec.team, rec.cls)
             longest[key] = max(longest.get(key, 0.0), max(0.0, eta.start - now))
