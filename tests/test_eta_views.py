@@ -89,6 +89,17 @@ def _waiting(h, n: int, prefix: str = "w"):
     return [_submit(h, f"{prefix}{i}", "team-a", workers=1, gpu=1, estimate="5m") for i in range(n)]
 
 
+def _first_forecast(h, n: int, cpu_s: float = 0.01):
+    """``n`` workloads waiting (``_waiting``), a second, and a full tick's forecast of them finished, having taken
+    ``cpu_s`` of CPU: (the held forecasts, the waiting ids)."""
+    held = _HeldForecasts(h)
+    ids = _waiting(h, n)
+    h.clock.advance(1)
+    h.tick()
+    held.finish(cpu_s)
+    return held, ids
+
+
 def test_a_forecast_under_way_answers_the_one_before_and_starts_no_other(h):
     held = _HeldForecasts(h)
     first = _waiting(h, 2)
@@ -113,11 +124,7 @@ def test_a_forecast_under_way_answers_the_one_before_and_starts_no_other(h):
 
 
 def test_a_forecast_that_fails_keeps_the_etas_before_it(h):
-    held = _HeldForecasts(h)
-    ids = _waiting(h, 2)
-    h.clock.advance(1)
-    h.tick()
-    held.finish()
+    held, ids = _first_forecast(h, 2)
     before = h.cs.etas()
     h.clock.advance(state_views.ETA_EVERY_S)
     h.tick()
@@ -132,14 +139,10 @@ def test_a_forecast_that_fails_keeps_the_etas_before_it(h):
 def test_forecasts_take_at_most_their_share_of_the_control_planes_time(h):
     # A forecast that took 3 s of CPU: the next waits 3 / ETA_MAX_SHARE = 30 s, past both ETA_EVERY_S and the
     # second after which a workload with no ETA asks for one.
-    held = _HeldForecasts(h)
     cost = 3.0
     wait = cost / state_views.ETA_MAX_SHARE
     assert wait > state_views.ETA_EVERY_S
-    _waiting(h, 2)
-    h.clock.advance(1)
-    h.tick()
-    held.finish(cpu_s=cost)
+    held, _ = _first_forecast(h, 2, cpu_s=cost)
     started = h.clock()
     _waiting(h, 1, prefix="x")
     while h.clock() - started < wait - 1:
@@ -150,7 +153,6 @@ def test_forecasts_take_at_most_their_share_of_the_control_planes_time(h):
     h.tick()
     assert len(held.held) == 1
     held.finish(cpu_s=0.01)  # a cheap one: the cadence is ETA_EVERY_S again, and a second for a new workload
-    started = h.clock()
     h.clock.advance(1)
     _waiting(h, 1, prefix="y")
     h.tick()
@@ -158,11 +160,7 @@ def test_forecasts_take_at_most_their_share_of_the_control_planes_time(h):
 
 
 def test_a_workload_admitted_since_the_last_forecast_shows_no_eta(h):
-    held = _HeldForecasts(h)
-    ids = _waiting(h, 1)
-    h.clock.advance(1)
-    h.tick()
-    held.finish()
+    _, ids = _first_forecast(h, 1)
     assert ids[0] in h.cs.etas()
     big = next(r["id"] for r in h.call("queue") if r["state"] != "PENDING")
     h.call("release", workload_id=big, outcome="finished", state="SUCCEEDED")

@@ -305,7 +305,7 @@ def _releaser_actor():
     return Releaser
 
 
-def settle(after: str, quiet_pct: float = 50.0, max_s: float = 120.0) -> float:
+def settle(after: str, quiet_pct: float = 50.0, max_s: float = 120.0) -> None:
     """Wait until this machine's CPUs are quiet (under ``quiet_pct`` percent busy over two seconds in a row, at most
     ``max_s``), and say how long it took: starting processes (the releasers, and those Ray starts besides, the
     first health probes' workers on every node) takes seconds of CPU each on a small machine, and a window opened
@@ -319,10 +319,9 @@ def settle(after: str, quiet_pct: float = 50.0, max_s: float = 120.0) -> float:
     took = time.perf_counter() - t0
     _say(f"   settled after {after}: CPUs under {quiet_pct:g}% busy after {took:.1f} s"
          + ("" if quiet >= 2 else f" (not quiet within {max_s:g} s: measuring anyway)"))
-    return took
 
 
-def first_probes(ctl, timeout_s: float = 120.0) -> float:
+def first_probes(ctl, timeout_s: float = 120.0) -> None:
     """Wait until the control plane has its first health probe's verdict on every node (``health.probe_interval``,
     a Ray task on each node, whose first run starts a worker process there), then until the CPUs are quiet."""
     t0 = time.perf_counter()
@@ -332,7 +331,7 @@ def first_probes(ctl, timeout_s: float = 120.0) -> float:
         time.sleep(0.5)
     took = time.perf_counter() - t0
     _say(f"first health probes done on every node in {took:.1f} s")
-    return took + settle("the first health probes")
+    settle("the first health probes")
 
 
 def churn(clients, order: List[str], window_s: float, info: Callable[[], dict], processes: bool = True,
@@ -679,7 +678,7 @@ def ray_alone(args, window_s: float = 15.0) -> float:
 
 
 def run_phases(args, ctl, address: str) -> Measured:
-    """The five phases against the running control plane ``ctl`` (an operator's client) of the Ray cluster at
+    """The phases (0 to 5) against the running control plane ``ctl`` (an operator's client) of the Ray cluster at
     ``address``."""
     from raylane.control.client import ControlClient
 

@@ -94,16 +94,15 @@ class RayHost(Host):
         if self._forecasts is None:
             self._forecasts = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raylane-forecast")
 
-        def timed():
-            t0, c0 = time.perf_counter(), time.thread_time()
+        def advice():
             try:
-                out = run()
+                return run()
             except Exception:  # noqa: BLE001 - a forecast is advice: the queue goes on without it
                 log.exception("queue forecast failed")
-                out = None
-            loop.call_soon_threadsafe(done, out, time.perf_counter() - t0, time.thread_time() - c0)
+                return None
 
-        self._forecasts.submit(timed)
+        # Timed as the base host times it, on this thread; its answer goes back to the loop.
+        self._forecasts.submit(super().forecast, advice, lambda *got: loop.call_soon_threadsafe(done, *got))
 
 
 class PlacementGroups:
