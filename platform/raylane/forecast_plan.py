@@ -70,6 +70,7 @@ from raylane.forecast_types import (
 )
 from raylane.scheduling import ADMISSIONS, ORDERINGS, ClusterState, LeaseState, QuotaLedger
 from raylane.scheduling.capacity import _returned_devices, _shift
+from raylane.scheduling.ordering.base import StaticOrdering
 from raylane.scheduling.types import RESOURCE_NAMES, SPOT_LABEL, Team, Workload, device_count, node_devices
 from raylane.scheduling.users import held_by_user, order_by_user
 
@@ -831,17 +832,24 @@ class _Plan:
                 mine, classes = lanes[li]
                 _cut_hole(classes, mine[unit], unit, times[i], end)
             return
-        runs: Dict[int, float] = {}  # level index -> where its run of lost segments began
+        # The levels a segment lost are one range of indices, [lo, hi): a run is open for each index of the last
+        # segment's range, and closes (is cut) where the next segment's range leaves it out.
+        began: Dict[int, float] = {}  # level index -> where its run of lost segments began
+        plo = phi = 0
         for m, v in enumerate(before):
             lo, hi = bisect_right(lvs, v - g), bisect_right(lvs, v)
+            if lo == plo and hi == phi:
+                continue
             t = times[i + m]
-            for li in [li for li in runs if not lo <= li < hi]:
-                mine, classes = lanes[li]
-                _cut_hole(classes, mine[unit], unit, runs.pop(li), t)
+            for li in range(plo, phi):
+                if not lo <= li < hi:
+                    mine, classes = lanes[li]
+                    _cut_hole(classes, mine[unit], unit, began.pop(li), t)
             for li in range(lo, hi):
-                if li not in runs:
-                    runs[li] = t
-        for li, t in runs.items():
+                if not plo <= li < phi:
+                    began[li] = t
+            plo, phi = lo, hi
+        for li, t in began.items():
             mine, classes = lanes[li]
             _cut_hole(classes, mine[unit], unit, t, end)
 
@@ -903,8 +911,11 @@ class _Plan:
         if room_at > r + _EPS:
             ended: List[Tuple[float, float, str]] = []
             units = self._units(gang.g)
-            for nid in set(nodes):  # the nodes (devices) its room was found on first
-                ended += _ended(units[nid], r, room_at)
+            if len(nodes) == 1:
+                ended = _ended(units[nodes[0]], r, room_at)
+            else:
+                for nid in set(nodes):  # the nodes (devices) its room was found on first
+                    ended += _ended(units[nid], r, room_at)
             out.append(CapacityWait(gpus, room_at, _named(ended)))
         if quota_wait is not None and (s > room_at + _EPS or not out):
             res, amount, p = quota_wait
@@ -1058,12 +1069,17 @@ class _Order:
             q = queues.setdefault(w.team, [])
             keys = [order.queue_key(x, cfg) for x in q]
             q.insert(bisect_right(keys, order.queue_key(w, cfg)), w)
+        by_user = False
         for t in state.teams.values():
             q = queues.get(t.name)
             if q and t.users is not None and t.users.fair:
                 leases = [lease for lease in state.leases.values() if lease.team == t.name]
                 queues[t.name] = list(order_by_user(tuple(q), t, held_by_user(leases), cfg))
+                by_user = True
         self.queues = queues
+        # Where the head key is the queue key (no team's usage read) and every team queue is in queue-key order, the
+        # walk is a merge of the queues by that key (the keys end in the workload id, so there are no ties).
+        self.merged = isinstance(order, StaticOrdering) and not by_user
         self.views = {t: _View(state.teams.get(t, _NO_TEAM), ledger) for t in queues}
         self.cursor = {t: 0 for t in queues}
         self.heap = [(self._key(t), i, t) for i, t in enumerate(queues) if queues[t]]
@@ -1076,6 +1092,10 @@ class _Order:
         return self.order.head_key(self.queues[team][self.cursor[team]], view, self.cfg)
 
     def __iter__(self):
+        if self.merged:
+            key, cfg = self.order.queue_key, self.cfg
+            yield from heapq.merge(*self.queues.values(), key=lambda w: key(w, cfg))
+            return
         heap, queues, cursor = self.heap, self.queues, self.cursor
         while heap:
             team = heap[0][2]
