@@ -51,6 +51,7 @@ as admitted).
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import operator
@@ -119,7 +120,17 @@ def plan(
     if errors:
         raise ValueError("plan: " + "; ".join(errors))
     default = default_runtime_s if default_runtime_s is not None else state.config.default_runtime_s
-    return _Plan(state, now, default, class_runtime_s, stopping_ends, overrun, min_overrun_s).run(only, horizon_s)
+    # A plan makes about a hundred thousand tuples and lists that live until it ends and form no cycles (reference
+    # counting frees them): the cyclic collector would only walk them, several times a plan, and at times all of the
+    # process's heap with them (in the control actor, a large one). So it is off while the plan runs (as ``timeit``
+    # does while it times), and back on after.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _Plan(state, now, default, class_runtime_s, stopping_ends, overrun, min_overrun_s).run(only, horizon_s)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 # ------------------------------------------------------------------------------------------------ profiles

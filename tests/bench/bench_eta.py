@@ -112,14 +112,26 @@ def speed_scene(seed: int = 1, nodes: int = 100, pending: int = 1000, teams: int
     return st, now
 
 
-def _cpu_runs(f: Callable, repeat: int):
-    """The CPU time of each of ``repeat`` runs of ``f``, and its result."""
-    runs, out = [], None
+def _cpu_runs(f: Callable, repeat: int, reference: bool = False):
+    """The CPU time of each of ``repeat`` runs of ``f``, and its result; with ``reference``, also the CPU time of
+    ``_reference`` run before each (what the same work cost, run to run: the machine's own variation)."""
+    runs, out, ref = [], None, []
     for _ in range(repeat):
+        if reference:
+            c = time.process_time()
+            _reference()
+            ref.append(time.process_time() - c)
         c = time.process_time()
         out = f()
         runs.append(time.process_time() - c)
-    return runs, out
+    return (runs, out, ref) if reference else (runs, out)
+
+
+def _reference() -> int:
+    """A fixed piece of pure Python work (tuples made, sorted and summed), about 0.1 s on a quiet core."""
+    rows = [((k * 7919) % 1009, k) for k in range(60_000)]
+    rows.sort()
+    return sum(a for a, _ in rows)
 
 
 def _cpu(f: Callable, repeat: int = 3):
@@ -209,8 +221,11 @@ def speed(args) -> None:
         if "plan" not in args.methods:
             continue
         # The reservation plan on the same state, against the replay's CPU time and ETAs (when it ran).
-        runs, plan = _cpu_runs(lambda: fc.forecast(st, now, method="plan"), args.plan_runs)
+        runs, plan, machine = _cpu_runs(lambda: fc.forecast(st, now, method="plan"), args.plan_runs, reference=True)
         plan_s, plan_med = min(runs), statistics.median(runs)
+        print(f"  machine: a fixed loop of Python, timed before each plan run: min {min(machine) * 1e3:.1f} ms, "
+              f"median {statistics.median(machine) * 1e3:.1f} ms, max {max(machine) * 1e3:.1f} ms (the same work: how much the "
+              f"machine's speed varied)")
         starts = [e.start - now for e in plan.values() if e.start is not None]
         line = (f"  plan: every pending workload   {plan_s * 1e3:7.1f} ms CPU (min of {len(runs)} runs; median "
                 f"{plan_med * 1e3:.1f} ms), {len(starts)}/{len(plan)} start, the last in "
