@@ -237,6 +237,27 @@ def test_infeasible_and_invalid_specs_are_refused_at_submit(make):
         h.call("status", workload_id="no-such-workload")
 
 
+def test_a_burst_of_one_shape_is_judged_once_until_the_nodes_change(make, monkeypatch):
+    # ``feasible`` remembers a verdict per gang, team and data snapshot while the nodes are the same: a burst of
+    # one shape runs ``check_feasible`` once; a node that appears (read on the tick, or at a refusal) is judged anew.
+    import raylane.control.state_scale as state_scale
+
+    h = make()
+    judged = []
+    real = state_scale.check_feasible
+    monkeypatch.setattr(state_scale, "check_feasible", lambda w, *a: judged.append(w.id) or real(w, *a))
+    for i in range(5):
+        submit(h, f"same{i}", "team-a", "pretrain", gpu=1)
+    assert len(judged) == 1
+    for _ in range(2):  # nodes of 2 GPUs
+        with pytest.raises(InfeasibleError, match="fits no set of nodes"):
+            submit(h, "four", "team-a", "pretrain", gpu=4)
+    assert len(judged) == 2  # refused twice, judged once (the refusal re-read Ray's table: no new node)
+    h.host.add_node("gpu-c", gpus=4, features=["gpu-sim"])
+    assert h.cs.records[submit(h, "four", "team-a", "pretrain", gpu=4)].state is State.PENDING
+    assert len(judged) == 3  # refused on the old nodes as remembered, judged again on Ray's table with gpu-c
+
+
 def test_an_id_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     # A journal that already holds a rejected workload, with a source of randomness that draws its id again.
     from raylane import ids

@@ -695,9 +695,9 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         w = parsed.to_core(wid, self.policy, now)
         # The nodes as the last tick read them (Ray's node table is read once a tick, not per submission); a
         # request they could never hold is checked again against Ray's table now before it is refused.
-        why = check_feasible(w, self.feasibility_nodes(), self.state.teams, self.state.config.admission)
+        why = self.feasible(w)
         if why is not None and self._refresh_nodes():
-            why = check_feasible(w, self.feasibility_nodes(), self.state.teams, self.state.config.admission)
+            why = self.feasible(w)
         data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
         key = ref_key(data)
         ref = ckrefs.parse_ref(parsed.config.get(key), f"config.{key}")

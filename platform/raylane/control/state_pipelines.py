@@ -23,7 +23,6 @@ from raylane.control import pipelines as pl
 from raylane.control.journal import Kind
 from raylane.control.records import Record, State
 from raylane.errors import ConflictError, InfeasibleError, NotFoundError, ValidationError
-from raylane.scheduling import check_feasible
 
 log = logging.getLogger("raylane.control")
 
@@ -58,7 +57,7 @@ class PipelineCalls:
             except ValidationError as exc:
                 errors += [(f"stages.{stage}.workload.{f}", v, a) for f, v, a in exc.errors]
                 continue
-            why = check_feasible(w, self.feasibility_nodes(), self.state.teams, self.state.config.admission)
+            why = self.feasible(w)
             if why is not None:
                 infeasible.append(f"stage {stage}: {why}")
             ref = ckrefs.parse_ref(parsed[stage].config.get(ckrefs.ref_key(s)), f"config.{ckrefs.ref_key(s)}")

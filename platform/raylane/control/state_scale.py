@@ -45,11 +45,15 @@ from raylane.scheduling.autoscale import (
     diff_requests,
 )
 from raylane.scheduling.flavors import flavor_rooms
-from raylane.scheduling.types import Node, Pending, Resources
+from raylane.scheduling import check_feasible
+from raylane.scheduling.types import Infeasible, Node, Pending, Resources, Workload
 
 # The ask is sent again this often while it is not empty, and the coordinator keeps it this long unless renewed.
 RENEW_S = 30.0
 EXPIRE_S = 120.0
+# The most verdicts ``feasible`` remembers at once (distinct gang shapes while the nodes stay the same); past it,
+# it starts again.
+FEASIBLE_MEMO_MAX = 4096
 
 __all__ = ["RENEW_S", "EXPIRE_S", "ScaleCalls", "request_data", "request_from", "whole_node_ask"]
 
@@ -112,6 +116,9 @@ class ScaleCalls:
         self._scale_since: Dict[str, float] = {}  # gang id -> when its request was first made
         self._scale_memo: Dict[Tuple, Any] = {}
         self._scale_sent: Optional[Tuple] = None  # the last ask sent: (bundles, selectors)
+        # ``feasible``'s verdicts while what it judges against stays the same: (its key, the objects whose ids the
+        # key holds, kept so that no id is reused meanwhile, verdicts)
+        self._feasible_memo: Optional[Tuple[Tuple, Tuple, Dict[Tuple, Any]]] = None
         self._scale_sent_at = float("-inf")
         self._scale_noted: set = set()  # gangs whose reason carries a scale-up note
         # Gang id -> the time until which it preempts nobody, waiting for a new node (its class's wait_for_scale_up):
@@ -145,10 +152,27 @@ class ScaleCalls:
             out.extend(g.empty_nodes(max(0, g.max - g.count)))
         return out
 
-    def feasibility_nodes(self) -> List[Node]:
-        """What a submission is judged against: the nodes there are, and what the growable groups may add."""
-        nodes = list(self.state.nodes.values())
-        return nodes + self.potential_nodes() if self.scale_groups else nodes
+    def feasible(self, w: Workload) -> Optional[Infeasible]:
+        """Why ``w`` could never run (``check_feasible``), or None: judged against the nodes there are and what the
+        growable groups may add.
+
+        A verdict reads the gang, the team and the data snapshot, and of the nodes only what ``node_version``
+        covers (not what they hold now), of the teams their quotas (the policy's; a new policy is a new state). So
+        it is remembered while the state, its node version, the nodes the groups may add and the admission rule
+        stay the same: a burst of one shape is judged once, not once a submission."""
+        st = self.state
+        potential = self.potential_nodes() if self.scale_groups else []
+        key = (id(st), st.node_version, st.config.admission,
+               tuple((n.id, n.capacity, n.node_type, n.features, n.datasets, tuple(sorted(n.labels.items())))
+                     for n in potential))
+        memo = self._feasible_memo
+        if memo is None or memo[0] != key or len(memo[2]) >= FEASIBLE_MEMO_MAX:
+            memo = self._feasible_memo = (key, st, {})
+        verdicts = memo[2]
+        shape = (w.gang, w.team, w.data_snapshot)
+        if shape not in verdicts:
+            verdicts[shape] = check_feasible(w, list(st.nodes.values()) + potential, st.teams, st.config.admission)
+        return verdicts[shape]
 
     def _scale_wait_of(self, wid: str) -> float:
         rec = self.records.get(wid)

@@ -70,6 +70,9 @@ class ClusterState:
         self._order_cache: Optional[LeaseOrder] = None
         self._seq_cache: Optional[Dict[str, int]] = None  # copied for snapshots only when a lease comes or goes
         self._elastic: Dict[str, Lease] = {}  # the leases of elastic gangs, in table order
+        # Counts the nodes added and removed: while it stays the same, each node's capacity, features, labels,
+        # node type and datasets do too (what it holds, and whether it is schedulable, may change).
+        self.node_version = 0
 
     def copy(self) -> "ClusterState":
         """An independent copy: a forecast or a what-if drives it forward and this state never sees it. Nodes,
@@ -91,12 +94,14 @@ class ClusterState:
         out._by_end, out._by_settle = self._by_end.copy(), self._by_settle.copy()
         out._order_cache, out._seq_cache = self._order_cache, self._seq_cache
         out._elastic = dict(self._elastic)
+        out.node_version = self.node_version
         return out
 
     # -- nodes ---------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> None:
         self.nodes[node.id] = _with_devices(node)
         self._nodes_cache = None
+        self.node_version += 1
 
     def remove_node(self, node_id: str, now: float) -> List[Lease]:
         """The node is gone: every lease with a worker on it is over (an all-or-nothing gang cannot run short of
@@ -107,6 +112,7 @@ class ClusterState:
             self.finish(lease.id, now)
         self.nodes.pop(node_id, None)
         self._nodes_cache = None
+        self.node_version += 1
         return lost
 
     def set_schedulable(self, node_id: str, schedulable: bool) -> None:
