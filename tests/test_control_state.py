@@ -907,6 +907,13 @@ def test_a_pending_workload_gets_an_eta_after_the_lease_it_waits_for(make):
     h.call("cancel", workload_id=first)
     h.tick()
     assert [r for r in h.call("queue") if r["id"] == second][0]["state"] == "ADMITTED"
+    # The gauge of the next tick still reads that forecast, where the admitted workload had the longest wait: it
+    # shows no wait for the team and class now.
+    h.tick()
+    assert second in h.cs._etas
+    waits = {dict(k[1])["team"]: v for k, v in metrics.snapshot("raylane_queue_eta_wait_seconds").items()
+             if dict(k[1]).get("workload_class") == "pretrain"}
+    assert waits["team-a"] == -1
 
 
 def test_a_workload_queued_since_the_last_forecast_gets_one_within_a_second(make):

@@ -196,6 +196,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._etas_at: Optional[float] = None
         self._eta_cpu_s = 0.0  # the CPU time of the last forecast (``etas``: the next waits in proportion)
         self._eta_running = False  # a forecast is under way on the host (``etas``)
+        self._eta_starts = None  # (the ETAs, their starts per team and class, latest first): ``_export_etas``
         # Pending workloads held out of the queue until the checkpoint they start from exists (checkpoints.py).
         self._waiting: set = set()
         self._started = self.clock()

@@ -143,15 +143,30 @@ class ViewCalls:
         metrics.ETA_SECONDS.observe(wall_s)
 
     def _export_etas(self) -> None:
-        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none)."""
+        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none).
+
+        Per forecast, each team and class's starts are sorted once, latest first; a tick then reads down each list
+        to the first workload still pending (those admitted since the forecast are skipped), so that it costs about
+        one look per team and class, not one per pending workload."""
         now = self.clock()
+        etas = self.etas()
+        made = self._eta_starts
+        if made is None or made[0] is not etas:
+            by_key: Dict[tuple, list] = {}
+            for wid, eta in etas.items():
+                rec = self.records.get(wid)
+                if rec is not None and eta.start is not None:
+                    by_key.setdefault((rec.team, rec.cls), []).append((eta.start, wid))
+            for starts in by_key.values():
+                starts.sort(reverse=True)
+            made = self._eta_starts = (etas, by_key)
         longest: Dict[tuple, float] = {}
-        for wid, eta in self.etas().items():
-            rec = self.records.get(wid)
-            if rec is None or eta.start is None or rec.state is not State.PENDING:  # admitted since the forecast
-                continue
-            key = (rec.team, rec.cls)
-            longest[key] = max(longest.get(key, 0.0), max(0.0, eta.start - now))
+        for key, starts in made[1].items():
+            for start, wid in starts:
+                rec = self.records.get(wid)
+                if rec is not None and rec.state is State.PENDING:  # else admitted since the forecast
+                    longest[key] = max(0.0, start - now)
+                    break
         for (team, cls), v in self._gauge_keys(longest, "_last_eta").items():
             metrics.QUEUE_ETA_WAIT.set(v if (team, cls) in longest else -1, team=team, workload_class=cls)
 
