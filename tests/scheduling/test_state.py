@@ -56,6 +56,23 @@ def test_enqueue_twice_and_dequeue_unknown_fail():
     assert st.dequeue("a").id == "a" and st.pending_count() == 0
 
 
+def test_dequeue_finds_its_workload_among_equal_queue_keys():
+    # Dequeue bisects to a workload's queue key; an ordering whose keys tie (here every key is the same) still
+    # takes out the workload asked for, and only it.
+    class Ties:
+        def queue_key(self, w, cfg):
+            return (0,)
+
+    st = make_state(nodes(1), [team("nlp")])
+    st._order = Ties()
+    for name in "abcde":
+        st.enqueue(obj(wl(name)))
+    assert st.dequeue("c").id == "c" and st.dequeue("e").id == "e"
+    assert [w.id for w in st.pending()] == ["a", "b", "d"]
+    with pytest.raises(NotFoundError):
+        st.dequeue("c")
+
+
 def test_requeue_keeps_submit_time_and_adds_attained_service():
     st = make_state(nodes(1), [team("nlp")], pending=[wl("a").gpus(2).at(3), wl("b").at(7)],
                     ordering="fifo")
@@ -155,7 +172,10 @@ def test_many_random_operations_keep_the_books_balanced():
         op = rng.random()
         pend = st.pending()
         if op < 0.4 or not (pend or st.leases):
-            st.enqueue(obj(wl(f"w{next(ids)}").team(rng.choice(["nlp", "cv"])).gpus(rng.choice([1, 2])).at(t)))
+            w = wl(f"w{next(ids)}").team(rng.choice(["nlp", "cv"])).gpus(rng.choice([1, 2])).at(t)
+            st.enqueue(obj(w.cls(PROD) if rng.random() < 0.3 else w))
+        elif op < 0.5 and pend:
+            st.dequeue(rng.choice(pend).id)
         elif op < 0.7 and pend:
             w = rng.choice(pend)
             fits = [nid for nid, n in st.nodes.items() if n.free.gpu >= w.gang.per_worker.gpu]
@@ -181,3 +201,7 @@ def test_many_random_operations_keep_the_books_balanced():
         for ws in st.snapshot().queues.values():
             assert [w.submit_time for w in ws] == sorted(w.submit_time for w in ws)
         assert st.pending_count() == len(st.pending()) == len(q)
+        counts = {}
+        for w in st.pending():
+            counts[(w.team, w.cls.name)] = counts.get((w.team, w.cls.name), 0) + 1
+        assert st.pending_counts() == counts

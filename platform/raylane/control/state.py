@@ -433,12 +433,11 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
                         self.state.pending_count(), len(self.state.leases))
 
     def _export_gauges(self) -> None:
-        # Counted from the scheduler's queues and leases (and the workloads waiting for their inputs), not from
-        # every record the journal ever held: a tick's work grows with what is live, not with history.
-        waiting: Dict[tuple, int] = {}
+        # The queue lengths are the scheduler's counts, kept as workloads come and go; the leases and the workloads
+        # waiting for their inputs are counted (not every record the journal ever held): a tick's work grows with
+        # what runs and what changed, not with the length of the queue.
+        waiting: Dict[tuple, int] = self.state.pending_counts()
         held: Dict[tuple, int] = {}
-        for w in self.state.pending():
-            waiting[(w.team, w.cls.name)] = waiting.get((w.team, w.cls.name), 0) + 1
         for wid in self._waiting:
             rec = self.records[wid]
             if rec.state is State.PENDING and not self.state.is_pending(wid):

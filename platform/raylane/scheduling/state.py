@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from dataclasses import replace
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -37,6 +38,7 @@ from raylane.scheduling.types import (
     node_devices,
 )
 
+_KEY = operator.itemgetter(0)  # of a queue entry (queue key, workload)
 
 class ClusterState:
     def __init__(self, nodes: Iterable[Node], teams: Mapping[str, Team], config: SchedulerConfig = SchedulerConfig()):
@@ -47,7 +49,8 @@ class ClusterState:
         self.leases: Dict[str, Lease] = {}
         self.usage: Dict[str, Resources] = {}
         self._queues: Dict[str, List[Tuple[Tuple, Workload]]] = {}
-        self._where: Dict[str, str] = {}  # pending workload id -> team
+        self._where: Dict[str, Tuple[str, Tuple]] = {}  # pending workload id -> (team, its queue key)
+        self._counts: Dict[Tuple[str, str], int] = {}  # (team, class) -> how many of its workloads are pending
         # team -> {limit: the first `limit` workloads of its queue (None: all)}
         self._queue_cache: Dict[str, Dict[Optional[int], Tuple[Workload, ...]]] = {}
         self._leases_cache: Optional[Tuple[Lease, ...]] = None
@@ -83,7 +86,7 @@ class ClusterState:
         out.nodes, out.teams, out.leases, out.usage = dict(self.nodes), dict(self.teams), dict(self.leases), \
             dict(self.usage)
         out._queues = {team: list(q) for team, q in self._queues.items()}
-        out._where = dict(self._where)
+        out._where, out._counts = dict(self._where), dict(self._counts)
         out._queue_cache = {team: dict(c) for team, c in self._queue_cache.items()}
         out._leases_cache = self._leases_cache
         out._team_leases = {team: dict(ls) for team, ls in self._team_leases.items()}
@@ -146,19 +149,29 @@ class ClusterState:
             raise ValueError(f"workload {w.id} is already known")
         q = self._queues.setdefault(w.team, [])
         key = self._order.queue_key(w, self.config)
-        bisect.insort(q, (key, w), key=lambda e: e[0])
-        self._where[w.id] = w.team
+        bisect.insort(q, (key, w), key=_KEY)
+        self._where[w.id] = (w.team, key)
         self._queue_cache.pop(w.team, None)
+        c = (w.team, w.cls.name)
+        self._counts[c] = self._counts.get(c, 0) + 1
 
     def dequeue(self, workload_id: str) -> Workload:
-        team = self._where.pop(workload_id, None)
-        if team is None:
+        got = self._where.pop(workload_id, None)
+        if got is None:
             raise NotFoundError(f"no pending workload {workload_id!r}")
+        team, key = got
         q = self._queues[team]
-        for i, (_, w) in enumerate(q):
+        # A queue key does not change while its workload waits: bisect to it (keys may tie where an ordering's
+        # key does not end in the id: then the run of equal keys is looked through).
+        for i in range(bisect.bisect_left(q, key, key=_KEY), len(q)):
+            w = q[i][1]
             if w.id == workload_id:
                 del q[i]
                 self._queue_cache.pop(team, None)
+                c = (team, w.cls.name)
+                self._counts[c] -= 1
+                if not self._counts[c]:
+                    del self._counts[c]
                 return w
         raise NotFoundError(f"no pending workload {workload_id!r}")  # pragma: no cover - _where and queues agree
 
@@ -170,6 +183,10 @@ class ClusterState:
 
     def pending(self) -> List[Workload]:
         return [w for q in self._queues.values() for _, w in q]
+
+    def pending_counts(self) -> Dict[Tuple[str, str], int]:
+        """How many workloads are pending per (team, class name), kept as they come and go."""
+        return dict(self._counts)
 
     # -- leases --------------------------------------------------------------------------------------------
     def start(self, admit: Admit, now: float) -> Lease:
