@@ -40,6 +40,7 @@ from raylane.scheduling.types import (
 
 _KEY = operator.itemgetter(0)  # of a queue entry (queue key, workload)
 
+
 class ClusterState:
     def __init__(self, nodes: Iterable[Node], teams: Mapping[str, Team], config: SchedulerConfig = SchedulerConfig()):
         self.config = config
@@ -164,7 +165,9 @@ class ClusterState:
         # A queue key does not change while its workload waits: bisect to it (keys may tie where an ordering's
         # key does not end in the id: then the run of equal keys is looked through).
         for i in range(bisect.bisect_left(q, key, key=_KEY), len(q)):
-            w = q[i][1]
+            k, w = q[i]
+            if k != key:
+                break
             if w.id == workload_id:
                 del q[i]
                 self._queue_cache.pop(team, None)
