@@ -112,19 +112,18 @@ def speed_scene(seed: int = 1, nodes: int = 100, pending: int = 1000, teams: int
     return st, now
 
 
-def _cpu_runs(f: Callable, repeat: int, reference: bool = False):
-    """The CPU time of each of ``repeat`` runs of ``f``, and its result; with ``reference``, also the CPU time of
-    ``_reference`` run before each (what the same work cost, run to run: the machine's own variation)."""
+def _cpu_runs(f: Callable, repeat: int):
+    """The CPU time of each of ``repeat`` runs of ``f``, its result, and the CPU time of ``_reference`` run before
+    each (what the same work cost, run to run: the machine's own variation)."""
     runs, out, ref = [], None, []
     for _ in range(repeat):
-        if reference:
-            c = time.process_time()
-            _reference()
-            ref.append(time.process_time() - c)
+        c = time.process_time()
+        _reference()
+        ref.append(time.process_time() - c)
         c = time.process_time()
         out = f()
         runs.append(time.process_time() - c)
-    return (runs, out, ref) if reference else (runs, out)
+    return runs, out, ref
 
 
 def _reference() -> int:
@@ -221,7 +220,7 @@ def speed(args) -> None:
         if "plan" not in args.methods:
             continue
         # The reservation plan on the same state, against the replay's CPU time and ETAs (when it ran).
-        runs, plan, machine = _cpu_runs(lambda: fc.forecast(st, now, method="plan"), args.plan_runs, reference=True)
+        runs, plan, machine = _cpu_runs(lambda: fc.forecast(st, now, method="plan"), args.plan_runs)
         plan_s, plan_med = min(runs), statistics.median(runs)
         print(f"  machine: a fixed loop of Python, timed before each plan run: min {min(machine) * 1e3:.1f} ms, "
               f"median {statistics.median(machine) * 1e3:.1f} ms, max {max(machine) * 1e3:.1f} ms (the same work: how much the "

@@ -116,9 +116,9 @@ class ScaleCalls:
         self._scale_since: Dict[str, float] = {}  # gang id -> when its request was first made
         self._scale_memo: Dict[Tuple, Any] = {}
         self._scale_sent: Optional[Tuple] = None  # the last ask sent: (bundles, selectors)
-        # ``feasible``'s verdicts while what it judges against stays the same: (its key, the objects whose ids the
-        # key holds, kept so that no id is reused meanwhile, verdicts)
-        self._feasible_memo: Optional[Tuple[Tuple, Tuple, Dict[Tuple, Any]]] = None
+        # ``feasible``'s verdicts while what it judges against stays the same: (its key, the state whose id the key
+        # holds, kept so that the id is not reused meanwhile, verdicts)
+        self._feasible_memo: Optional[Tuple[Tuple, Any, Dict[Tuple, Any]]] = None
         self._scale_sent_at = float("-inf")
         self._scale_noted: set = set()  # gangs whose reason carries a scale-up note
         # Gang id -> the time until which it preempts nobody, waiting for a new node (its class's wait_for_scale_up):
