@@ -197,3 +197,38 @@ def test_the_actor_class_exposes_request_and_ping_only():
 
     methods = sorted(m for m in vars(ControlActor) if callable(getattr(ControlActor, m)) and not m.startswith("__"))
     assert methods == ["ping", "request"]
+
+
+def test_the_raylane_command_answers_in_a_new_process_and_runs_the_other_exit_handlers(ctl, tmp_path):
+    # `raylane` exits without Ray's driver teardown (raylane.cli.main), but every other exit handler runs: `raylane
+    # submit` removes the folder that carried its credential to the job that way. A new process, as a user's shell
+    # runs it, with a home of its own (no `raylane up` state) and the caller's token.
+    import os
+    import subprocess
+    import sys
+
+    drain(ctl)
+    wid = ctl.submit(spec("cli-exit", "team-a", "pretrain")).id
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYLANE_CREDENTIALS", "RAY_AUTH_MODE", "RAYLANE_TOKEN")}
+    env.update(HOME=str(tmp_path), RAY_ADDRESS=ray.get_runtime_context().gcs_address,
+               RAYLANE_TOKEN=ctl.credential.token)
+
+    def raylane(*args: str, mark: str) -> subprocess.CompletedProcess:
+        code = ("import atexit, sys\n"
+                f"atexit.register(lambda: open({str(tmp_path / mark)!r}, 'w').write('ran'))\n"
+                f"sys.argv = ['raylane', *{list(args)!r}]\n"
+                "from raylane.cli import main\nmain()\n")
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    try:
+        out = raylane("queue", mark="queue")
+        assert out.returncode == 0, out.stderr
+        row = next(line for line in out.stdout.splitlines() if line.startswith(wid))
+        assert row.split()[3] in ("PENDING", "ADMITTED"), row
+        assert (tmp_path / "queue").read_text() == "ran"
+        refused = raylane("explain", "no-such-workload", mark="explain")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "no workload 'no-such-workload'" in refused.stderr
+        assert (tmp_path / "explain").read_text() == "ran"
+    finally:
+        drain(ctl)

@@ -180,8 +180,15 @@ def policy_reload(path: Path = typer.Argument(..., help="The new policy file."))
     console.print(f"policy reloaded: teams {', '.join(out['teams'])}; classes {', '.join(out['classes'])}")
 
 
-def register(app: typer.Typer, policy_app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
+    """``raylane token ...``, ``whoami``, ``audit``, and the ``raylane policy ...`` group: its ``check`` is
+    ``raylane.cli_config``'s (files alone), its ``reload`` this module's (an operator's call to the running control
+    plane); this module imports that one, not the reverse."""
+    from raylane.cli_config import policy_app
+
     app.add_typer(token_app, name="token")
     app.command("whoami")(whoami)
     app.command("audit")(audit)
-    policy_app.command("reload")(policy_reload)
+    if not any(c.name == "reload" for c in policy_app.registered_commands):
+        policy_app.command("reload")(policy_reload)
+    app.add_typer(policy_app, name="policy")

@@ -193,4 +193,10 @@ def _check_pipeline(path: Path, pol, working_dir: Path, load_code: bool) -> None
                markup=False)
 
 
-__all__ = ["policy_app", "spec_app", "policy_check", "spec_check", "print_error", "NotFoundError"]
+def register(app: typer.Typer) -> None:
+    """``raylane spec ...`` (``raylane policy ...`` is added by ``raylane.cli_auth.register``, with its
+    ``reload``)."""
+    app.add_typer(spec_app, name="spec")
+
+
+__all__ = ["register", "policy_app", "spec_app", "policy_check", "spec_check", "print_error", "NotFoundError"]

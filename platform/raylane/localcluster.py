@@ -37,12 +37,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from raylane.config.cluster import ClusterFile
-from raylane.control.state_nodes import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYPE_LABEL
 from raylane.errors import RetryableError
-from raylane.scheduling.types import SPOT_LABEL
+
+if TYPE_CHECKING:  # the CLI's commands join a cluster through here: the policy's models and the state machine are
+    from raylane.config.cluster import ClusterFile  # imported only by what starts one
 
 STATE_FILE = Path(os.path.expanduser("~")) / ".raylane" / "local.json"
 TOKEN_FILE = STATE_FILE.parent / "ray_auth_token"  # Ray's cluster token of the cluster `up` started
@@ -148,6 +148,9 @@ def _ray_bin() -> str:
 
 
 def node_labels(group) -> Dict[str, str]:
+    from raylane.control.state_nodes import DATASETS_LABEL, FEATURE_LABEL_PREFIX, NODE_TYPE_LABEL
+    from raylane.scheduling.types import SPOT_LABEL
+
     labels = dict(group.labels)
     labels.update({f"{FEATURE_LABEL_PREFIX}{f}": "true" for f in group.features})
     if group.node_type:
@@ -159,7 +162,7 @@ def node_labels(group) -> Dict[str, str]:
     return labels
 
 
-def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT,
+def up(cluster: "ClusterFile", *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT,
        client_port: int = CLIENT_PORT, auth: bool = True) -> Dict[str, str]:
     """Start the head and the worker nodes; returns the state written to ``STATE_FILE``. ``port``, ``dashboard_port``
     and ``client_port`` are the head's GCS, dashboard and Ray client server (``ray://``) ports. With ``auth`` (the

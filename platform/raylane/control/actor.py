@@ -34,12 +34,10 @@ from raylane.control import api
 from raylane.control import effects as fx
 from raylane.control import ends
 from raylane.control.journal import Journal
-from raylane.control.state import ControlState, Host
+from raylane.control.host import Host
 
 log = logging.getLogger("raylane.control")
 
-CONTROL_NAME = "raylane-control"
-NAMESPACE = "raylane"
 # Between full ticks, cycles run on changes no closer together than this (ControlActor._loop).
 CYCLE_SPACING_S = 0.02
 # Threads that make and remove placement groups (PlacementGroups): each call is a synchronous round trip to the GCS.
@@ -182,6 +180,8 @@ class ControlShell:
         self.admit_timeout_s = admit_timeout_s
         self.host = RayHost()
         # Group commit: one commit per turn of the event loop (_durable), and before each effect (_carry_out).
+        from raylane.control.state import ControlState  # here: see raylane.control.host
+
         self.cs = ControlState(policy, Journal(journal_path, batched=True), self.host, time.time, tick_s, auth,
                                cancel_grace_s, cluster)
         self._commit_waiters: Optional[asyncio.Future] = None

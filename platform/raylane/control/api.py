@@ -23,6 +23,10 @@ from raylane.control.journal import Kind
 from raylane.control.records import State
 from raylane.errors import ValidationError
 
+# The detached control actor's name and namespace: what a client looks it up by (``raylane.control.client``).
+CONTROL_NAME = "raylane-control"
+NAMESPACE = "raylane"
+
 WORKLOAD_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$"
 JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,159}$"
 WorkloadId = Annotated[StrictStr, Field(pattern=WORKLOAD_ID)]
@@ -61,7 +65,10 @@ class Request(BaseModel):
     """One call's arguments. ``action`` is what ``raylane.auth.authorize`` checks; ``audited`` calls are written to
     the audit trail when they succeed (every refusal is, whatever the call)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a model's validator is built at its first use, not at import: every client imports this module
+    # (for the enums and the actor's name), and building all the calls' validators took a twentieth of a
+    # `raylane queue`. The actor builds each on the first call of its kind.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     action: ClassVar[Optional[Action]] = None
     audited: ClassVar[bool] = False
 

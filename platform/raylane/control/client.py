@@ -19,9 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import ray
 
 from raylane import auth, credentials
-from raylane.config.loader import default_policy_path, read_yaml
-from raylane.control.actor import CONTROL_NAME, NAMESPACE, ControlActor
-from raylane.control.api import CostGroup, EndState, Outcome, ReportKind
+from raylane.control.api import CONTROL_NAME, NAMESPACE, CostGroup, EndState, Outcome, ReportKind
 from raylane.control.records import State
 from raylane.cost import CostReport
 from raylane.credentials import Credential
@@ -307,6 +305,8 @@ def journal_path(path: Optional[str] = None) -> str:
 
 
 def policy_dict(policy: Union[str, Path, Dict[str, Any], None]) -> Dict[str, Any]:
+    from raylane.config.loader import default_policy_path, read_yaml
+
     if isinstance(policy, dict):
         return policy
     data, _ = read_yaml(Path(policy) if policy else default_policy_path(), "policy file")
@@ -324,6 +324,11 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
     grow for waiting gangs (``raylane.control.state_scale``); None: it asks for no node."""
     # On the head node, beside its journal: an actor that asks for no CPU could otherwise land on any node.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raylane.config.loader import read_yaml
+    # Here, not at the top: every CLI command and driver imports this module, and the state machine is the
+    # actor's (its import is a tenth of a `raylane queue`).
+    from raylane.control.actor import ControlActor
 
     if token is None:
         token, tid, salt, digest = auth.new_token()
