@@ -150,6 +150,33 @@ def test_a_cycle_between_full_ticks_looks_at_the_head_of_the_queue_only(make, mo
         assert h.record(deep).state is State.ADMITTED and h.record(deep).placement == (B,)
 
 
+@pytest.mark.parametrize("users", [None, {"order": "fair"}], ids=["queue order", "users share fairly"])
+def test_a_submission_queued_behind_what_a_change_cycle_looks_at_asks_for_none(make, monkeypatch, users):
+    # A change cycle looks at the first CHANGE_EXAMINED of each queue; one queued behind them would repeat the last
+    # cycle, so it is not asked for. A team whose users share it fairly is read whole by its snapshot: always asked.
+    from raylane.control import state as control_state
+
+    monkeypatch.setattr(control_state, "CHANGE_EXAMINED", 2)
+    policy = local_policy(pretrain={"min_runtime": 0})
+    policy["teams"] = {"team-a": {"quotas": {"gpu": {"nominal": 4}}, **({"users": users} if users else {})}}
+    h = make(policy)
+    for i in range(4):
+        submit(h, f"held{i}", "team-a", "pretrain")
+    h.tick()
+    asked = []
+    for i in range(3):
+        submit(h, f"wait{i}", "team-a", "pretrain")
+        asked.append(h.cs.wants_cycle)
+        h.tick(full=False)
+    assert asked == [True, True, users is not None]
+    # What the cycle would have been: nothing admitted, preempted or told.
+    h.take()
+    assert h.tick(full=False) is None and h.take() == []
+    # A workload that sorts ahead of the ones looked at (a higher priority) is asked for.
+    submit(h, "ahead", "team-a", "finetune")
+    assert h.cs.wants_cycle
+
+
 def test_readiness_reads_rays_table_of_groups_only_for_a_reservation_made_before_a_restart(make):
     # Drivers ask for their admission again and again while it is placed; the table lists every group in Ray.
     h = make(placing="later")

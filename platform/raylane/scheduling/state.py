@@ -145,16 +145,23 @@ class ClusterState:
         self._nodes_cache = None
 
     # -- queue ---------------------------------------------------------------------------------------------
-    def enqueue(self, w: Workload) -> None:
+    def enqueue(self, w: Workload) -> int:
+        """Queue ``w``; returns its index in its team's queue (``in_snapshot`` tells whether a snapshot of a given
+        depth holds it)."""
         if w.id in self._where or w.id in self.leases:
             raise ValueError(f"workload {w.id} is already known")
         q = self._queues.setdefault(w.team, [])
         key = self._order.queue_key(w, self.config)
-        bisect.insort(q, (key, w), key=_KEY)
+        at = bisect.bisect_right(q, key, key=_KEY)
+        q.insert(at, (key, w))
         self._where[w.id] = (w.team, key)
-        self._queue_cache.pop(w.team, None)
+        cached = self._queue_cache.get(w.team)
+        if cached:  # the snapshots' heads it falls behind are unchanged (a burst queues behind them)
+            for limit in [n for n in cached if self.in_snapshot(w.team, at, n)]:
+                del cached[limit]
         c = (w.team, w.cls.name)
         self._counts[c] = self._counts.get(c, 0) + 1
+        return at
 
     def dequeue(self, workload_id: str) -> Workload:
         got = self._where.pop(workload_id, None)
@@ -301,6 +308,11 @@ class ClusterState:
         return lease
 
     # -- fair share ------------------------------------------------------------------------------------------
+    def in_snapshot(self, team: str, index: int, limit: Optional[int]) -> bool:
+        """Whether the workload at ``index`` of ``team``'s queue is among those ``snapshot(limit)`` holds: one of the
+        first ``limit``, or any of a team whose users share it fairly (its snapshot picks among its whole queue)."""
+        return limit is None or index < limit or self._user_fair(team)
+
     def _user_fair(self, team: str) -> bool:
         t = self.teams.get(team)
         return t is not None and t.users is not None and t.users.fair
