@@ -17,6 +17,9 @@ Phases, in order (each client is a thread of this driver with a ``ControlClient`
 0. Ray alone (``ray_alone``): no control plane, a 1-GPU placement group on every GPU, and each one placed is removed
    and made again on its node, for 15 s, from one thread: the placement-group work of the churn's admissions with
    nothing else asking, what Ray's own processes give on this machine (printed beside the admissions/s);
+   0b. Ray alone, calls (``calls_alone``): an actor made as the control actor is, whose ``request`` answers at once,
+   called ``--multi`` times with a submission's arguments from ``--clients`` clients: what Ray gives of phase 2's
+   calls here (printed beside the submissions/s from ``--clients`` clients);
 1. ``--single`` submissions from one client, one after the other (``ControlClient.submit``);
 2. ``--multi`` submissions from ``--clients`` clients at once;
 3. churn: the queue topped up to ``--backlog`` pending workloads, then for ``--churn-s`` seconds ``--clients``
@@ -560,6 +563,7 @@ class Measured:
     stall_s: float
     monitor: Monitor
     ray_alone: float = float("nan")  # placement groups made, placed and removed per second by Ray alone (phase 0)
+    calls_alone: float = float("nan")  # calls answered at once per second by Ray alone, phase 2's clients (phase 0b)
 
 
 def _say(line: str) -> None:
@@ -677,6 +681,46 @@ def ray_alone(args, window_s: float = 15.0) -> float:
     return rate
 
 
+def calls_alone(args) -> float:
+    """0b. What Ray alone sustains of the submissions' calls, without the control plane: an async actor made as the
+    control actor is (no CPU, 1,000 calls at once, on the head, at the default CPU priority) whose ``request``
+    answers at once, called ``--multi`` times with a submission's arguments from ``--clients`` threads of this
+    process, as phase 2 calls the control plane. Every submission costs Ray at least such a call, so its rate is the
+    ceiling of phase 2's on this machine. Returns calls per second."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raylane.control.client import head_node_id
+    from tests.raytest import spec
+
+    @ray.remote
+    class Answer:
+        async def request(self, credential, call, args):
+            return {"id": args["spec"]["name"], "state": "PENDING"}
+
+    actor = Answer.options(num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
+                           scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False)).remote()
+    payload = {"spec": spec("alone", TEAM, CLASS, gpu=1, cpu=0.5), "job_id": None}
+    ray.get(actor.request.remote("token", "submit", payload), timeout=args.phase_timeout)
+
+    def work(k: int) -> None:
+        for _ in range(k, args.multi, args.clients):
+            ray.get(actor.request.remote("token", "submit", payload), timeout=args.phase_timeout)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(args.clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = args.multi / (time.perf_counter() - t0)
+    ray.kill(actor)
+    _say(f"0b. Ray alone, calls: {args.multi:,} calls answering at once, from {args.clients} clients: {rate:,.1f} /s "
+         f"(what Ray gives of phase 2's calls here)")
+    settle("Ray alone, calls")
+    return rate
+
+
 def run_phases(args, ctl, address: str) -> Measured:
     """The phases (0 to 5) against the running control plane ``ctl`` (an operator's client) of the Ray cluster at
     ``address``."""
@@ -685,6 +729,7 @@ def run_phases(args, ctl, address: str) -> Measured:
     clients = [ControlClient(ctl.handle, ctl.credential, timeout=120.0) for _ in range(args.clients)]
     live: Dict[str, float] = {}  # workload id -> its submit time, for every workload not ended
     alone = ray_alone(args)
+    calls = calls_alone(args)
     one = submit_many(clients[:1], args.single, "one-", args.phase_timeout)
     _submitted("1. submissions, 1 client", one, live)
     multi = submit_many(clients, args.multi, "multi-", args.phase_timeout)
@@ -705,7 +750,7 @@ def run_phases(args, ctl, address: str) -> Measured:
     pg_end = placement_groups_vs_leases(ctl)
     _pg_line("at the end", pg_end)
     stall = max([lat for _, lat, _ in mon.samples] or [float("nan")])
-    return Measured(args.clients, one, multi, ch, burst, pg_churn, pg_end, counted, queue, stall, mon, alone)
+    return Measured(args.clients, one, multi, ch, burst, pg_churn, pg_end, counted, queue, stall, mon, alone, calls)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -732,6 +777,8 @@ def print_summary(m: Measured) -> None:
         (f"submissions/s, {m.clients} clients", f"{m.multi.rate:,.1f} /s", f"{len(m.multi.done):,}",
          f">= {GOALS['multi']:.0f} /s", m.multi.rate >= GOALS["multi"], f"{BASELINE['multi']:g} /s",
          _ratio(m.multi.rate, BASELINE["multi"])),
+        ("  Ray alone: calls answered at once", f"{m.calls_alone:,.1f} /s", f"{m.clients} clients", "", None, "",
+         f"submissions {m.multi.rate / m.calls_alone:.0%} of it" if m.calls_alone > 0 else "-"),
         ("burst, submissions/s", f"{m.burst.rate:,.1f} /s",
          f"{len(m.burst.done):,} (first 10% {first:,.0f}/s, last {last:,.0f}/s)", "", None,
          f"{BASELINE['burst']:g} /s (10,000)", _ratio(m.burst.rate, BASELINE["burst"])),
