@@ -203,6 +203,7 @@ def test_the_raylane_command_answers_in_a_new_process_and_runs_the_other_exit_ha
     # `raylane` exits without Ray's driver teardown (raylane.cli.main), but every other exit handler runs: `raylane
     # submit` removes the folder that carried its credential to the job that way. A new process, as a user's shell
     # runs it, with a home of its own (no `raylane up` state) and the caller's token.
+    import json
     import os
     import subprocess
     import sys
@@ -221,10 +222,9 @@ def test_the_raylane_command_answers_in_a_new_process_and_runs_the_other_exit_ha
         return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
     try:
-        out = raylane("queue", mark="queue")
+        out = raylane("queue", "--json", mark="queue")
         assert out.returncode == 0, out.stderr
-        row = next(line for line in out.stdout.splitlines() if line.startswith(wid))
-        assert row.split()[3] in ("PENDING", "ADMITTED"), row
+        assert [r["state"] for r in json.loads(out.stdout) if r["id"] == wid] in (["PENDING"], ["ADMITTED"])
         assert (tmp_path / "queue").read_text() == "ran"
         refused = raylane("explain", "no-such-workload", mark="explain")
         assert refused.returncode == 1, refused.stdout + refused.stderr
