@@ -162,7 +162,7 @@ def node_labels(group) -> Dict[str, str]:
     return labels
 
 
-def up(cluster: "ClusterFile", *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT,
+def up(cluster: ClusterFile, *, port: int = HEAD_PORT, dashboard_port: int = DASHBOARD_PORT,
        client_port: int = CLIENT_PORT, auth: bool = True) -> Dict[str, str]:
     """Start the head and the worker nodes; returns the state written to ``STATE_FILE``. ``port``, ``dashboard_port``
     and ``client_port`` are the head's GCS, dashboard and Ray client server (``ray://``) ports. With ``auth`` (the
