@@ -68,6 +68,7 @@ from raylane.forecast_types import (
     QuotaWait,
     Wait,
     expected_end,
+    knows_runtime,
 )
 from raylane.forecast_types import remaining_runtime as _runtime
 from raylane.forecast_plan import plan
@@ -121,6 +122,7 @@ def forecast(
     max_examined: int = MAX_EXAMINED,
     lookahead: int = 16,
     method: str = "replay",
+    quantile: float = 0.5,
 ) -> Dict[str, Eta]:
     """The ETA of every pending workload of ``state`` (of those in ``only``, when given), seen at ``now``.
 
@@ -134,7 +136,9 @@ def forecast(
     lease is gone (its grace deadline; the control plane's ``Record.stop_deadline``); others are gone a class grace
     period after ``now``. ``max_examined``: the cycle depth of the live plane. ``overrun``, ``min_overrun_s``: how
     long a lease past its expected end is taken to run on. ``horizon_s``, ``resolution``, ``min_step_s`` and
-    ``lookahead`` trade precision for speed (module docstring). ``state`` is not changed.
+    ``lookahead`` trade precision for speed (module docstring). ``quantile``: which quantile of each learned
+    prediction (``Workload.predicted``) work runs for (0.5, the median; ``forecast_interval`` runs 0.1 and 0.9 too);
+    the cycles decide as the live plane does whatever it is. ``state`` is not changed.
     """
     errors = []
     if not math.isfinite(now):
@@ -149,6 +153,8 @@ def forecast(
         errors.append(f"overrun={overrun!r}, min_overrun_s={min_overrun_s!r} (allowed: >= 0)")
     if not (max_examined >= 1 and lookahead >= 0):
         errors.append(f"max_examined={max_examined!r}, lookahead={lookahead!r} (allowed: >= 1 and >= 0)")
+    if not 0 < quantile < 1:
+        errors.append(f"quantile={quantile!r} (allowed: > 0 and < 1)")
     if method not in METHODS:
         errors.append(f"method={method!r} (allowed: {', '.join(repr(m) for m in METHODS)})")
     if errors:
@@ -156,10 +162,10 @@ def forecast(
     if method == "plan":
         return plan(state, now, default_runtime_s=default_runtime_s, class_runtime_s=class_runtime_s,
                     stopping_ends=stopping_ends, only=only, horizon_s=horizon_s, overrun=overrun,
-                    min_overrun_s=min_overrun_s)
+                    min_overrun_s=min_overrun_s, quantile=quantile)
     default = default_runtime_s if default_runtime_s is not None else state.config.default_runtime_s
     run = _Run(state, now, default, class_runtime_s, stopping_ends, only, overrun, min_overrun_s, max_examined,
-               lookahead)
+               lookahead, quantile)
     return run.go(horizon_s, resolution, min_step_s)
 
 
@@ -175,8 +181,9 @@ class _Run:
     """One forecast: the copied state and its clock, the lease ends still to come, and what each target waited for."""
 
     def __init__(self, state: ClusterState, now: float, default_runtime_s: float, class_runtime_s, stopping_ends,
-                 only, overrun: float, min_overrun_s: float, max_examined: int, lookahead: int):
+                 only, overrun: float, min_overrun_s: float, max_examined: int, lookahead: int, q: float = 0.5):
         self.now = now
+        self.q = q
         self.lookahead = lookahead
         self.room: Dict[str, float] = {}
         self.default_runtime_s, self.class_runtime_s = default_runtime_s, class_runtime_s
@@ -206,7 +213,7 @@ class _Run:
             else:
                 self._push(expected_end(lease, now, default_runtime_s=default_runtime_s,
                                         class_runtime_s=class_runtime_s, overrun=overrun,
-                                        min_overrun_s=min_overrun_s), _END, lease.id)
+                                        min_overrun_s=min_overrun_s, q=q), _END, lease.id)
         # What happened, for ``waits_for``: when each shape was blocked or open, each target's own reasons when they
         # change, and which leases ended when on each node and of each team.
         self.shape_log: Dict[Tuple, List[Tuple[float, Tuple, Optional["Wait"]]]] = {}
@@ -321,7 +328,7 @@ class _Run:
             lease = lifecycle.admit(st, a, began)
             w = lease.workload
             self._queued(a.workload, -1)
-            self._push(began + _runtime(w, self.default_runtime_s, self.class_runtime_s), _END, w.id)
+            self._push(began + _runtime(w, self.default_runtime_s, self.class_runtime_s, self.q), _END, w.id)
             if w.id in self.targets and w.id not in self.start:
                 self.start[w.id] = began
                 self.placed[w.id] = lease
@@ -431,7 +438,7 @@ class _Run:
             if start is None:
                 out[wid] = Eta(wid, None, None, waits, note)
             else:
-                finish = start + _runtime(w, 0.0, {}) if w.runtime_estimate_s is not None else None
+                finish = start + _runtime(w, 0.0, {}, self.q) if knows_runtime(w) else None
                 out[wid] = Eta(wid, start, finish, waits)
         return out
 

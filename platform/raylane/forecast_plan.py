@@ -67,6 +67,7 @@ from raylane.forecast_types import (
     QuotaWait,
     Wait,
     expected_end,
+    knows_runtime,
     remaining_runtime,
 )
 from raylane.scheduling import ADMISSIONS, ORDERINGS, ClusterState, LeaseState, QuotaLedger
@@ -105,6 +106,7 @@ def plan(
     horizon_s: float = DEFAULT_HORIZON_S,
     overrun: float = 0.25,
     min_overrun_s: float = 300.0,
+    quantile: float = 0.5,
 ) -> Dict[str, Eta]:
     """The ETA of every pending workload of ``state`` (of those in ``only``, when given), seen at ``now``, by
     reservation plan (module docstring). Arguments as ``raylane.forecast.forecast``'s; ``state`` is not changed."""
@@ -127,7 +129,8 @@ def plan(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _Plan(state, now, default, class_runtime_s, stopping_ends, overrun, min_overrun_s).run(only, horizon_s)
+        return _Plan(state, now, default, class_runtime_s, stopping_ends, overrun, min_overrun_s,
+                     quantile).run(only, horizon_s)
     finally:
         if collecting:
             gc.enable()
@@ -252,8 +255,9 @@ class _Plan:
     """One plan: the profiles of nodes in service and of quotas, the holes per level, and the answer so far."""
 
     def __init__(self, state: ClusterState, now: float, default_runtime_s: float, class_runtime_s,
-                 stopping_ends: Mapping[str, float], overrun: float, min_overrun_s: float):
+                 stopping_ends: Mapping[str, float], overrun: float, min_overrun_s: float, q: float = 0.5):
         self.state, self.now = state, now
+        self.q = q
         self.default_runtime_s, self.class_runtime_s = default_runtime_s, class_runtime_s
         cfg = state.config
         self.admission = ADMISSIONS.get(cfg.admission)
@@ -269,7 +273,7 @@ class _Plan:
                 self.requeued.append((_with_attained(w, attained), at))
             else:
                 at = expected_end(lease, now, default_runtime_s=default_runtime_s, class_runtime_s=class_runtime_s,
-                                  overrun=overrun, min_overrun_s=min_overrun_s)
+                                  overrun=overrun, min_overrun_s=min_overrun_s, q=q)
             gone.append((at, lease))
         # 2. The profiles of the nodes in service (and of their GPU devices, where some work takes a share of one).
         self.nodes: Dict[str, _Profile] = {}
@@ -458,7 +462,7 @@ class _Plan:
                 gang = self._gang(w)
                 got = gangs[key] = (gang, self._never(w.team, gang, empty))
             gang, never = got
-            d = remaining_runtime(w, self.default_runtime_s, self.class_runtime_s)
+            d = remaining_runtime(w, self.default_runtime_s, self.class_runtime_s, self.q)
             if never is not None:
                 start, nodes, waits, why = None, (), (never[1],), never[0]
             else:
@@ -474,7 +478,7 @@ class _Plan:
             elif start > last:
                 out[w.id] = Eta(w.id, None, None, waits, "does not start within the forecast's horizon")
             else:
-                finish = start + d if w.runtime_estimate_s is not None else None
+                finish = start + d if knows_runtime(w) else None
                 out[w.id] = Eta(w.id, start, finish, waits)
         return out
 
@@ -505,7 +509,7 @@ class _Plan:
                 gang = self._gang(w)
                 got = gangs[key] = (gang, self._never(w.team, gang, empty))
             items.append((w, got[0], ready.get(w.id, now),
-                          remaining_runtime(w, self.default_runtime_s, self.class_runtime_s), got[1]))
+                          remaining_runtime(w, self.default_runtime_s, self.class_runtime_s, self.q), got[1]))
         done = [False] * len(items)
         left = len(targets)
 
@@ -526,7 +530,7 @@ class _Plan:
                 elif start > last:
                     out[w.id] = Eta(w.id, None, None, waits, "does not start within the forecast's horizon")
                 else:
-                    out[w.id] = Eta(w.id, start, start + d if w.runtime_estimate_s is not None else None, waits)
+                    out[w.id] = Eta(w.id, start, start + d if knows_runtime(w) else None, waits)
             return _INF if start is None else start
 
         heap = []

@@ -19,7 +19,7 @@ from typing import Mapping, Optional, Tuple, Union
 from raylane.scheduling.types import Lease, Workload
 
 __all__ = ["Eta", "CapacityWait", "QuotaWait", "QueueWait", "PreemptionWait", "Wait", "expected_end",
-           "remaining_runtime", "DEFAULT_HORIZON_S"]
+           "remaining_runtime", "knows_runtime", "DEFAULT_HORIZON_S"]
 
 DEFAULT_HORIZON_S = 7 * 86400.0
 
@@ -85,18 +85,33 @@ class Eta:
 
 
 def expected_end(lease: Lease, now: float, *, default_runtime_s: float, class_runtime_s: Mapping[str, float] = {},
-                 overrun: float = 0.25, min_overrun_s: float = 300.0) -> float:
-    """When a running ``lease`` is expected to end, seen at ``now`` (the module's *expected end*)."""
-    end = lease.start_time + remaining_runtime(lease.workload, default_runtime_s, class_runtime_s)
+                 overrun: float = 0.25, min_overrun_s: float = 300.0, q: float = 0.5) -> float:
+    """When a running ``lease`` is expected to end, seen at ``now`` (the module's *expected end*). With a learned
+    prediction (``Workload.predicted``): ``now`` plus the q-quantile of its remaining time given all the service it
+    has had by ``now`` (``RuntimeDist.remaining``); the overrun rule is then not needed."""
+    w = lease.workload
+    if w.predicted is not None:
+        ran = w.ran_s + max(0.0, now - lease.start_time)
+        return now + w.predicted.remaining(ran, q)
+    end = lease.start_time + remaining_runtime(w, default_runtime_s, class_runtime_s)
     if end > now:
         return end
     return now + max(min_overrun_s, overrun * (now - lease.start_time))
 
 
-def remaining_runtime(w: Workload, default_runtime_s: float, class_runtime_s: Mapping[str, float]) -> float:
-    """Seconds of running ``w`` still needs once started: its estimate less the service it already had."""
+def remaining_runtime(w: Workload, default_runtime_s: float, class_runtime_s: Mapping[str, float],
+                      q: float = 0.5) -> float:
+    """Seconds of running ``w`` still needs once started: the q-quantile of its prediction given the service it had,
+    else its estimate less that service, else its class's runtime or the default."""
+    if w.predicted is not None:
+        return w.predicted.remaining(w.ran_s, q)
     est = w.runtime_estimate_s
     if est is None:
         return class_runtime_s.get(w.cls.name, default_runtime_s)
     gpus = w.gang.total.gpu
     return max(0.0, est - (w.attained_gpu_s / gpus if gpus > 0 else 0.0))
+
+
+def knows_runtime(w: Workload) -> bool:
+    """Whether a forecast can say when ``w`` finishes: it has an estimate or a learned prediction."""
+    return w.runtime_estimate_s is not None or w.predicted is not None

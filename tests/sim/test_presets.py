@@ -53,10 +53,10 @@ def test_strict_fifo_decides_alike_at_any_depth():
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_las_presets_and_only_they_hold_the_hysteresis(name):
+def test_preemptive_presets_that_learn_hold_the_hysteresis(name):
     cfg, _ = apply_preset(get_preset(name), SchedulerConfig(admission="none"), SimOptions())
     held = (cfg.hysteresis_min_run_s, cfg.hysteresis_service_fraction)
-    if cfg.ordering == "las":
+    if cfg.ordering in ("las", "gittins") or name == "srtf-predicted":
         assert held == (HYSTERESIS["hysteresis_min_run_s"], 0.0) and held[0] == 3600.0
     else:  # the SRTF oracle stays the unconstrained reference
         assert held == (0.0, 0.0)

@@ -119,7 +119,7 @@ class Easy:
     def allows(self, w, placement, res, now, devices=()):
         if res is None:
             return True
-        est = w.runtime_estimate_s
+        est = w.planned_s()
         if res.shadow_time is not None and est is not None and now + est <= res.shadow_time:
             return True
         # Otherwise it may only use what the head leaves spare on its planned nodes.

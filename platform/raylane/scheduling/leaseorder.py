@@ -3,7 +3,7 @@
 Per-cycle passes over every running lease used to set the cycle's cost at scale (issue 14: some 4,000 leases
 and 10,000 pending on 1,000 x 8 GPUs): EASY's shadow time sorted all leases by expected end, and the ``ordering``
 preemption policy ranked them all, though its hysteresis let it stop none that had run less than an hour. Both keys
-are fixed for a lease from its start: its *static end* (start + its runtime estimate, or the configured default)
+are fixed for a lease from its start: its *static end* (start + its planned runtime: its prediction or estimate, or the configured default)
 and the instant it *settles* (``preemption.settled_after``). ``ClusterState`` keeps its leases sorted by each as they
 start and finish (``SortedLeases``), and hands the orders to the cycle with each snapshot (``LeaseOrder``); the
 cycle then reads only the leases it needs (those that end before the blocked head fits; those settled by now). It
@@ -30,7 +30,7 @@ Key = Tuple[float, int]  # (the time, the lease's sequence number)
 
 def static_end(lease: Lease, cfg: SchedulerConfig) -> float:
     """When ``lease`` is expected to end, before the clamp to now: start + its estimate (or the default runtime)."""
-    est = lease.workload.runtime_estimate_s
+    est = lease.workload.planned_s()
     return lease.start_time + (est if est is not None else cfg.default_runtime_s)
 
 

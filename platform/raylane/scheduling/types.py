@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Tuple, Union
 
+from raylane.runtimes.dist import RuntimeDist
+
 RESOURCE_NAMES: Tuple[str, ...] = ("gpu", "cpu", "memory")
 
 
@@ -234,10 +236,26 @@ class Workload:
     # Who submitted it (the control plane: the record's owner; the simulator: a trace's user column). None: not
     # known; all such work of a team counts as one anonymous user under its team's user rule (``UserRule``).
     user: Optional[str] = None
+    # Its runtime as learned from similar finished work (``raylane.runtimes``), the user's estimate folded in; the
+    # driver attaches it. When set, duration-aware policies read it instead of ``runtime_estimate_s``.
+    predicted: Optional[RuntimeDist] = None
 
     @property
     def priority(self) -> int:
         return self.cls.priority
+
+    @property
+    def ran_s(self) -> float:
+        """Seconds of service at its size in earlier attempts (``attained_gpu_s`` over its GPUs)."""
+        gpus = self.gang.total.gpu
+        return self.attained_gpu_s / gpus if gpus > 0 else 0.0
+
+    def planned_s(self, q: float = 0.5) -> Optional[float]:
+        """Seconds it is planned to run from its next start: the q-quantile of what its prediction leaves given
+        the service it had (``RuntimeDist.remaining``), else its estimate as given, else None."""
+        if self.predicted is not None:
+            return self.predicted.remaining(self.ran_s, q)
+        return self.runtime_estimate_s
 
 
 class LeaseState(str, enum.Enum):
@@ -271,7 +289,7 @@ class Lease:
         return max(0.0, now - max(ref, self.start_time))
 
     def expected_end(self) -> Optional[float]:
-        est = self.workload.runtime_estimate_s
+        est = self.workload.planned_s()
         return None if est is None else self.start_time + est
 
 

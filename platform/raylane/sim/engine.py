@@ -13,7 +13,11 @@ Words
   it restarts from scratch) and loses the rest.
 - *estimate*: what the policy is told a job's runtime is (``Workload.runtime_estimate_s``): nothing (``none``),
   the true duration (``exact``), the duration times a log-normal factor (``noisy``), or what the trace declared
-  (``declared``, generic format).
+  (``declared``, generic format); or a runtime *predicted* from the jobs that ended before it arrived
+  (``predicted``: ``raylane.runtimes.RuntimeModel`` trained online on each end, as the control plane's is, and
+  nothing else; ``predicted-declared``: the same, with the trace's declared estimates folded in by the model).
+  A prediction is made when a job arrives (``Workload.predicted``) and read conditional on the service it has
+  had; the model is ``Simulator.runtime_model``.
 - *service*: ``Workload.attained_gpu_s`` of a requeued job is the GPU-seconds it ran, lost work included (what
   LAS counts, as in Tiresias). A requeued job's estimate grows by the work it lost, so that estimate minus service
   stays its true remaining time under ``exact`` estimates (SRTF is then an oracle).
@@ -49,6 +53,7 @@ import random
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from raylane.runtimes import RuntimeModel
 from raylane.scheduling import ClusterState, check_feasible, cycle
 from raylane.scheduling.types import (
     Gang, Node, Resources, SchedulerConfig, Team, Workload, WorkloadClass, gpu_request_error,
@@ -125,6 +130,9 @@ class Simulator:
         self.cluster = cluster if cluster is not None and cluster.elastic else None
         self.config = config
         self.options = options
+        # What the replay learns runtimes with under ``predicted`` estimates (a test may put its own here).
+        self.runtime_model: Optional[RuntimeModel] = (
+            RuntimeModel() if options.estimates.startswith("predicted") else None)
         self.cluster_name = cluster_name
         self.classes = dict(classes or {})
         self.default_class = default_class
@@ -182,6 +190,8 @@ class Simulator:
 
     def _estimate(self, job: TraceJob, rng: random.Random) -> Optional[float]:
         mode = self.options.estimates
+        if mode == "predicted-declared":
+            return job.estimate
         if mode == "exact":
             return job.duration
         if mode == "noisy":

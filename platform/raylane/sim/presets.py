@@ -23,6 +23,13 @@ Presets
 - ``las-easy``: the same LAS with EASY backfilling on no estimates: a gang blocked for capacity reserves the nodes it
   will get (running leases are assumed to end ``default_runtime`` after they started), and work behind it starts on
   the other nodes instead of leaving them idle. The same hysteresis. Knows no durations.
+- ``qssf``: Helios' quasi-shortest-service-first: the least predicted GPU-time first (GPUs times the median of the
+  runtime learned from the jobs that ended before it arrived, ``raylane.runtimes``), EASY backfill on those
+  predictions, no preemption. Told no durations: it learns them as the replay goes.
+- ``gittins``: Tiresias' 2D-Gittins index over the learned runtime distributions inside LAS's queues (the same
+  ladder and hysteresis), EASY backfill on predictions. Learns as the replay goes.
+- ``srtf-predicted``: shortest predicted remaining time first (the median of the learned distribution given the
+  service had), EASY on predictions, preemptive with the LAS presets' hysteresis. Learns as the replay goes.
 - ``srtf-oracle``: shortest remaining time first with exact durations, preemptive, EASY backfill on exact
   estimates: the lower-bound reference no policy that does not know durations should beat.
 """
@@ -79,6 +86,13 @@ _P = [
     Preset("las-easy", "Tiresias 2D-LAS with EASY backfill on no estimates, preemptive after 1 h of run",
            dict(ordering="las", backfill="easy", preemption="ordering", las_thresholds=LAS_LADDER,
                 **HYSTERESIS)),
+    Preset("qssf", "Helios' QSSF: least predicted GPU-time first, EASY backfill on predicted runtimes",
+           dict(ordering="qssf", backfill="easy", preemption="none"), dict(estimates="predicted")),
+    Preset("gittins", "Tiresias 2D-Gittins on learned runtimes in LAS's queues, EASY on predicted, preemptive after 1 h",
+           dict(ordering="gittins", backfill="easy", preemption="ordering", las_thresholds=LAS_LADDER,
+                **HYSTERESIS), dict(estimates="predicted")),
+    Preset("srtf-predicted", "SRTF on learned runtimes (median remaining), EASY on predicted, preemptive after 1 h",
+           dict(ordering="srtf", backfill="easy", preemption="ordering", **HYSTERESIS), dict(estimates="predicted")),
     Preset("srtf-oracle", "SRTF on exact durations, preemptive, EASY backfill (lower-bound reference)",
            dict(ordering="srtf", backfill="easy", preemption="ordering"), dict(estimates="exact"),
            knows_durations=True),
@@ -88,7 +102,7 @@ PRESETS: Dict[str, Preset] = {p.name: p for p in _P}
 
 # What ``--preset compare`` runs, in table order.
 COMPARISON: List[str] = ["fifo", "priority", "fair-share", "greedy", "easy", "easy-noisy", "las", "las-easy",
-                         "srtf-oracle"]
+                         "qssf", "gittins", "srtf-predicted", "srtf-oracle"]
 
 
 def get_preset(name: str) -> Preset:

@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
+from raylane.runtimes import RunFeatures
 from raylane.scheduling import lifecycle, runlimit
 from raylane.scheduling.flavors import flavor_rooms
 from raylane.scheduling.gcpace import gc_paused
@@ -99,6 +100,7 @@ class Replay:
     def __init__(self, sim: "Simulator", state: ClusterState, cycle: Callable):
         opts, cfg = sim.options, sim.config
         self.sim, self.state, self.cycle, self.opts = sim, state, cycle, opts
+        self.model = sim.runtime_model
         self.stranded = StrandedShapes(sim.workloads, sim.nodes, cfg.admission)
         self.jobs = Jobs(sim.jobs, sim.workloads, sim.curves, self.stranded.shape_of)
         self.index = {w.id: j for j, w in enumerate(sim.workloads)}
@@ -339,6 +341,9 @@ class Replay:
     # --------------------------------------------------------------------------------------------- job events
     def _arrive(self, j: int) -> None:
         c = self.jobs
+        if self.model is not None:
+            # Predicted from what ended before now, and nothing else (engine's *estimate*).
+            c.w[j] = replace(c.w[j], predicted=self.model.predict(self._features(j), c.w[j].runtime_estimate_s))
         self.state.enqueue(c.w[j])
         self.pending_gpus[c.gpus[j]] = self.pending_gpus.get(c.gpus[j], 0) + 1
         self.stranded.queued(c.shape[j], 1)
@@ -405,9 +410,20 @@ class Replay:
         if self.limits:
             self._push_limit(j)  # the same attempt goes on: its limit falls due as before
 
+    def _features(self, j: int) -> RunFeatures:
+        c = self.jobs
+        job, g = c.job[j], c.gang0[j]
+        return RunFeatures(job.team, c.w[j].cls.name, g.total.gpu, g.workers, user=job.user, name=job.name)
+
     def _finished(self, j: int, now: float) -> None:
         c = self.jobs
-        lifecycle.end(self.state, c.w[j].id, now)
+        lease = lifecycle.end(self.state, c.w[j].id, now)
+        if self.model is not None:
+            # Its runtime: the seconds of service it had at its size, over all attempts (``raylane.runtimes``).
+            gpus = c.gpus[j]
+            ran = lifecycle.attained_gpu_s(lease, now) / gpus if gpus > 0 else now - lease.start_time
+            self.model.observe(self._features(j), ran, c.job[j].estimate
+                               if self.opts.estimates == "predicted-declared" else None)
         self._ended(j, now)
         c.remaining[j] = 0.0
         c.finish[j] = now

@@ -17,7 +17,8 @@ Formats (chosen by ``format=`` or recognised from the header)
   AdaptDL). ``timestamp`` is ``YYYY-MM-DD HH:MM:SS`` (taken as UTC); rows are not in time order.
 - ``tiresias``: ``job_id,num_gpu,submit_time,iterations,model_name,duration,interval`` (Tiresias' simulator).
 - ``generic``: required ``submit_time`` (seconds, or an ISO 8601 date-time), ``duration`` (seconds), ``gpus``
-  (total GPUs of the job; may be fractional); optional ``id``, ``team``, ``user``, ``class``, ``workers`` (gang
+  (total GPUs of the job; may be fractional); optional ``id``, ``team``, ``user``, ``name`` (what the user calls
+  the job; the runtime model learns from each user's runs of a name), ``class``, ``workers`` (gang
   size; each worker gets ``gpus / workers``, which must be a share of one GPU (below 1: ``gpus: 0.5`` alone, or
   ``gpus: 2, workers: 4`` for 0.5 each) or a whole number of GPUs, as Ray requires), ``cpus`` and ``memory`` (GiB; totals, split evenly over the workers), ``features``
   (``;``-separated node tags every worker needs), ``estimate`` (the runtime the user declared, seconds) and
@@ -53,7 +54,8 @@ MAX_REPORTED_ERRORS = 25
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 TIRESIAS_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
 GENERIC_REQUIRED = ("submit_time", "duration", "gpus")
-GENERIC_OPTIONAL = ("id", "team", "user", "class", "workers", "cpus", "memory", "features", "estimate", "placement",
+GENERIC_OPTIONAL = ("id", "team", "user", "name", "class", "workers", "cpus", "memory", "features", "estimate",
+                    "placement",
                     "min_workers", "max_workers", "speedup")
 
 FORMATS = ("philly", "tiresias", "generic")
@@ -87,6 +89,8 @@ class TraceJob:
     speedup: Optional[str] = None
     # Who submitted it, from the user column (None: the trace names no users); a team's user rule reads it.
     user: Optional[str] = None
+    # What the user calls it (generic column ``name``): the runtime model learns per user and name.
+    name: Optional[str] = None
 
 
 SPEEDUP_ALLOWED = "linear, or amdahl:P with a serial fraction P >= 0 and < 1 (like amdahl:0.05)"
@@ -286,6 +290,8 @@ def load_trace(
             continue
         if user_column != "none":
             job = replace(job, user=rec[user_column].strip() or None)
+        if fmt == "generic" and "name" in rec:
+            job = replace(job, name=rec["name"].strip() or None)
         if job.id in seen:
             acc.bad(row, "id" if fmt == "generic" else "job_id", job.id, f"a unique job id (row {seen[job.id]} has it)")
             continue

@@ -21,7 +21,7 @@ __all__ = ["ESTIMATES", "DEFAULT_CLASS", "DEFAULT_RESIZE_OVERHEAD_S", "DEFAULT_T
            "DEFAULT_STARTUP_S", "DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPOT_RECLAIM_PER_HOUR", "ELASTIC_SPEEDUP_ALLOWED",
            "SimOptions", "SimResult", "SimulationError", "speedup_table"]
 
-ESTIMATES = ("none", "exact", "noisy", "declared")
+ESTIMATES = ("none", "exact", "noisy", "declared", "predicted", "predicted-declared")
 
 # The class of trace jobs that name none: preemptible training with a checkpoint every 5 minutes, whose elastic
 # jobs (min_workers < max_workers) may be resized.
