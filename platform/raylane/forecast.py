@@ -90,7 +90,7 @@ from raylane.scheduling.types import (
 )
 
 __all__ = ["Eta", "CapacityWait", "QuotaWait", "QueueWait", "PreemptionWait", "Wait", "forecast", "describe",
-           "expected_end", "DEFAULT_HORIZON_S", "MAX_WAITS", "METHODS"]
+           "expected_end", "forecast_interval", "DEFAULT_HORIZON_S", "MAX_WAITS", "METHODS"]
 
 # How a forecast may be computed (``forecast``'s ``method``): the live cycle replayed step by step, or a reservation
 # plan (``raylane.forecast_plan``).
@@ -167,6 +167,38 @@ def forecast(
     run = _Run(state, now, default, class_runtime_s, stopping_ends, only, overrun, min_overrun_s, max_examined,
                lookahead, quantile)
     return run.go(horizon_s, resolution, min_step_s)
+
+
+def forecast_interval(state: ClusterState, now: float, *, low: float = 0.1, high: float = 0.9,
+                      **kw) -> Dict[str, Eta]:
+    """``forecast``'s ETAs, each with an interval where runtimes are learned (``Workload.predicted``): its start
+    when every workload runs for the ``low`` quantile of its predicted runtime, and when every one runs for the
+    ``high`` one (``Eta.start_low``, ``start_high``), each decided by the same cycle as the median's; and what its
+    own runtime rests on (``Eta.basis``). Moving every runtime to one quantile together is wider than the start's
+    own quantiles would be (sums of independent runtimes spread less): an interval that errs towards covering.
+    Without any learned runtime, ``forecast``'s answer as it is. ``kw``: as ``forecast``'s."""
+    if not 0 < low < 0.5 < high < 1:
+        raise ValueError(f"forecast_interval: low={low!r}, high={high!r} (allowed: 0 < low < 0.5 < high < 1)")
+    mid = forecast(state, now, **kw)
+    pending = {w.id: w for w in state.pending()}
+    if not (any(w.predicted is not None for w in pending.values())
+            or any(l.workload.predicted is not None for l in state.leases.values())):
+        return mid
+    early = forecast(state, now, quantile=low, **kw)
+    late = forecast(state, now, quantile=high, **kw)
+    out: Dict[str, Eta] = {}
+    for wid, e in mid.items():
+        a, b = early.get(wid), late.get(wid)
+        lo = a.start if a is not None else None
+        hi = b.start if b is not None else None
+        if e.start is not None:
+            lo = e.start if lo is None else min(lo, e.start)
+            hi = None if (b is not None and b.start is None) else max(hi if hi is not None else e.start, e.start)
+        w = pending.get(wid)
+        basis = w.predicted.describe(w.ran_s) if w is not None and w.predicted is not None else (
+            "its declared runtime estimate" if w is not None and w.runtime_estimate_s is not None else "")
+        out[wid] = replace(e, start_low=lo, start_high=hi, basis=basis)
+    return out
 
 
 _END, _STOP = 0, 1
@@ -619,6 +651,12 @@ def describe(eta: Eta, now: float, clock: Callable[[float, float], str] = _clock
     if eta.start is None:
         parts.append(eta.note or "no start forecast")
     else:
-        parts.append(f"starts about {clock(eta.start, now)}"
+        span = ""
+        if eta.start_low is not None and (eta.start_high is None or eta.start_high > eta.start_low):
+            span = (f" (between {clock(eta.start_low, now)} and "
+                    f"{clock(eta.start_high, now) if eta.start_high is not None else 'past the horizon'})")
+        parts.append(f"starts about {clock(eta.start, now)}{span}"
                      + (f", ends about {clock(eta.finish, now)}" if eta.finish is not None else ""))
+    if eta.basis:
+        parts.append(f"its runtime: {eta.basis}")
     return "; ".join(parts)

@@ -79,6 +79,11 @@ class Eta:
     finish: Optional[float]
     waits_for: Tuple[Wait, ...] = ()
     note: str = ""
+    # Where learned runtimes are known (``forecast.forecast_interval``): the start if work runs for its runtimes'
+    # 10th and 90th percentiles (None: not known, or not within the horizon), and what its own runtime rests on.
+    start_low: Optional[float] = None
+    start_high: Optional[float] = None
+    basis: str = ""
 
 
 # ----------------------------------------------------------------------------------------------- runtimes

@@ -41,6 +41,7 @@ from raylane.control import ends
 from raylane.control.gate import Gate, target_team
 from raylane.control.host import Host
 from raylane.control.journal import Journal, Kind
+from raylane.control.learned import RuntimeBook
 from raylane.control.state_admin import AdminCalls
 from raylane.control.state_limits import RunLimitCalls
 from raylane.control.state_nodes import GiB, NodeCalls
@@ -173,6 +174,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._started = self.clock()
         self.cycles = 0
         self._init_scale(cluster)  # the growable node groups of ``cluster`` (the cluster file), if any
+        # Runtimes learned from every workload that ended (raylane.control.learned), rebuilt by the replay below.
+        self.runtimes = RuntimeBook()
         self._recover()
         # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
         # since the last export, from this start on.
@@ -221,6 +224,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
             rec = self.records.get(e.workload_id)
             if rec is not None:
                 rec.apply(e)
+                self.runtimes.seen(rec)
         self._ends = {wid for wid, rec in self.records.items() if ends.pending(rec)}
         self._rebuild_state(recovering=True)
 
@@ -292,11 +296,13 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         # Its user (``Workload.user``, which a team's user rule reads) is the spec's ``run.owner``: under the gate the
         # record's owner, whom submit wrote there; without it, who the spec says (every caller is then anonymous).
         w = spec.to_core(rec.id, self.policy, rec.submit_time)
-        return self._stage_prefer(rec, replace(w, attained_gpu_s=rec.attained_gpu_s))
+        w = replace(w, attained_gpu_s=rec.attained_gpu_s, predicted=self.runtimes.predict(rec))
+        return self._stage_prefer(rec, w)
 
     def _append(self, kind: Kind, rec: Record, **data):
         e = self.journal.append(kind, rec.id, **data)
         rec.apply(e)
+        self.runtimes.seen(rec)
         if ends.pending(rec):
             self._ends.add(rec.id)
         else:
@@ -702,7 +708,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
             self._waiting.add(wid)
             self._release_if_ready(rec)
             self._poke()
-        elif self.state.in_snapshot(w.team, self.state.enqueue(w), CHANGE_EXAMINED):
+        elif self.state.in_snapshot(w.team, self.state.enqueue(replace(w, predicted=self.runtimes.predict(rec))),
+                                    CHANGE_EXAMINED):
             # A change cycle looks at the first CHANGE_EXAMINED of each queue: a workload queued behind them changes
             # none of its inputs, and the cycle would only repeat the last one (what time alone changes waits for the
             # full tick, as it does when nothing is submitted). In a burst of 3,000 into a full cluster: 429 change

@@ -118,7 +118,7 @@ class ViewCalls:
         if not 0 < n <= ETA_MAX_PENDING:
             self._etas = {}
             return self._etas
-        from raylane.forecast import forecast
+        from raylane.forecast import forecast_interval
 
         state = self.state.copy()
         method = "replay" if n <= ETA_REPLAY_MAX_PENDING else "plan"
@@ -126,7 +126,7 @@ class ViewCalls:
                     if wid in self.records and self.records[wid].stop_deadline is not None}
         self._eta_running = True
         try:
-            self.host.forecast(lambda: forecast(state, now, method=method, stopping_ends=stopping),
+            self.host.forecast(lambda: forecast_interval(state, now, method=method, stopping_ends=stopping),
                                self._forecast_done)
         except BaseException:
             self._eta_running = False
@@ -174,7 +174,10 @@ class ViewCalls:
     def _eta_fields(eta) -> Dict[str, Any]:
         if eta is None:
             return {}
-        return {"eta_start": eta.start, "eta_finish": eta.finish}
+        out = {"eta_start": eta.start, "eta_finish": eta.finish}
+        if eta.start_low is not None or eta.basis:
+            out.update(eta_start_low=eta.start_low, eta_start_high=eta.start_high, eta_basis=eta.basis)
+        return out
 
     def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
         wid = req.workload_id

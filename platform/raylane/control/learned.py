@@ -1,0 +1,87 @@
+"""The control plane's runtime history: a ``raylane.runtimes.RuntimeModel`` fed from workload records.
+
+This module owns ``RuntimeBook``: the model, and which records it has learned from. The state machine hands it
+every record whose journal entry moved it (``seen``, live and while the journal is replayed at a restart, so a
+restart rebuilds the same model from the same entries) and asks it for a workload's prediction when it builds the
+core's ``Workload`` (``predict``). Only work that ended of itself teaches it (SUCCEEDED or FAILED: a cancel says when
+somebody stopped it, a rejection never ran).
+
+Words
+- *runtime* of a record: the seconds its leases ran over all attempts (``Record.past_run_s`` once it has ended:
+  from each admission to the lease's end), as ``raylane.runtimes`` counts it.
+- *entry*: the digest of a workload's entrypoint (or command) and config: the same code with the same settings.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, Optional
+
+from raylane.config.models import parse_duration
+from raylane.control.records import Record, State
+from raylane.runtimes import RunFeatures, RuntimeDist, RuntimeModel
+
+__all__ = ["RuntimeBook", "features_of", "estimate_of"]
+
+_TAUGHT = (State.SUCCEEDED, State.FAILED)
+
+
+def features_of(rec: Record) -> RunFeatures:
+    """What the model keys ``rec`` on: its owner and name, its code and config, team, class and gang shape."""
+    spec = rec.spec
+    gang = spec.get("gang") or {}
+    workers = gang.get("workers", 1)
+    if isinstance(workers, dict):  # an elastic gang: its shape at the size it is submitted at
+        workers = workers.get("min", 1)
+    per = (gang.get("resources") or {}).get("gpu", 0) or 0
+    code = spec.get("entrypoint") or spec.get("command")
+    entry = None
+    if code:
+        blob = json.dumps([code, spec.get("config") or {}], sort_keys=True, default=str)
+        entry = f"{_short(code)}#{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
+    return RunFeatures(team=rec.team, cls=rec.cls, gpus=float(per) * int(workers), workers=int(workers),
+                       user=rec.owner or None, name=spec.get("name"), entry=entry)
+
+
+def estimate_of(rec: Record) -> Optional[float]:
+    """The runtime its spec declares, in seconds (None: none, or none that reads as a duration)."""
+    value = rec.spec.get("runtime_estimate")
+    if value is None:
+        return None
+    try:
+        return float(parse_duration(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _short(code: Any) -> str:
+    text = code if isinstance(code, str) else " ".join(str(c) for c in code)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class RuntimeBook:
+    """The model and the records it learned from (module docstring)."""
+
+    def __init__(self, model: Optional[RuntimeModel] = None):
+        self.model = model or RuntimeModel()
+        self._taught: set = set()
+
+    def seen(self, rec: Record) -> None:
+        """``rec`` was just changed by an entry: learn from it once it has ended of itself."""
+        if rec.state not in _TAUGHT or rec.id in self._taught:
+            return
+        self._taught.add(rec.id)
+        if rec.attempts == 0:
+            return  # it never ran (a failure before any admission)
+        self.model.observe(features_of(rec), rec.past_run_s, estimate_of(rec))
+
+    def predict(self, rec: Record) -> Optional[RuntimeDist]:
+        """``rec``'s runtime as learned so far, its declared estimate folded in (None: nothing to go by)."""
+        return self.model.predict(features_of(rec), estimate_of(rec))
+
+    def forget(self, ids) -> None:
+        """Records dropped from memory (archived): their runs stay learned; only the bookkeeping goes."""
+        self._taught.difference_update(ids)
+
+    def stats(self) -> Dict[str, int]:
+        return {"runs_learned": self.model.observed, "values_held": self.model.size()}
