@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 
 from raylane.cli_cluster import _errors, connect, console, err
+from raylane.render import cell, markup_safe
 
 token_app = typer.Typer(help="API tokens: create, list, rotate, revoke (operators); use one (anyone).",
                         no_args_is_help=True)
@@ -30,7 +31,8 @@ def parse_duration(text: Optional[str], field: str) -> Optional[float]:
         return None
     m = _DURATION.match(text)
     if m is None or float(m.group(1)) <= 0:
-        err.print(f"[red]error:[/red] {field}: got {text!r}; a positive duration such as 90s, 30m, 12h, 30d or 2w")
+        err.print(f"[red]error:[/red] {field}: got {markup_safe(repr(text))}; a positive duration such as 90s, 30m, "
+                  f"12h, 30d or 2w", highlight=False)
         raise typer.Exit(1)
     return float(m.group(1)) * _UNIT[m.group(2)]
 
@@ -50,8 +52,8 @@ def token_create(
     """Create a token (operators). It is printed once: hand it to its user, who runs `raylane token use`."""
     with _errors():
         out = connect().token_create(user, team, role, ttl_s=parse_duration(ttl, "--ttl"), note=note)
-    console.print(f"token {out['id']} for {out['user']} ({out['role']}; teams {', '.join(out['teams']) or '-'}; "
-                  f"expires {_when(out['expires'])}). It is shown once:", highlight=False)
+    console.print(cell(f"token {out['id']} for {out['user']} ({out['role']}; teams {', '.join(out['teams']) or '-'}; "
+                       f"expires {_when(out['expires'])}). It is shown once:"), highlight=False)
     print(out["token"])
 
 
@@ -62,16 +64,22 @@ def token_list(all_: bool = typer.Option(False, "--all", "-a", help="Include rev
     with _errors():
         rows = connect().token_list(all_)
     if as_json:
-        console.print_json(json.dumps(rows))
+        console.print_json(json.dumps(rows), ensure_ascii=True)
         return
+    console.print(token_table(rows))
+
+
+def token_table(rows) -> Table:
+    """``raylane token list``'s table; every cell a ``cell`` (a note is whatever its creator typed)."""
     t = Table(title="raylane tokens")
     for col in ("ID", "USER", "TEAMS", "ROLE", "STATUS", "CREATED", "EXPIRES", "BY", "NOTE"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["id"], r["user"], ", ".join(r["teams"]) or "-", r["role"], r["status"], _when(r["created"]),
-                  _when(r["expires"]), r["created_by"], r["note"] or ("job token of " + r["parent"]
-                                                                      if r.get("parent") else ""))
-    console.print(t)
+        t.add_row(*(cell(c) for c in (
+            r["id"], r["user"], ", ".join(r["teams"]) or "-", r["role"], r["status"], _when(r["created"]),
+            _when(r["expires"]), r["created_by"], r["note"] or ("job token of " + r["parent"]
+                                                                if r.get("parent") else ""))))
+    return t
 
 
 @token_app.command("rotate")
@@ -79,7 +87,7 @@ def token_rotate(token_id: str = typer.Argument(..., help="The token's id (from 
     """Replace a token with a new one of the same user, teams and role; the old one stops working (operators)."""
     with _errors():
         out = connect().token_rotate(token_id)
-    console.print(f"token {token_id} revoked; its replacement {out['id']} for {out['user']} is shown once:",
+    console.print(cell(f"token {token_id} revoked; its replacement {out['id']} for {out['user']} is shown once:"),
                   highlight=False)
     print(out["token"])
 
@@ -89,7 +97,7 @@ def token_revoke(token_id: str = typer.Argument(..., help="The token's id (from 
     """Revoke a token at once, and every job token made from it (operators)."""
     with _errors():
         out = connect().token_revoke(token_id)
-    console.print(f"token {out['id']} of {out['user']}: {out['status']}")
+    console.print(cell(f"token {out['id']} of {out['user']}: {out['status']}"), highlight=False)
 
 
 @token_app.command("use")
@@ -103,7 +111,7 @@ def token_use(token: Optional[str] = typer.Argument(None, help="The token (read 
     try:
         auth.parse_token(token)
     except AuthenticationError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {markup_safe(exc, newlines=True)}", highlight=False)
         raise typer.Exit(1)
     path = credentials.save(token)
     console.print(f"token {credentials.Credential(token).token_id} saved to {path} (mode 0600)", highlight=False)
@@ -134,8 +142,8 @@ def whoami():
     if not out.get("auth"):
         console.print("authentication is off on this control plane: every caller acts as an operator")
         return
-    console.print(f"{out['user']} ({out['role']}; teams {', '.join(out['teams']) or '-'}; token {out['token_id']}"
-                  f"{', a job token' if out.get('job') else ''})", highlight=False)
+    console.print(cell(f"{out['user']} ({out['role']}; teams {', '.join(out['teams']) or '-'}; token "
+                       f"{out['token_id']}{', a job token' if out.get('job') else ''})"), highlight=False)
 
 
 def audit(
@@ -150,16 +158,23 @@ def audit(
     with _errors():
         rows = connect().audit(since=time.time() - age if age else None, user=user, team=team, limit=limit)
     if as_json:
-        console.print_json(json.dumps(rows))
+        console.print_json(json.dumps(rows), ensure_ascii=True)
         return
+    console.print(audit_table(rows))
+
+
+def audit_table(rows) -> Table:
+    """``raylane audit``'s table. Every cell is a ``cell``: a refused call's target and reason hold what its
+    caller sent, authenticated or not (an ``explain`` of a made-up id)."""
     t = Table(title="raylane audit")
     for col in ("TIME", "USER", "ROLE", "TOKEN", "ACTION", "TARGET", "OUTCOME", "REASON"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["ts"])), r.get("user") or "-",
-                  r.get("role") or "-", r.get("token_id") or "-", r["action"], r.get("target") or "-",
-                  r["outcome"], r.get("reason") or "")
-    console.print(t)
+        t.add_row(*(cell(c) for c in (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["ts"])), r.get("user") or "-",
+            r.get("role") or "-", r.get("token_id") or "-", r["action"], r.get("target") or "-",
+            r["outcome"], r.get("reason") or "")))
+    return t
 
 
 def policy_reload(path: Path = typer.Argument(..., help="The new policy file.")):
@@ -177,7 +192,8 @@ def policy_reload(path: Path = typer.Argument(..., help="The new policy file."))
         raise typer.Exit(1)
     with _errors():
         out = connect().reload_policy(data)
-    console.print(f"policy reloaded: teams {', '.join(out['teams'])}; classes {', '.join(out['classes'])}")
+    console.print(cell(f"policy reloaded: teams {', '.join(out['teams'])}; classes {', '.join(out['classes'])}"),
+                  highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,9 @@
 
 They connect to Ray (the local cluster from ``raylane up``, or ``RAY_ADDRESS``) and call the control actor through
 ``raylane.control.client``. Errors for users are printed without tracebacks; exit status 1 means the input was
-wrong or refused, 2 that the control plane could not be reached.
+wrong or refused, 2 that the control plane could not be reached. Every value a reply carries (ids, reasons, details,
+journal notes: other users' input among them) is printed through ``raylane.render``'s ``cell``, ``visible`` or
+``markup_safe``; JSON output is the data as it is, with every non-ASCII character escaped.
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ from rich.table import Table
 
 from raylane.errors import FatalError, RetryableError, ValidationError
 from raylane.ids import new_id
-from raylane.render import journal_lines
+from raylane.render import cell, journal_lines, markup_safe, visible
 
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+# emoji=False: a value's ``:name:`` stays text (markup in values is escaped; these consoles' own lines use none).
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+err = Console(stderr=True, emoji=False)
 # Kinds whose driver drives one workload that `submit` can queue before the job starts (``raylane.run
 # --workload-id``); a sweep's or a service's driver registers what it runs itself, once started.
 QUEUED_BY_SUBMIT = ("train", "eval", "batch")
@@ -35,10 +38,10 @@ def _errors():
     try:
         yield
     except FatalError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {markup_safe(exc, newlines=True)}", highlight=False)
         raise typer.Exit(1)
     except (RetryableError, ConnectionError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {markup_safe(exc, newlines=True)}", highlight=False)
         raise typer.Exit(2)
 
 
@@ -102,7 +105,7 @@ def up(
         from raylane.jobs import wait_ready
 
         wait_ready(JobSubmissionClient(st["dashboard"], headers=localcluster.auth_headers()))  # `ray job submit` works from here on
-        console.print(f"Ray cluster [bold]{spec.name}[/bold] up in {time.time() - t0:.1f}s: "
+        console.print(f"Ray cluster [bold]{markup_safe(spec.name)}[/bold] up in {time.time() - t0:.1f}s: "
                       f"{1 + sum(g.count for g in spec.nodes)} nodes, {spec.total_gpus} GPUs; "
                       f"dashboard {st['dashboard']}; control actor ready (journal {jpath})")
         if no_auth:
@@ -126,7 +129,8 @@ def _start_console(st, port: int, mlflow_url: Optional[str]) -> None:
     try:
         url = start_background(st, port, mlflow_url or default_mlflow_url())
     except RetryableError as exc:
-        err.print(f"[yellow]web console not started[/yellow] (start it with `raylane console --port PORT`): {exc}",
+        err.print(f"[yellow]web console not started[/yellow] (start it with `raylane console --port PORT`): "
+                  f"{markup_safe(exc, newlines=True)}",
                   highlight=False)
         return
     console.print(f"web console {url} (log in with a Raylane token; log {LOG_FILE})")
@@ -247,11 +251,11 @@ def submit(
                 if queued is not None:  # no driver will ever run it
                     h.cancel(queued.id)
                 raise
-            console.print(f"ray job {job_id} submitted")
+            console.print(cell(f"ray job {job_id} submitted"))
             rec = queued if queued is not None else _workload_of_job(h, client, job_id)
             if rec.get("kind") == "pipeline":
-                console.print(f"pipeline {rec['id']}: {rec['state']}, {len(rec.get('stages') or [])} stages; "
-                              f"`raylane queue` lists them", highlight=False)
+                console.print(cell(f"pipeline {rec['id']}: {rec['state']}, {len(rec.get('stages') or [])} stages; "
+                                   f"`raylane queue` lists them"), highlight=False)
                 return
         if wait:
             from raylane.control.client import State
@@ -260,7 +264,7 @@ def submit(
                 rec = h.wait_admission(rec.id, 5.0)
         pos = f" at position {rec['position']}" if rec.get("position") else ""
         reason = f": {rec['reason']}" if rec.get("reason") else ""
-        console.print(f"{rec['id']}: {rec['state']}{pos}{reason}")
+        console.print(cell(f"{rec['id']}: {rec['state']}{pos}{reason}"), highlight=False)
 
 
 def _workload_of_job(h, client, job_id, timeout: float = 120.0):
@@ -294,7 +298,7 @@ def queue(
         if len(rows) > QUEUE_TABLE_ROWS:
             sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         else:
-            console.print_json(json.dumps(rows))
+            console.print_json(json.dumps(rows), ensure_ascii=True)
         return
     if len(rows) > QUEUE_TABLE_ROWS:
         sys.stdout.write(queue_text(rows) + "\n")
@@ -303,9 +307,9 @@ def queue(
         console.print(queue_table(rows))
     footer = stranded_footer(info)
     if footer:
-        console.print(footer, highlight=False)
+        console.print(cell(footer), highlight=False)
     if cohorts:
-        console.print(cohorts_footer(cohorts), highlight=False)
+        console.print(cell(cohorts_footer(cohorts)), highlight=False)
 
 
 def _cohorts_or_none(h) -> list:
@@ -344,7 +348,8 @@ QUEUE_TABLE_ROWS = 500
 
 def queue_cells(rows) -> List[Tuple[str, ...]]:
     """One tuple of ``QUEUE_COLUMNS`` cells per row; a pipeline's stages under it, each marked with its stage name
-    (raylane.pipelines)."""
+    (raylane.pipelines). Each cell is ``visible``: no control character of a member's detail or note reaches the
+    terminal of whoever lists the queue."""
     stages: Dict[str, list] = {}
     for r in rows:
         if r.get("pipeline"):
@@ -354,9 +359,11 @@ def queue_cells(rows) -> List[Tuple[str, ...]]:
     now = time.time()
 
     def cells(r, name: str) -> Tuple[str, ...]:
-        return (name, r["team"], r["class"], r["state"], r["resources"], f"{r['waited_s']:.0f}s",
-                str(r["position"] or "-"), eta_cell(r.get("eta_start"), now),
-                "; ".join(x for x in (r["reason"], r.get("detail")) if x))
+        return tuple(visible(c) for c in (
+            name, r["team"], r["class"], r["state"], r["resources"], f"{r['waited_s']:.0f}s",
+            str(r["position"] or "-"), eta_cell(r.get("eta_start"), now, r.get("eta_start_low"),
+                                                r.get("eta_start_high", r.get("eta_start"))),
+            "; ".join(str(x) for x in (r["reason"], r.get("detail")) if x)))
 
     out = []
     for r in rows:
@@ -368,19 +375,29 @@ def queue_cells(rows) -> List[Tuple[str, ...]]:
     return out
 
 
-def eta_cell(start: Optional[float], now: float) -> str:
+def eta_cell(start: Optional[float], now: float, low: Optional[float] = None,
+             high: Optional[float] = None) -> str:
     """A pending workload's estimated start (raylane.forecast) as the queue shows it: ``-`` when none was
-    forecast, ``now``, else in how long (``~12m``, ``~1.5h``, ``~2.0d``)."""
+    forecast, ``now``, else in how long (``~12m``, ``~1.5h``, ``~2.0d``), with the interval where runtimes are
+    learned (``~40m (20m-1.5h)``; ``?`` for a high end past the forecast's horizon)."""
     if start is None:
         return "-"
-    s = start - now
+    text = "now" if start - now < 60 else "~" + _span(start - now)
+    if low is not None:
+        lo, hi = _span(low - now), "?" if high is None else _span(high - now)
+        if lo != hi:
+            text += f" ({lo}-{hi})"
+    return text
+
+
+def _span(s: float) -> str:
     if s < 60:
         return "now"
     if s < 3600:
-        return f"~{s / 60:.0f}m"
+        return f"{s / 60:.0f}m"
     if s < 86400:
-        return f"~{s / 3600:.1f}h"
-    return f"~{s / 86400:.1f}d"
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
 
 
 def queue_table(rows) -> Table:
@@ -388,7 +405,7 @@ def queue_table(rows) -> Table:
     for col in QUEUE_COLUMNS:
         t.add_column(col, overflow="fold")
     for c in queue_cells(rows):
-        t.add_row(*c)
+        t.add_row(*(cell(x) for x in c))  # Text: a cell's "[/x]" is shown, not parsed as markup
     return t
 
 
@@ -406,39 +423,51 @@ def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option
     with _errors():
         out = connect().explain(workload_id)
     if as_json:
-        console.print_json(json.dumps(out, default=str))
+        console.print_json(json.dumps(out, default=str), ensure_ascii=True)
         return
+    for line in explain_lines(out):
+        console.print(line, highlight=False)
+
+
+def explain_lines(out) -> list:
+    """``raylane explain``'s lines (rich ``Text``, from ``cell``) for an ``explain`` reply."""
+    lines = []
+
+    def say(text: str) -> None:
+        lines.append(cell(text))
+
     owner = f" owner={out['owner']}" if out.get("owner") else ""
-    console.print(f"[bold]{out['id']}[/bold] team={out['team']} class={out['class']} state={out['state']}{owner}")
+    head = cell(out["id"])
+    head.stylize("bold")
+    lines.append(head.append_text(cell(f" team={out['team']} class={out['class']} state={out['state']}{owner}")))
     if out.get("redacted"):
-        console.print("  (another team's workload: its spec, config, owner and journal are shown to its team only)")
+        say("  (another team's workload: its spec, config, owner and journal are shown to its team only)")
     if out.get("reason"):
-        console.print(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
+        say(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
     if out.get("eta_text"):
-        console.print(f"  forecast: {out['eta_text']}", highlight=False)
+        say(f"  forecast: {out['eta_text']}")
     quotas = list((out.get("team_quota") or {}).items())
     quotas += [(f"gpu on {t}", q) for t, q in (out.get("team_flavors") or {}).items()]  # per-flavor GPU quotas
     for what, q in quotas:
-        console.print(f"  quota {what}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
-                      f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}", highlight=False)
+        say(f"  quota {what}: used {q['used']:g} of nominal {q['nominal']:g}, borrowing limit "
+            f"{q['borrowing_limit'] if q['borrowing_limit'] is not None else 'none'}")
     for c in out.get("team_cohorts") or []:  # the quota tree above its team, top-down
-        console.print(f"  cohort {c['cohort']}: GPUs used {c['used']['gpu']:g} of nominal {c['nominal']['gpu']:g}, "
-                      f"borrowed {c['borrowed']['gpu']:g}, idle {c['idle']['gpu']:g} (lendable "
-                      f"{c['lendable']['gpu']:g})", highlight=False)
+        say(f"  cohort {c['cohort']}: GPUs used {c['used']['gpu']:g} of nominal {c['nominal']['gpu']:g}, "
+            f"borrowed {c['borrowed']['gpu']:g}, idle {c['idle']['gpu']:g} (lendable {c['lendable']['gpu']:g})")
     workers = f" workers={out['workers']}" if out.get("workers") else ""
     resizes = f" resizes={out['resizes']}" if out.get("resizes") else ""
     limits = f" run_limits={out['run_limits']}" if out.get("run_limits") else ""  # its class's max_runtime reached
-    console.print(f"  preemptions={out['preemptions']}{resizes}{limits} restarts={out['restarts']} "
-                  f"step={out.get('step')}{workers}")
+    say(f"  preemptions={out['preemptions']}{resizes}{limits} restarts={out['restarts']} "
+        f"step={out.get('step')}{workers}")
     rz = out.get("resize")
     if rz:
-        console.print(f"  resizing from {rz['from_workers']} to {rz['to_workers']} workers: {rz['reason']}",
-                      highlight=False)
+        say(f"  resizing from {rz['from_workers']} to {rz['to_workers']} workers: {rz['reason']}")
     if out.get("detail"):
-        console.print(f"  now: {out['detail']}", highlight=False)
+        say(f"  now: {out['detail']}")
     for e in journal_lines(out.get("journal") or []):
         ts = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
-        console.print(f"  {ts} {e['kind']:<13} {e.get('note', '')}", highlight=False)
+        say(f"  {ts} {e['kind']:<13} {e.get('note', '')}")
+    return lines
 
 
 def cancel(workload_id: str = typer.Argument(...)):
@@ -446,7 +475,7 @@ def cancel(workload_id: str = typer.Argument(...)):
 
     with _errors():
         rec = connect().cancel(workload_id)
-    console.print(f"{rec['id']}: {rec['state']}")
+    console.print(cell(f"{rec['id']}: {rec['state']}"))
 
 
 def _os_user() -> str:

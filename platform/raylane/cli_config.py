@@ -14,6 +14,7 @@ from rich.console import Console
 from raylane.config.loader import load_policy
 from raylane.config.models import ClusterPolicy, WorkloadSpec
 from raylane.errors import FatalError, NotFoundError, ValidationError
+from raylane.render import visible
 
 policy_app = typer.Typer(help="Check cluster policy files (policies/*.yaml).", no_args_is_help=True)
 spec_app = typer.Typer(help="Check workload spec files.", no_args_is_help=True)
@@ -29,15 +30,14 @@ def print_error(exc: FatalError) -> None:
     if isinstance(exc, ValidationError):
         _err.print(f"{_plain(exc.source)}: {len(exc.errors)} error(s)", style="bold red", markup=False)
         for path, value, allowed in exc.errors:
-            _err.print(f"  {_plain(path)}: got {_short(repr(value))}; {_plain(allowed)}", markup=False)
+            _err.print(f"  {_plain(path)}: got {_short(visible(repr(value)))}; {_plain(allowed)}", markup=False)
     else:
         _err.print(_plain(str(exc), limit=4000), style="bold red", markup=False)
 
 
 def _plain(text: object, limit: int = 300) -> str:
-    """``text`` on one line of printable characters, at most ``limit`` of them."""
-    s = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text)[:limit + 1])
-    return _short(s, limit)
+    """``text`` on one line of printable characters (``raylane.render.visible``), at most ``limit`` of them."""
+    return _short(visible(str(text)[:limit + 1]), limit)
 
 
 def _short(text: str, limit: int = 300) -> str:

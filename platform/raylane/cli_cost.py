@@ -16,6 +16,7 @@ from rich.table import Table
 from raylane.cli_auth import parse_duration
 from raylane.cli_cluster import _errors, connect, console
 from raylane.cost import GROUPS, CostReport
+from raylane.render import cell, markup_safe
 
 BY_HELP = "Sum by one of: " + ", ".join(GROUPS) + "."
 
@@ -29,12 +30,13 @@ def _hours(x: float) -> str:
 
 
 def cost_tables(rep: CostReport, by: str) -> List:
-    """The report as rich renderables: the group's rows, node types, totals, budgets."""
+    """The report as rich renderables: the group's rows, node types, totals, budgets. Names (workloads, sweeps,
+    pipelines, node types, teams) are ``cell``s: a workload's name is whatever its submitter chose."""
     window = ("all of the journal" if rep.since is None else
               f"since {time.strftime('%Y-%m-%d %H:%M', time.localtime(rep.since))}")
     scope = "all teams" if rep.teams is None else "teams " + (", ".join(rep.teams) or "-")
     out = []
-    t = Table(title=f"raylane cost by {by} ({window}; {scope})")
+    t = Table(title=cell(f"raylane cost by {by} ({window}; {scope})"))
     cols = [by.upper()] + (["TEAM", "CLASS", "KIND"] if by == "workload" else []) + ["GPU-HOURS", "COST"]
     unpriced_rows = any(r.unpriced_gpu_hours for r in rep.groups.get(by, []))
     if unpriced_rows:
@@ -46,28 +48,28 @@ def cost_tables(rep: CostReport, by: str) -> List:
         row += [_hours(r.gpu_hours), _money(r.cost)]
         if unpriced_rows:
             row.append(_hours(r.unpriced_gpu_hours) if r.unpriced_gpu_hours else "")
-        t.add_row(*row)
+        t.add_row(*(cell(c) for c in row))
     out.append(t)
     n = Table(title="node types (idle: GPUs no lease held, on every node present, in service or not)")
     for c in ("NODE TYPE", "PRICE", "NODES", "GPU-H", "LEASED GPU-H", "IDLE GPU-H", "LEASED COST", "IDLE COST"):
         n.add_column(c, justify="left" if c == "NODE TYPE" else "right")
     for nt in rep.node_types:
         if nt.capacity_gpu_hours or nt.leased_gpu_hours:
-            n.add_row(nt.node_type, _money(nt.price) if nt.price is not None else "[yellow]unpriced[/yellow]",
+            n.add_row(cell(nt.node_type), _money(nt.price) if nt.price is not None else "[yellow]unpriced[/yellow]",
                       str(nt.nodes), _hours(nt.capacity_gpu_hours), _hours(nt.leased_gpu_hours),
                       _hours(nt.idle_gpu_hours), _money(nt.leased_cost), _money(nt.idle_cost))
     out.append(n)
     total = f"total: leased {_money(rep.leased_cost)} + idle {_money(rep.idle_cost)}"
     if rep.cpu_node_cost:
         total += f" + CPU nodes {_money(rep.cpu_node_cost)}"
-    out.append(total + f" = {_money(rep.total_cost)}")
+    out.append(markup_safe(total + f" = {_money(rep.total_cost)}"))
     markets = rep.by_market()
     if "spot" in markets:  # a cluster with spot nodes: what each market cost
-        out.append("by market: " + "; ".join(
-            f"{m} {_money(v['cost'])} ({_hours(v['gpu_hours'])} GPU-h)" for m, v in sorted(markets.items())))
+        out.append(markup_safe("by market: " + "; ".join(
+            f"{m} {_money(v['cost'])} ({_hours(v['gpu_hours'])} GPU-h)" for m, v in sorted(markets.items()))))
     if rep.unpriced:
-        out.append(f"[yellow]unpriced node types: {', '.join(rep.unpriced)}[/yellow] (their GPU-hours are counted at "
-                   f"no cost; give them a price in the policy's prices)")
+        out.append(f"[yellow]unpriced node types: {markup_safe(', '.join(rep.unpriced))}[/yellow] (their GPU-hours are "
+                   f"counted at no cost; give them a price in the policy's prices)")
     if rep.budgets:
         b = Table(title="this month (UTC) against the monthly budget")
         for c in ("TEAM", "SPENT", "BUDGET", "SHARE"):
@@ -76,7 +78,7 @@ def cost_tables(rep: CostReport, by: str) -> List:
             share = "-" if tb.share is None else f"{tb.share:.0%}"
             if tb.alerting:
                 share = f"[red]{share}[/red]"
-            b.add_row(tb.team, _money(tb.spent), _money(tb.budget), share)
+            b.add_row(cell(tb.team), _money(tb.spent), _money(tb.budget), share)
         out.append(b)
     return out
 
@@ -93,7 +95,7 @@ def cost(
     from raylane.cli_cluster import err
 
     if by not in GROUPS:
-        err.print(f"[red]error:[/red] --by: got {by!r}; one of {', '.join(GROUPS)}", highlight=False)
+        err.print(f"[red]error:[/red] --by: got {markup_safe(repr(by))}; one of {', '.join(GROUPS)}", highlight=False)
         raise typer.Exit(1)
     age = parse_duration(since, "--since")
     with _errors():

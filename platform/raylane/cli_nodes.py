@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from raylane.cli_cluster import _errors, connect, console, err
+from raylane.render import cell, markup_safe
 
 node_app = typer.Typer(help="Nodes: list them; cordon, uncordon and drain them (operators).", no_args_is_help=True)
 
@@ -36,10 +37,12 @@ def node_table(rows: List[Dict[str, Any]]) -> Table:
         probe = r["probe"]
         ptxt = "-" if probe["ok"] is None else ("ok" if probe["ok"] else f"failed x{probe['consecutive_failures']}")
         leases = ", ".join(f"{l['workload']} ({l['team']}, {l['gpus']:g} GPU)" for l in r["leases"]) or "-"
-        style = _STYLE.get(r["state"], "")
-        t.add_row(r["id"][:12], r["node_type"] or "-", r["address"] or "-",
-                  f"[{style}]{r['state']}[/{style}]" if style else r["state"], _ago(r["since"]),
-                  f"{r['gpus_free']:g}/{r['gpus_total']:g}", leases, ptxt, r["reason"] or "-")
+        state = cell(r["state"])
+        if r["state"] in _STYLE:
+            state.stylize(_STYLE[r["state"]])
+        t.add_row(*(cell(c) for c in (r["id"][:12], r["node_type"] or "-", r["address"] or "-")), state,
+                  *(cell(c) for c in (_ago(r["since"]), f"{r['gpus_free']:g}/{r['gpus_total']:g}", leases, ptxt,
+                                      r["reason"] or "-")))
     return t
 
 
@@ -56,7 +59,7 @@ def node_list(all_: bool = typer.Option(False, "--all", "-a", help="Include lost
 
 
 def _show(out: Dict[str, Any]) -> None:
-    console.print(f"node {out['id'][:12]}: {out['state']}" + (f" ({out['reason']})" if out["reason"] else ""),
+    console.print(cell(f"node {out['id'][:12]}: {out['state']}" + (f" ({out['reason']})" if out["reason"] else "")),
                   highlight=False)
 
 
@@ -93,16 +96,16 @@ def node_drain(node: str = typer.Argument(..., help="Node id or a unique prefix.
         while True:
             row = next((r for r in ctl.nodes(include_lost=True) if r["id"] == out["id"]), None)
             if row is None or row["state"] in ("drained", "lost"):
-                console.print(f"node {out['id'][:12]}: {row['state'] if row else 'gone'}; it holds no lease",
+                console.print(cell(f"node {out['id'][:12]}: {row['state'] if row else 'gone'}; it holds no lease"),
                               highlight=False)
                 return
             if row["state"] in ("ready", "cordoned"):
-                err.print(f"node {out['id'][:12]} is {row['state']} again: the drain was cancelled")
+                err.print(cell(f"node {out['id'][:12]} is {row['state']} again: the drain was cancelled"))
                 raise typer.Exit(1)
             if time.time() > deadline:
                 left = ", ".join(l["workload"] for l in row["leases"])
-                err.print(f"[red]error:[/red] node {out['id'][:12]} still holds {left} after {timeout:g}s "
-                          f"(state {row['state']})")
+                why = f"node {out['id'][:12]} still holds {left} after {timeout:g}s (state {row['state']})"
+                err.print(f"[red]error:[/red] {markup_safe(why)}")
                 raise typer.Exit(2)
             time.sleep(1.0)
 

@@ -18,6 +18,7 @@ from raylane.errors import ValidationError
 from raylane.planning import PLANNERS, CpSatPlanner, PlanStatus, verify
 from raylane.planning.explain import critical_path, explain
 from raylane.planning.yamlio import LoadError, dump_plan, load_cluster, load_pipeline, load_plan
+from raylane.render import cell
 
 SOLVERS = ("heft", "olb", "cpsat")
 DEFAULT = "solve"
@@ -84,13 +85,13 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
         return
     table = Table("stage", "node", "start (h)", "finish (h)")
     for x in sorted(result.placements, key=lambda x: (x.start_h, x.stage)):
-        table.add_row(x.stage, x.node, f"{x.start_h:g}", f"{x.finish_h:g}")
-    console = Console()
+        table.add_row(cell(x.stage), cell(x.node), f"{x.start_h:g}", f"{x.finish_h:g}")
+    console = Console(emoji=False)
     console.print(table)
     console.print(f"data moved: {moved:g} GB")
-    console.print(f"makespan: {result.makespan_h:g} h ({result.planner}, {result.status.name.lower()}"
-                  + (f", bound {result.bound_h:g} h" if result.bound_h is not None else "") + ")"
-                  + (f"; {result.note}" if result.note else ""))
+    console.print(cell(f"makespan: {result.makespan_h:g} h ({result.planner}, {result.status.name.lower()}"
+                       + (f", bound {result.bound_h:g} h" if result.bound_h is not None else "") + ")"
+                       + (f"; {result.note}" if result.note else "")))
     typer.echo(why.render())  # not through rich: it would wrap the long lines
     if gantt:
         typer.echo(f"Gantt chart: {gantt}")

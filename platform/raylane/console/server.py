@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from raylane.errors import FatalError, RetryableError, ValidationError
+from raylane.render import visible
 
 DEFAULT_PORT = 8780
 HOST = "127.0.0.1"
@@ -165,9 +166,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_options(args.port, args.mlflow_url, args.refresh)
         serve(args.port, args.mlflow_url or default_mlflow_url(), args.refresh)
     except FatalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {visible(exc, newlines=True)}", file=sys.stderr)
         return 1
     except (RetryableError, ConnectionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {visible(exc, newlines=True)}", file=sys.stderr)
         return 2
     return 0

@@ -2,8 +2,9 @@
 
 The control actor takes every call through one entry point, ``request(credential, call, args)``: the call's name
 is looked up in ``CALLS`` (an unknown name is refused naming the known ones), its arguments are validated by the
-call's model (``extra="forbid"``, strict types, bounded sizes: every problem is named by its field, the value and
-what is allowed), the caller is authenticated, then authorized for the call's ``Action`` on its target workload.
+call's model (``extra="forbid"``, strict types, bounded sizes, at most ``MAX_DEPTH`` levels of nesting: every
+problem is named by its field, the value and what is allowed), the caller is authenticated, then authorized for the
+call's ``Action`` on its target workload.
 ``raylane.control.client.ControlClient`` builds these requests; nothing else names a call.
 
 Words: *call* is the request's name (``submit``, ``cancel``, ...); *target* the workload a call acts on, if any.
@@ -35,6 +36,11 @@ Text = Annotated[StrictStr, Field(max_length=4000)]
 Step = Annotated[StrictInt, Field(ge=0, le=10 ** 12)]
 Seconds = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
 MAX_SPEC_BYTES = 1 << 20
+# How deep an argument's dicts and lists may nest. A real spec or policy is under ten levels deep; one nested
+# hundreds deep passed the size bound and then broke serializing it (pydantic, json) deep inside the handler.
+MAX_DEPTH = 32
+# The longest a wait_admission call may hold its caller (and a waiter in the actor); drivers poll for seconds.
+MAX_WAIT_S = 300.0
 
 
 class Outcome(str, enum.Enum):
@@ -82,6 +88,11 @@ class Request(BaseModel):
         if not isinstance(args, dict):
             raise ValidationError(f"call {CALL_NAMES[cls]}", [("args", _short(args), "a mapping of argument names "
                                                                                      "to values")])
+        deep = _too_deep(args)
+        if deep is not None:
+            path, value = deep
+            raise ValidationError(f"call {CALL_NAMES[cls]}", [(path, _short(value), f"at most {MAX_DEPTH} levels "
+                                                                                     f"of nested mappings and lists")])
         try:
             return cls(**args)
         except PydanticValidationError as exc:
@@ -90,6 +101,30 @@ class Request(BaseModel):
                 for e in exc.errors()]) from None
         except TypeError as exc:  # e.g. non-string keys
             raise ValidationError(f"call {CALL_NAMES[cls]}", [("args", _short(args), str(exc))]) from None
+
+
+def _too_deep(args: Dict[Any, Any]) -> Optional[tuple]:
+    """(field path, value) of the first mapping or list that lies more than ``MAX_DEPTH`` levels down an argument
+    (an argument's own value is level 1), or None. Iterative, so any depth (a self-containing list too) is measured
+    without recursion; what it walks was already received whole."""
+    stack = [(_step(k), v, 1) for k, v in args.items() if isinstance(v, (dict, list, tuple))]
+    while stack:
+        path, v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return path, v
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        stack.extend((f"{path}.{_step(k)}", x, depth + 1) for k, x in items if isinstance(x, (dict, list, tuple)))
+    return None
+
+
+def _step(key: Any) -> str:
+    """A key or index as a field path shows it, short: a path is at most ``MAX_DEPTH`` of these, however long the
+    keys are that it passes."""
+    if isinstance(key, str):
+        return key if len(key) <= 40 else key[:37] + "..."
+    if isinstance(key, int) and abs(key) < 10 ** 12:
+        return str(key)
+    return f"<{type(key).__name__}>"
 
 
 def _short(v: Any) -> Any:
@@ -213,7 +248,11 @@ class Explain(WorkloadCall):
 
 
 class WaitAdmission(WorkloadCall):
-    timeout_s: Seconds = 5.0
+    """A workload's record once its reservation is ready, or after ``timeout_s``. Only its team and operators may
+    wait on it (a waiter holds the caller's connection and a slot in the actor)."""
+
+    timeout_s: Annotated[float, Field(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = 5.0
+    action: ClassVar[Optional[Action]] = Action.READ
 
 
 class FindJob(Request):

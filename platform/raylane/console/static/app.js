@@ -1,8 +1,24 @@
 // The Raylane console's pages. One shell (index.html) for every page; the path picks the view, a Server-Sent
 // Events stream (/api/stream) brings a new snapshot of it every few seconds, and the view is drawn again from it.
 // Everything shown comes from the control plane as the logged-in user sees it. Text goes in with textContent only
-// (workload ids, reasons and notes are other users' input): no innerHTML anywhere.
+// (workload ids, reasons and notes are other users' input): no innerHTML anywhere, and through shown() first.
 "use strict";
+
+// shown: text as it may be put on the page. Each character that a browser does not draw as itself (C0 and C1
+// controls, Unicode format characters such as bidi overrides and zero-width ones, line and paragraph separators,
+// spaces other than the plain one, unassigned and private code points) becomes its escape, as
+// raylane.render.visible does for the command line (Python's str.isprintable rule): another user's text cannot
+// reorder or hide what is drawn around it. tests/test_hostile_output.py holds the two to the same output.
+const HIDDEN = /(?! )[\p{Cc}\p{Cf}\p{Zs}\p{Zl}\p{Zp}\p{Co}\p{Cs}\p{Cn}]/gu;
+const SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"};
+function shown(v) {
+  return String(v).replace(HIDDEN, (c) => {
+    if (c in SHORT) return SHORT[c];
+    const n = c.codePointAt(0), h = n.toString(16);
+    return n < 0x100 ? "\\x" + h.padStart(2, "0") : n < 0x10000 ? "\\u" + h.padStart(4, "0") : "\\U" + h.padStart(8, "0");
+  });
+}
+// end shown
 
 const ROUTES = [
   [/^\/(queue)?$/, "queue", "Queue"],
@@ -17,14 +33,15 @@ function el(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") e.className = v;
-    else if (k === "text") e.textContent = v;
+    else if (k === "text") e.textContent = shown(v);
     else if (k.startsWith("data-")) e.setAttribute(k, v);
     else if (k === "style") Object.assign(e.style, v);
+    else if (k === "title") e.setAttribute(k, shown(v));
     else e.setAttribute(k, v);
   }
   for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
-    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    e.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   }
   return e;
 }
@@ -69,7 +86,7 @@ function table(headers, rows, attrs) {
 function banner(text, kind) {
   const b = document.getElementById("banner");
   b.hidden = !text;
-  b.textContent = text || "";
+  b.textContent = shown(text || "");
   b.className = "banner " + (kind || "");
 }
 
@@ -278,7 +295,7 @@ VIEWS.cost = function (snap, r) {
 
 VIEWS.workload = function (snap) {
   const w = snap.workload;
-  document.getElementById("title").textContent = `Workload ${w.id}`;
+  document.getElementById("title").textContent = shown(`Workload ${w.id}`);
   const facts = [
     ["Team", teamTag(w.team)], ["Class", w.class], ["State", el("span", {class: "state", "data-state": w.state, text: w.state})],
     ["Position", w.position ?? "-"], ["Reason", w.reason || "-"], ["Now", w.detail || "-"],
@@ -370,14 +387,14 @@ async function whoami() {
   if (me.auth === false) {
     who.textContent = "authentication off";
   } else {
-    who.textContent = `${me.user} · ${me.role}${me.teams.length ? " · " + me.teams.join(", ") : ""}`;
+    who.textContent = shown(`${me.user} · ${me.role}${me.teams.length ? " · " + me.teams.join(", ") : ""}`);
     document.getElementById("logout").hidden = false;
   }
 }
 
 function main() {
   const r = route();
-  document.getElementById("title").textContent = r.id ? `Workload ${r.id}` : r.title;
+  document.getElementById("title").textContent = shown(r.id ? `Workload ${r.id}` : r.title);
   document.title = `Raylane · ${r.id || r.title}`;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === r.view);
   whoami();
