@@ -37,7 +37,7 @@ def test_ends_teach_the_model_and_the_next_run_is_predicted_from_them(h):
     d = h.cs.runtimes.predict(rec)
     assert h.cs.runtimes.model.observed == 3
     assert d.level == "user-name" and d.runtime() == pytest.approx(1800, abs=2)
-    assert d.describe() == "3 runs of anonymous/pretrain-x: median 30m"
+    assert d.describe() == "3 runs of pytest/pretrain-x: median 30m"
     # The queued workload carries it: what the scheduling core and the forecast read.
     assert h.cs.state.leases.get(wid) is None
     assert next(w for w in h.cs.state.pending() if w.id == wid).predicted == d
@@ -85,14 +85,14 @@ def test_queue_etas_carry_an_interval_and_what_they_rest_on(h):
     assert e.start == pytest.approx(now + 1200 - 60, abs=5)
     assert e.start_low < e.start < e.start_high
     assert e.start_low >= now and e.start_high <= now + 2400
-    assert e.basis == "3 runs of anonymous/pretrain-x: median 20m"
+    assert e.basis == "3 runs of pytest/pretrain-x: median 20m"
     row = next(r for r in h.call("queue") if r["id"] == waiting)
     assert row["eta_start_low"] == pytest.approx(e.start_low) and row["eta_basis"] == e.basis
     # The CLI's cell and explain's words.
     assert eta_cell(row["eta_start"], now, row["eta_start_low"], row["eta_start_high"]) == "~19m (11m-35m)"
     assert [c for c in queue_cells([row]) if c[0] == waiting]  # the queue's cells take the row as it is
     text = "\n".join(str(x) for x in explain_lines(h.call("explain", workload_id=waiting)))
-    assert "3 runs of anonymous/pretrain-x: median 20m" in text and "between" in text
+    assert "3 runs of pytest/pretrain-x: median 20m" in text and "between" in text
 
 
 @pytest.mark.parametrize("start, low, high, text", [

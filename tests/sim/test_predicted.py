@@ -87,3 +87,40 @@ def test_predicted_estimates_are_refused_nowhere_and_named_in_the_options():
     with pytest.raises(Exception, match="predicted"):
         SimOptions(estimates="guessed")
     assert replace(SimOptions(), estimates="predicted").estimates == "predicted"
+
+
+def test_a_journal_replay_learns_from_the_journals_own_history(tmp_path):
+    # Three runs of one name end on the live plane; the journal's replay predicts the fourth from them, by the same
+    # keys (owner and name, code and config) the control plane's model used.
+    from raylane.config.loader import load_policy_from_dict
+    from raylane.control.learned import features_of
+    from raylane.sim.journal import trace_from_journal
+    from tests.controltest import Harness
+    from tests.raytest import local_policy, spec
+
+    policy = local_policy(pretrain={"min_runtime": 0})
+    h = Harness(str(tmp_path / "journal.db"), policy)
+    try:
+        for s in (600, 1200, 2400, 900):
+            wid = h.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+            h.tick()
+            h.call("report", workload_id=wid, kind="running")
+            h.clock.advance(s)
+            h.call("release", workload_id=wid, outcome="finished", state="SUCCEEDED")
+            h.tick()
+        live = features_of(h.record(wid))
+    finally:
+        h.close()
+    pol = load_policy_from_dict(policy, "test")
+    replay = trace_from_journal(str(tmp_path / "journal.db"), pol)
+    jobs = replay.trace.jobs
+    assert [(j.user, j.name, j.entry) for j in jobs] == [(live.user, live.name, live.entry)] * 4
+    cfg = pol.to_scheduler_config()
+    sim = Simulator(replay.trace, replay.nodes, pol.core_teams(), cfg,
+                    classes={n: pol.workload_class(n) for n in pol.classes},
+                    options=SimOptions(estimates="predicted-declared"))
+    model = sim.runtime_model = Recording()
+    sim.run()
+    last = [c[2] for c in model.calls if c[0] == "predict"][-1]
+    assert last.describe().startswith("3 runs of ")
+    assert last.basis_at(0).level == "user-name"

@@ -13,13 +13,11 @@ Words
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 from raylane.config.models import parse_duration
 from raylane.control.records import Record, State
-from raylane.runtimes import RunFeatures, RuntimeDist, RuntimeModel
+from raylane.runtimes import RunFeatures, RuntimeDist, RuntimeModel, entry_digest
 
 __all__ = ["RuntimeBook", "features_of", "estimate_of"]
 
@@ -34,13 +32,15 @@ def features_of(rec: Record) -> RunFeatures:
     if isinstance(workers, dict):  # an elastic gang: its shape at the size it is submitted at
         workers = workers.get("min", 1)
     per = (gang.get("resources") or {}).get("gpu", 0) or 0
-    code = spec.get("entrypoint") or spec.get("command")
-    entry = None
-    if code:
-        blob = json.dumps([code, spec.get("config") or {}], sort_keys=True, default=str)
-        entry = f"{_short(code)}#{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
+    entry = entry_digest(spec.get("entrypoint") or spec.get("command"), spec.get("config"))
     return RunFeatures(team=rec.team, cls=rec.cls, gpus=float(per) * int(workers), workers=int(workers),
-                       user=rec.owner or None, name=spec.get("name"), entry=entry)
+                       user=_owner(rec), name=spec.get("name"), entry=entry)
+
+
+def _owner(rec: Record) -> Optional[str]:
+    # As ``Workload.user``: the spec's ``run.owner``, which submit sets to the authenticated user under the gate.
+    run = rec.spec.get("run")
+    return (run.get("owner") if isinstance(run, dict) else None) or rec.owner or None
 
 
 def estimate_of(rec: Record) -> Optional[float]:
@@ -52,11 +52,6 @@ def estimate_of(rec: Record) -> Optional[float]:
         return float(parse_duration(value))
     except (TypeError, ValueError):
         return None
-
-
-def _short(code: Any) -> str:
-    text = code if isinstance(code, str) else " ".join(str(c) for c in code)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class RuntimeBook:

@@ -5,7 +5,8 @@ workload, conditional on the service it has had, with the basis it rests on. Pur
 core, the forecast, the simulator and the control plane all use it alike (docs/eta.md).
 """
 from raylane.runtimes.dist import LEVELS, MIN_TAIL, Basis, RuntimeDist, human_s, point, quantile
-from raylane.runtimes.model import DEFAULT_MAX_KEYS, DEFAULT_WINDOW, ESTIMATE_RULES, RunFeatures, RuntimeModel
+from raylane.runtimes.model import (DEFAULT_MAX_KEYS, DEFAULT_WINDOW, ESTIMATE_RULES, RunFeatures, RuntimeModel,
+                                    entry_digest)
 
 __all__ = ["Basis", "RuntimeDist", "RunFeatures", "RuntimeModel", "LEVELS", "MIN_TAIL", "ESTIMATE_RULES",
-           "DEFAULT_WINDOW", "DEFAULT_MAX_KEYS", "human_s", "point", "quantile"]
+           "DEFAULT_WINDOW", "DEFAULT_MAX_KEYS", "entry_digest", "human_s", "point", "quantile"]

@@ -24,14 +24,16 @@ Pure: no Ray, no clock, no randomness.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from raylane.runtimes.dist import Basis, RuntimeDist, human_s, point
 
-__all__ = ["RunFeatures", "RuntimeModel", "ESTIMATE_RULES", "DEFAULT_WINDOW", "DEFAULT_MAX_KEYS"]
+__all__ = ["RunFeatures", "RuntimeModel", "entry_digest", "ESTIMATE_RULES", "DEFAULT_WINDOW", "DEFAULT_MAX_KEYS"]
 
 ESTIMATE_RULES = ("learn", "trust", "cap")
 DEFAULT_WINDOW = 64
@@ -61,6 +63,17 @@ class RunFeatures:
         out.append(("class", f"class {self.cls}"))
         out.append(("cluster", "the cluster"))
         return out
+
+
+def entry_digest(code: Any, config: Any) -> Optional[str]:
+    """``RunFeatures.entry`` of a workload: its entrypoint or command, shortened, and a digest of it with its
+    config (the same code with the same settings). None without code."""
+    if not code:
+        return None
+    blob = json.dumps([code, config or {}], sort_keys=True, default=str)
+    text = code if isinstance(code, str) else " ".join(str(c) for c in code)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text}#{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
 def _gpus(g: float) -> str:

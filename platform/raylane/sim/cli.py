@@ -221,6 +221,7 @@ class SimArgs:
     from_journal: Optional[Path] = None
     jobs: int = 2000
     load: float = 0.9
+    users: int = 0
     write_trace: Optional[Path] = None
     format: Optional[str] = None
     team_column: Optional[str] = None
@@ -285,6 +286,8 @@ def sim(
     jobs: int = typer.Option(_D.jobs, "--jobs", help="with --generate: how many jobs"),
     load: float = typer.Option(_D.load, "--load", help="with --generate: GPU-time asked over the cluster's, over "
                                                        "the submit span"),
+    users: int = typer.Option(_D.users, "--users", help="with --generate: give the jobs this many users and job "
+                                                        "names, each user's jobs of a typical length (0: none)"),
     write_trace: Optional[Path] = typer.Option(_D.write_trace, "--write-trace", help="with --generate: also write "
                                                "the trace as a generic CSV"),
     format: Optional[str] = typer.Option(_D.format, "--format", help="trace format: " + ", ".join(FORMATS)
@@ -433,6 +436,10 @@ def _parse(a: SimArgs) -> _Parsed:
         errors.append(("--generate", a.generate_mix, "one of " + ", ".join(MIXES)))
     if a.generate_mix is not None and a.jobs < 1:
         errors.append(("--jobs", a.jobs, "an integer >= 1"))
+    if a.users < 0:
+        errors.append(("--users", a.users, "an integer >= 0 (0: no users)"))
+    if a.generate_mix is None and a.users:
+        errors.append(("--users", a.users, "only with --generate"))
     if a.generate_mix is not None and not (math.isfinite(a.load) and 0 < a.load <= 10):
         errors.append(("--load", a.load, "a number > 0 and <= 10"))
     if a.generate_mix is None and a.write_trace is not None:
@@ -536,7 +543,8 @@ def _outages(a: SimArgs, flags: _Parsed, spec: ClusterSpec, journal: Optional[Ou
 def _trace(a: SimArgs, spec: ClusterSpec) -> Trace:
     """The trace file's jobs in the window, or a generated mix sized against ``spec`` (also written, if asked)."""
     if a.generate_mix is not None:
-        trace = generate(a.generate_mix, seed=a.seed, jobs=a.jobs, cluster_gpus=spec.total_gpus, load=a.load)
+        trace = generate(a.generate_mix, seed=a.seed, jobs=a.jobs, cluster_gpus=spec.total_gpus, load=a.load,
+                         users=a.users)
         if a.write_trace is not None:
             write_csv(trace, a.write_trace)
             _err.print(f"wrote the generated trace to {a.write_trace}", markup=False)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple, Union
 
@@ -128,10 +128,42 @@ def _check(mix: str, jobs: int, cluster_gpus: float, load: float, teams: int) ->
 
 
 def generate(mix: str, *, seed: int = 0, jobs: int = 2000, cluster_gpus: float = 256, load: float = 0.9,
-             teams: int = 8) -> Trace:
+             teams: int = 8, users: int = 0) -> Trace:
     """A trace of ``jobs`` jobs of workload mix ``mix`` (one of ``MIXES``), drawn from ``seed``, whose submits are
     spread so that it asks for ``load`` times the GPU-time of a ``cluster_gpus``-GPU cluster over its submit span.
-    Jobs belong to ``teams`` teams (``team-0`` ...), drawn uniformly. Sorted by submit time; the first at 0."""
+    Jobs belong to ``teams`` teams (``team-0`` ...), drawn uniformly. Sorted by submit time; the first at 0.
+    ``users`` > 0: each job also gets a user and a job name (``assign_users``), drawn from a stream of their own,
+    so that the trace is otherwise the same as with none."""
+    if not (isinstance(users, int) and users >= 0):
+        raise ValidationError("generate", [("users", users, "an integer >= 0 (0: no users)")])
+    trace = _generate(mix, seed=seed, jobs=jobs, cluster_gpus=cluster_gpus, load=load, teams=teams)
+    return assign_users(trace, users, seed) if users else trace
+
+
+def assign_users(trace: Trace, users: int, seed: int = 0, spread: float = 0.6) -> Trace:
+    """``trace`` with each job given a user and a name, as people's work looks: each user works mostly on jobs of a
+    typical length (a centre, the log-duration of one of their team's jobs), on three named projects a factor of
+    e apart around it. A job goes to the user of its team whose centre is nearest its log-duration blurred by a
+    normal noise of sigma ``spread`` (so a user's runs vary, and overlap other users'), then to that user's nearest
+    project in the same way. Drawn from ``random.Random(seed)`` of its own; durations, sizes and times unchanged."""
+    rng = random.Random(f"users:{seed}")
+    by_team: Dict[str, List[int]] = {}
+    for k, j in enumerate(trace.jobs):
+        by_team.setdefault(j.team, []).append(k)
+    per_team = max(1, users // max(1, len(by_team)))
+    out = list(trace.jobs)
+    for t, (team, ks) in enumerate(sorted(by_team.items())):
+        centres = [(f"u{t}-{i}", math.log(max(trace.jobs[rng.choice(ks)].duration, 1.0))) for i in range(per_team)]
+        for k in ks:
+            j = trace.jobs[k]
+            x = math.log(max(j.duration, 1.0))
+            user, c = min(centres, key=lambda uc: (abs(x + rng.gauss(0, spread) - uc[1]), uc[0]))
+            p = min(range(3), key=lambda i: abs(x + rng.gauss(0, spread / 2) - (c + (i - 1))))
+            out[k] = replace(j, user=user, name=f"{user}-p{p}")
+    return replace(trace, jobs=out)
+
+
+def _generate(mix: str, *, seed: int, jobs: int, cluster_gpus: float, load: float, teams: int) -> Trace:
     m = _check(mix, jobs, cluster_gpus, load, teams)
     rng = random.Random(seed)
     drawn = [m.draw(rng) for _ in range(jobs)]
@@ -190,9 +222,11 @@ def write_csv(trace: Trace, path: Union[str, Path]) -> Path:
     """Write ``trace`` in the generic CSV format (``GENERIC_COLUMNS``), which ``load_trace`` reads back."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    named = any(j.user is not None or j.name is not None for j in trace.jobs)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(GENERIC_COLUMNS)
+        w.writerow(GENERIC_COLUMNS + (("user", "name") if named else ()))
         for j in trace.jobs:
-            w.writerow([j.id, f"{j.submit:.1f}", f"{j.duration:.1f}", f"{j.gpus:g}", j.workers or "", j.team])
+            row = [j.id, f"{j.submit:.1f}", f"{j.duration:.1f}", f"{j.gpus:g}", j.workers or "", j.team]
+            w.writerow(row + ([j.user or "", j.name or ""] if named else []))
     return path

@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from raylane.control.journal import Entry
 from raylane.errors import NotFoundError, ValidationError
+from raylane.runtimes import entry_digest
 from raylane.scheduling.types import Node, Resources, device_count
 from raylane.sim.outages import NodeDrain, NodeFailure, Outages
 from raylane.sim.traces import Trace, TraceJob
@@ -211,7 +212,8 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
             cls=w.cls.name, workers=g.workers, cpus=g.total.cpu if with_cpu else 0.0,
             memory=g.total.memory if with_memory else 0.0, features=g.features,
             estimate=w.runtime_estimate_s, placement=g.strategy,
-            min_workers=g.min_workers, max_workers=g.max_workers))
+            min_workers=g.min_workers, max_workers=g.max_workers, user=w.user, name=life.spec.get("name"),
+            entry=entry_digest(life.spec.get("entrypoint") or life.spec.get("command"), life.spec.get("config"))))
         starts[wid] = life.first_start - origin
     jobs.sort(key=lambda j: (j.submit, j.id))
     notes = []
@@ -260,10 +262,12 @@ def stop_delays(entries) -> List[float]:
 
 def simulate_journal(replay: JournalReplay, policy, **options):
     """Replay ``replay`` (``trace_from_journal``) through the simulator under ``policy`` (a ``ClusterPolicy``), on
-    the journal's nodes and outages, with its declared runtime estimates; ``options``: more ``SimOptions``."""
+    the journal's nodes and outages, with runtimes as the control plane knows them: learned from the workloads
+    that ended before each instant, the declared estimates folded in (``predicted-declared``, what the live plane's
+    ``raylane.control.learned`` does); ``options``: more ``SimOptions``."""
     from raylane.sim.engine import SimOptions, simulate
 
-    opts = SimOptions(**{"estimates": "declared", **options, "outages": replay.outages})
+    opts = SimOptions(**{"estimates": "predicted-declared", **options, "outages": replay.outages})
     classes = {name: policy.workload_class(name) for name in policy.classes}
     return simulate(replay.trace, replay.nodes, policy.to_scheduler_config(), teams=policy.core_teams(),
                     options=opts, classes=classes)

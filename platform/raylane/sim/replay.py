@@ -206,12 +206,10 @@ class Replay:
         if t == self.tick_at:
             self.tick_at = math.inf
             changed = self.state.pending_count() > 0
-        order, submits, n, i = self.order, self.submits, self.n, self.arrived
-        while i < n and submits[order[i]] == t:
-            self._arrive(order[i])
-            i += 1
-            changed = True
-        self.arrived = i
+        # With a runtime model, what ends at ``t`` is known to what arrives at ``t`` (as on the live plane, where a
+        # release and a submission at one instant come in that order): the arrivals come after the events.
+        if self.model is None:
+            changed = self._arrivals(t) or changed
         events, c = self.events, self.jobs
         while events and events[0][0] == t:
             _, kind, j, a = heappop(events)
@@ -229,7 +227,18 @@ class Replay:
             else:
                 self._stopped(j, t)
             changed = True
+        if self.model is not None:
+            changed = self._arrivals(t) or changed
         return changed
+
+    def _arrivals(self, t: float) -> bool:
+        order, submits, n, i = self.order, self.submits, self.n, self.arrived
+        came = i
+        while i < n and submits[order[i]] == t:
+            self._arrive(order[i])
+            i += 1
+        self.arrived = i
+        return i > came
 
     def settle(self, t: float) -> None:
         """After a change at ``t``: cycles until quiet, drains that emptied their node, the stranded GPUs."""
@@ -413,7 +422,8 @@ class Replay:
     def _features(self, j: int) -> RunFeatures:
         c = self.jobs
         job, g = c.job[j], c.gang0[j]
-        return RunFeatures(job.team, c.w[j].cls.name, g.total.gpu, g.workers, user=job.user, name=job.name)
+        return RunFeatures(job.team, c.w[j].cls.name, g.total.gpu, g.workers, user=job.user, name=job.name,
+                           entry=job.entry)
 
     def _finished(self, j: int, now: float) -> None:
         c = self.jobs

@@ -91,6 +91,8 @@ class TraceJob:
     user: Optional[str] = None
     # What the user calls it (generic column ``name``): the runtime model learns per user and name.
     name: Optional[str] = None
+    # Its code and config (``raylane.runtimes.entry_digest``; a journal replay's), for the runtime model.
+    entry: Optional[str] = None
 
 
 SPEEDUP_ALLOWED = "linear, or amdahl:P with a serial fraction P >= 0 and < 1 (like amdahl:0.05)"
