@@ -72,7 +72,7 @@ def test_defaults_live_in_one_place():
 SWEEP_CASES = [
     ("kind tune without sweep", "sweep", DELETE, "sweep", None, "required for kind: tune: a mapping with fields"),
     ("gang of two workers", "gang", {"workers": 2}, "sweep", None, "gang.workers 1 for kind: tune (got 2)"),
-    ("trainable", "sweep/trainable", "train.py", "sweep.trainable", "train.py", "'package.module:function'"),
+    ("trainable", "sweep/trainable", "train.py", "sweep.trainable", "train.py", "'package.module:name'"),
     ("space empty", "sweep/space", {}, "sweep.space", {}, "at least 1 entry"),
     ("space path", "sweep/space", {"Bad Key": {"type": "choice", "values": [1]}}, "sweep.space.Bad Key", "Bad Key",
      "a dotted parameter path"),
@@ -226,13 +226,15 @@ def test_each_search_algorithm_draws_seeded_configs_from_the_space(algorithm):
 
 
 @pytest.mark.parametrize("kind", sweep_cfg.TRIAL_SCHEDULERS)
-def test_each_scheduler_measures_time_in_steps(kind):
+def test_each_scheduler_measures_the_progress_the_quota_wrapper_adds(kind):
+    """Every scheduler reads one field, which ``QuotaScheduler`` fills from the sweep's time attribute
+    (``tests/test_sweep_conventions.py`` drives each with Tune-shaped results)."""
     doc = raw()
     doc["sweep"]["search"] = {"algorithm": "random"}
     doc["sweep"]["scheduler"] = {"type": kind, **({"perturbation_interval": 20, "mutations": {
         "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}} if kind == "pbt" else {})}
     sched = build.scheduler(load_spec_from_dict(doc).sweep)
-    assert getattr(sched, "_time_attr", build.TIME_ATTR) == build.TIME_ATTR
+    assert getattr(sched, "_time_attr", build.PROGRESS) == build.PROGRESS
 
 
 @pytest.mark.parametrize("synch", [None, True, False])

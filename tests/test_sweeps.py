@@ -1,8 +1,9 @@
 """Sweeps on a real local Ray cluster (one node of 2 logical GPUs) under the control actor: an ASHA sweep of the small
 LM whose weak trials stop at the rungs, with its MLflow parent and child runs; a synchronous ASHA sweep that stops
 exactly the weaker half at each rung; a PBT sweep whose exploit copies a
-checkpoint; an Optuna TPE sweep; a sweep that shrinks when a higher-class gang of its team arrives and grows back
-after; a sweep whose driver is killed and resumed.
+checkpoint; PBT sweeps of Ray's own ``pbt_function`` and ``PBTBenchmarkExample`` (no ``step``: counted in
+``training_iteration``); a sweep that fails with a typed reason; an Optuna TPE sweep; a sweep that shrinks when a
+higher-class gang of its team arrives and grows back after; a sweep whose driver is killed and resumed.
 
 One cluster and one control actor for the module. Trials are tiny (a 1-layer LM of width 16 on 50 kB, or a
 torch-free quadratic from ``tests.sweep_fns``) so that the module fits a few minutes on two cores.
@@ -236,6 +237,63 @@ def _lr_multiplier(step, *, total, warmup=2, floor=0.1):
     from workloads.train_lm import _lr_multiplier as f
 
     return f(step, warmup=warmup, total=total, floor=floor)
+
+
+# ------------------------------------------------------------------------------------- Ray's own examples
+
+
+@pytest.mark.parametrize("name, trainable", [
+    ("pbt-ray-fn", "ray.tune.examples.pbt_function:pbt_function"),  # a function that checkpoints with its reports
+    ("pbt-ray-cls", "ray.tune.examples.pbt_example:PBTBenchmarkExample"),  # a tune.Trainable with save/load
+])
+def test_ray_examples_pbt_sweeps_in_training_iterations(env, name, trainable):
+    """Ray's PBT examples report no ``step``: the sweep counts in the ``training_iteration`` Tune adds. PBT
+    exploits (it raised 'Cannot find time_attr step' before), every trial stops at the budget (the trainables
+    themselves never end before accuracy 200), and no trial's MLflow run is left RUNNING."""
+    from raylane.sweeps.tracking import child_runs
+
+    s = sweep_spec(name, {
+        "trainable": trainable,
+        "space": {"lr": {"type": "grid", "values": [0.0001, 0.01]}},
+        "search": {"algorithm": "grid"},
+        "budget": {"max": 6, "report_every": 1},
+        "scheduler": {"type": "pbt", "perturbation_interval": 2, "quantile_fraction": 0.5, "synch": True,
+                      "mutations": {"lr": {"type": "uniform", "low": 0.001, "high": 0.02}}},
+        "metric": "mean_accuracy", "mode": "max", "max_concurrent": 2,
+        "resources": {"gpu": 0.5, "cpu": 0.5}})
+    rec = run(env, s)
+    assert rec["state"] == "SUCCEEDED" and rec["trials"] == 2 and rec["max_running_over_leased"] == 0
+    assert sorted(r.metrics["training_iteration"] for r in rec["results"]) == [6, 6]
+    client = mlflow_client(env)
+    children = child_runs(client, client.get_run(rec["mlflow_run_id"]).info.experiment_id, rec["id"])
+    assert {c.info.status for c in children} == {"FINISHED"}
+    assert {c.data.tags["raylane.final_step"] for c in children} == {"6"}
+    # The weaker trial took the stronger one's checkpoint and a perturbed lr at a perturbation.
+    assert any("raylane.config.lr" in c.data.tags for c in children), [c.data.tags for c in children]
+    history = client.get_metric_history(children[0].info.run_id, "mean_accuracy")
+    assert sorted({p.step for p in history}) == [1, 2, 3, 4, 5, 6]  # the curve is against the iteration
+
+
+def test_a_sweep_that_fails_raises_the_reason_and_leaves_no_trial_run_running(env):
+    """A named ``time_attr`` the results lack: the sweep fails at the first result with a typed error naming it (not
+    a traceback out of Tune's loop), and the MLflow runs of its trials and the sweep end FAILED."""
+    from raylane.sweeps.conventions import TrialResultError
+    from raylane.sweeps.tracking import child_runs
+
+    s = sweep_spec("fail-ray-fn", {
+        "trainable": "ray.tune.examples.pbt_function:pbt_function", "time_attr": "iterations",
+        "space": {"lr": {"type": "grid", "values": [0.0001, 0.01]}}, "search": {"algorithm": "grid"},
+        "budget": {"max": 6}, "scheduler": {"type": "asha"},
+        "metric": "mean_accuracy", "mode": "max", "max_concurrent": 2, "resources": {"gpu": 0.5, "cpu": 0.5}})
+    with pytest.raises(TrialResultError, match="'iterations'"):
+        run(env, s)
+    client = mlflow_client(env)
+    parent = client.search_runs([client.get_experiment_by_name("raylane/team-a").experiment_id],
+                                filter_string="tags.`raylane.workload_id` LIKE 'fail-ray-fn-%'")
+    assert [p.info.status for p in parent] == ["FAILED"]
+    children = child_runs(client, parent[0].info.experiment_id, parent[0].data.tags["raylane.workload_id"])
+    assert children and {c.info.status for c in children} == {"FAILED"}
+    assert not [r for r in slot_records(env, "fail-ray-fn") if not r.state.terminal]
 
 
 # ----------------------------------------------------------------------------------------------------- TPE

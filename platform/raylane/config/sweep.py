@@ -7,8 +7,10 @@ decides nothing (the sweep driver, ``raylane.launchers.tune``, acts on it). It b
 
 Words
 - *trial*: one training run with one point of the search space, a Ray Tune trial.
-- *budget*: how far a trial may train, in the steps the trainable reports as ``step`` (the optimizer steps of the
-  reference LM). ``budget.max`` is every trial's last step (ASHA's maximum budget); a trial reports its
+- *budget*: how far a trial may train, in the unit of the sweep's *time attribute*: the result field ``time_attr``
+  names, else ``step`` when the trainable reports one (the optimizer steps of the reference LM), else Tune's
+  ``training_iteration`` (the number of results so far, which Tune adds to every result; Ray's example trainables
+  report no ``step``). ``budget.max`` is every trial's last step (ASHA's maximum budget); a trial reports its
   metric and a checkpoint every ``budget.report_every`` steps, so rungs, perturbations and pauses fall on those.
 - *rung*: a budget at which ASHA compares the trials that reached it and stops the weaker ones:
   ``grace_period * eta**k`` below ``budget.max``.
@@ -65,8 +67,8 @@ DEFAULT_TRIAL_RESOURCES = ResourcesSpec(gpu=1, cpu=1)
 
 # --------------------------------------------------------------------------------------------- scalar types
 
-TRAINABLE_ALLOWED = ("a Ray Tune function trainable as 'package.module:function' (the reference LM's is "
-                     "workloads.ray_tune:lm_trainable)")
+TRAINABLE_ALLOWED = ("a Ray Tune function trainable or ray.tune.Trainable subclass as 'package.module:name' (the "
+                     "reference LM's is workloads.ray_tune:lm_trainable)")
 _TRAINABLE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
@@ -89,6 +91,20 @@ def _check_path(value: str) -> str:
 
 
 ParamPath = Annotated[str, AfterValidator(_check_path), Allowed(PATH_ALLOWED)]
+
+TIME_ATTR_ALLOWED = ("the name of a result field that grows as the trial trains, like step or training_iteration "
+                     "(letters, digits and _, not starting with a digit); leave it out for step, else Tune's "
+                     "training_iteration")
+_TIME_ATTR_RE = re.compile(r"[A-Za-z_]\w{0,99}")
+
+
+def _check_time_attr(value: str) -> str:
+    if not _TIME_ATTR_RE.fullmatch(value):
+        raise _err("time_attr", TIME_ATTR_ALLOWED)
+    return value
+
+
+TimeAttrName = Annotated[str, AfterValidator(_check_time_attr), Allowed(TIME_ATTR_ALLOWED)]
 Scalar = Union[bool, int, float, str]
 SearchName = _one_of(SEARCH_ALGORITHMS)
 SchedulerName = _one_of(TRIAL_SCHEDULERS)
@@ -259,9 +275,11 @@ class TrialSchedulerSpec(StrictModel):
 class SweepSpec(StrictModel):
     """The ``sweep:`` section of a ``kind: tune`` spec."""
 
-    # A Ray Tune function trainable (raylane.sweeps.trainables), e.g. the reference LM's
+    # A Ray Tune function trainable or tune.Trainable subclass (raylane.sweeps.trainables), e.g. the reference LM's
     # ``workloads.ray_tune:lm_trainable`` (the spec's ``config`` is then its base TrainConfig).
     trainable: Trainable
+    # The result field budgets are counted in (raylane.sweeps.conventions); None: step, else training_iteration.
+    time_attr: Optional[TimeAttrName] = None
     space: Dict[ParamPath, ParamSpec] = Field(min_length=1)
     search: SearchSpec = Field(default_factory=SearchSpec)
     budget: BudgetSpec

@@ -16,8 +16,11 @@ actor grants under the team's quota.
    grant and the paused trial resumes from its checkpoint. Slots no trial will need again are given back early;
 4. runs Tune (``Tuner.fit``) with the spec's search algorithm and trial scheduler wrapped to keep to the grant, and
    ``raylane.sweeps.tracking.SweepTracking`` writing one MLflow child run per trial under the sweep's parent run;
-5. at the end gives every slot back, tags the best trial, writes on the parent what early stopping saved, and
-   returns the sweep's record.
+5. at the end gives every slot back, ends the MLflow runs of the trials Tune left open with the sweep's own end
+   (FAILED, KILLED), tags the best trial, writes on the parent what early stopping saved, and returns the sweep's
+   record. A sweep that fails raises a ``RaylaneError`` with the reason (the one a Raylane plug-in raised, such as
+   ``raylane.sweeps.conventions.TrialResultError``, or ``SweepFailed`` naming what Tune or Ray raised), never a
+   bare traceback of Tune's loop.
 
 A driver that dies leaves the Tune experiment (``<storage>/<sweep name>``) and ``raylane_sweep.json`` in it: the
 next driver for the same spec name cancels the dead driver's slots, submits new ones, waits until it holds a slot
@@ -49,10 +52,10 @@ from raylane.config.models import NAME_MAX
 from raylane.control.api import EndState, Outcome
 from raylane.control.journal import Kind
 from raylane.control.records import TERMINAL, State
-from raylane.errors import FatalError, RetryableError, ValidationError
+from raylane.errors import FatalError, RaylaneError, RetryableError, ValidationError
 from raylane.ids import new_id
 
-__all__ = ["run_sweep", "SlotManager", "STATE_FILE", "slot_specs"]
+__all__ = ["run_sweep", "SlotManager", "STATE_FILE", "slot_specs", "SweepFailed", "sweep_failure"]
 
 log = logging.getLogger("raylane.sweep")
 
@@ -62,6 +65,36 @@ SLOT_SUFFIX = "-slot-{i}"
 
 def _say(msg: str) -> None:
     print(f"[raylane] {msg}", flush=True)
+
+
+class SweepFailed(FatalError):
+    """A sweep ended by an error of Tune, Ray or the user's trainable outside a trial (a trial's own error fails only
+    that trial); the message names the sweep and the error."""
+
+
+_MAX_REASON = 2000  # characters of an error's text kept in the message (Tune's quote whole results)
+
+
+def sweep_failure(sweep_id: str, error: BaseException) -> RaylaneError:
+    """The ``RaylaneError`` to raise for ``error``, which ended the sweep ``sweep_id``: a ``RaylaneError`` in its
+    chain of causes as it is (a plug-in's, raised inside Tune's loop), else ``SweepFailed`` with the innermost
+    cause (Tune wraps errors in its own, whose text only says to look at the log)."""
+    chain, seen = [], set()
+    e: Optional[BaseException] = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    found = next((c for c in chain if isinstance(c, RaylaneError)), None)
+    if found is not None:
+        return found
+    root = chain[-1]
+    text = str(root).strip() or "(no message)"
+    if len(text) > _MAX_REASON:
+        text = text[:_MAX_REASON] + " [...]"
+    failed = SweepFailed(f"sweep {sweep_id} failed: {type(root).__name__}: {text}")
+    failed.__cause__ = error
+    return failed
 
 
 # ------------------------------------------------------------------------------------------------ the spec
@@ -252,7 +285,8 @@ class SlotManager(threading.Thread):
             else:
                 what = "no trial was running on it"
             self._note(slot, f"yielded: {what}")
-            self.ctl.release(slot.wid, Outcome.YIELDED, step=paused[0].step if paused else None)
+            at = paused[0].step if paused else None
+            self.ctl.release(slot.wid, Outcome.YIELDED, step=int(at) if at is not None else None)
             _say(f"{self.sweep_id}: slot {slot.wid} yielded ({what})")
             slot.phase, slot.trial = "waiting", None
             leased -= 1
@@ -419,7 +453,6 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
     from raylane.launchers.train import DEFAULT_STORAGE
     from raylane.sweeps import quota
     from raylane.sweeps.trainables import check_trainable
-    from raylane.sweeps.tracking import summarize
 
     # Every report is a checkpoint, so Tune snapshots its state often (good for resuming); do not warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -455,18 +488,23 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
         manager.halt()
         manager.finish(outcome)
         _restore_signals(previous_handler)
-    # 6. The outcome on the parent run (best trial, compute saved), and the sweep's record.
-    summary = summarize(tracker.client, experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,
-                        sweep_id=state.sweep_id, parent_run_id=tracker.run_id, metric=sweep.metric, mode=sweep.mode,
-                        budget_max=sweep.budget.max)
-    tracker.event("finished" if outcome is EndState.SUCCEEDED else outcome.value.lower(),
-                  f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
-                  f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
-                  f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
-    tracker.finish(outcome.value)
+    # 6. The trials' runs, the outcome on the parent run (best trial, compute saved), and the sweep's record.
+    try:
+        summary = _close_books(tracker, state, sweep, outcome, error)
+    except Exception as exc:  # noqa: BLE001 - the sweep's own error, if any, is what the user must see
+        if error is None:
+            raise
+        log.warning("sweep %s: its MLflow record could not be completed: %s", state.sweep_id, exc)
+        summary = None
+        try:
+            tracker.finish(outcome.value)
+        except Exception:  # noqa: BLE001 - MLflow unreachable: nothing more to do
+            pass
     state.save(exp_dir / STATE_FILE)
     if error is not None:
-        raise error
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise error
+        raise sweep_failure(state.sweep_id, error) from None
     _say(f"sweep {state.sweep_id}: {outcome.value}: best {sweep.metric} {summary['best_metric']} (trial "
          f"{summary['best_trial_id']}); GPU-seconds {summary['gpu_seconds_used']:.1f}, "
          f"{summary['gpu_seconds_saved']:.1f} saved against the full budget")
@@ -481,6 +519,29 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
         "max_running_over_leased": grant.over, "grant_history": list(grant.history), "slot_events": manager.events,
         "results": results,
     }
+
+
+def _close_books(tracker, state: SweepState, sweep, outcome: EndState, error: Optional[BaseException]):
+    """End the trials' MLflow runs Tune left open, write the outcome on the parent run and end it; the summary."""
+    from raylane.sweeps.tracking import end_open_trials, summarize
+
+    client = tracker.client
+    experiment_id = client.get_run(tracker.run_id).info.experiment_id
+    # Trials Tune left unfinished (the sweep failed or was cancelled) end with the sweep: none stays RUNNING.
+    status = {EndState.SUCCEEDED: "FINISHED", EndState.FAILED: "FAILED", EndState.CANCELLED: "KILLED"}[outcome]
+    left = end_open_trials(client, experiment_id, state.sweep_id, status)
+    if left:
+        log.info("sweep %s: %d trial run(s) ended %s with the sweep", state.sweep_id, len(left), status)
+    summary = summarize(client, experiment_id=experiment_id, sweep_id=state.sweep_id, parent_run_id=tracker.run_id,
+                        metric=sweep.metric, mode=sweep.mode, budget_max=sweep.budget.max)
+    detail = (f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
+              f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
+              f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
+    if error is not None and not isinstance(error, (KeyboardInterrupt, SystemExit)):
+        detail += f"; {sweep_failure(state.sweep_id, error)}"
+    tracker.event("finished" if outcome is EndState.SUCCEEDED else outcome.value.lower(), detail)
+    tracker.finish(outcome.value)
+    return summary
 
 
 def _sweep_state(ctl, name: str, exp_dir: Path):
@@ -554,18 +615,20 @@ def _fit(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, resumed:
     tracking = SweepTracking(
         sweep_id=sweep_id, parent_run_id=tracker.run_id, uri=tracker.tracking_uri, name=parsed.name,
         experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,
-        gpus_per_trial=sweep.resources.gpu, budget_max=sweep.budget.max, report_every=sweep.budget.report_every)
+        gpus_per_trial=sweep.resources.gpu, budget_max=sweep.budget.max, report_every=sweep.budget.report_every,
+        time_attr=sweep.time_attr)
+    time_attr = build.time_attr(sweep)
     tuner = Tuner(
         trainable,
         param_space=build.param_space(sweep),
         tune_config=TuneConfig(
             metric=sweep.metric, mode=sweep.mode, num_samples=build.num_samples(sweep),
             search_alg=build.search_algorithm(sweep, sweep_id),
-            scheduler=quota.QuotaScheduler(build.scheduler(sweep), sweep_id),
+            scheduler=quota.QuotaScheduler(build.scheduler(sweep), sweep_id, time_attr=time_attr),
             reuse_actors=False),
         run_config=RunConfig(
             name=parsed.name, storage_path=str(exp_dir.parent), verbose=verbose,
-            stop=quota.GrantStopper(sweep_id, sweep.budget.max),
+            stop=quota.GrantStopper(sweep_id, sweep.budget.max, time_attr=time_attr),
             callbacks=[tracking],
             # PBT clones the checkpoint a trial had at its last perturbation: keep them all.
             checkpoint_config=CheckpointConfig(num_to_keep=None if sweep.scheduler.type == "pbt" else 2),

@@ -9,8 +9,10 @@ Search algorithms, all seeded by ``search.seed`` and all gated by the sweep's gr
 ``random`` and ``grid`` are Tune's own variant generator (``GrantedVariantGenerator``: independent draws, or every
 combination of the ``grid`` parameters), the only kind Population Based Training accepts; ``tpe`` and
 ``evolutionary`` are Optuna samplers (``TPESampler``, ``NSGAIISampler``) behind Ray's ``OptunaSearch``, wrapped in
-``GrantLimiter``. Every scheduler measures time in ``step``, the global step each result carries (``TIME_ATTR``).
-``asha`` is Tune's asynchronous ``ASHAScheduler``, or with ``synchronous: true`` Raylane's
+``GrantLimiter``. Every scheduler measures time in the sweep's time attribute (``time_attr``: the spec's
+``time_attr``, else ``step``, else Tune's ``training_iteration``; ``raylane.sweeps.conventions``), read from the
+field ``PROGRESS`` that ``raylane.sweeps.quota.QuotaScheduler`` adds to each result it hands them. ``asha`` is
+Tune's asynchronous ``ASHAScheduler``, or with ``synchronous: true`` Raylane's
 ``raylane.sweeps.rungs.SynchronousHalvingScheduler`` (the same rungs, each decided once over its whole cohort).
 
 Words: see ``raylane.config.sweep`` (budget, rung, parameter path).
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 from raylane.config import sweep as cfg
 from raylane.scheduling.registry import Registry
+from raylane.sweeps.conventions import PROGRESS, TimeAttr
 
 if TYPE_CHECKING:  # pragma: no cover
     from ray.tune.schedulers import TrialScheduler
@@ -29,10 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from raylane.config.sweep import ParamSpec, SweepSpec
 
-__all__ = ["TIME_ATTR", "SEARCHERS", "SCHEDULERS", "param_space", "search_algorithm", "num_samples", "scheduler",
-           "asha_rungs", "grace_period", "synchronous", "live_trial_cap"]
-
-TIME_ATTR = "step"
+__all__ = ["PROGRESS", "SEARCHERS", "SCHEDULERS", "param_space", "search_algorithm", "num_samples", "scheduler",
+           "asha_rungs", "grace_period", "synchronous", "live_trial_cap", "time_attr"]
 
 SEARCHERS: Registry[Callable[["SweepSpec", str], "SearchAlgorithm"]] = Registry("search algorithm", cfg.DEFAULT_SEARCH)
 SCHEDULERS: Registry[Callable[["SweepSpec"], "TrialScheduler"]] = Registry("trial scheduler", cfg.DEFAULT_SCHEDULER)
@@ -68,6 +69,11 @@ def _nest(flat: Dict[str, Any]) -> Dict[str, Any]:
 def param_space(sweep: "SweepSpec") -> Dict[str, Any]:
     """The nested param space of Tune: ``{"lr": tune.loguniform(...), "model": {"d_model": tune.choice(...)}}``."""
     return _nest({path: domain(p) for path, p in sweep.space.items()})
+
+
+def time_attr(sweep: "SweepSpec") -> TimeAttr:
+    """The sweep's time attribute: what its budget, rungs and intervals are counted in."""
+    return TimeAttr(sweep.time_attr)
 
 
 # ------------------------------------------------------------------------------------------------ search
@@ -175,7 +181,7 @@ def _median_factory():
     def build(sweep: "SweepSpec") -> "TrialScheduler":
         from ray.tune.schedulers import MedianStoppingRule
 
-        return MedianStoppingRule(time_attr=TIME_ATTR, grace_period=grace_period(sweep),
+        return MedianStoppingRule(time_attr=PROGRESS, grace_period=grace_period(sweep),
                                   min_samples_required=sweep.scheduler.min_samples or cfg.DEFAULT_MIN_SAMPLES)
 
     return build
@@ -188,11 +194,11 @@ def _asha_factory():
         if synchronous(sweep):
             from raylane.sweeps.rungs import SynchronousHalvingScheduler
 
-            return SynchronousHalvingScheduler(time_attr=TIME_ATTR, rungs=asha_rungs(sweep), eta=eta,
+            return SynchronousHalvingScheduler(time_attr=PROGRESS, rungs=asha_rungs(sweep), eta=eta,
                                                trials=int(sweep.trials), max_t=sweep.budget.max)
         from ray.tune.schedulers import ASHAScheduler
 
-        return ASHAScheduler(time_attr=TIME_ATTR, max_t=sweep.budget.max, grace_period=grace_period(sweep),
+        return ASHAScheduler(time_attr=PROGRESS, max_t=sweep.budget.max, grace_period=grace_period(sweep),
                              reduction_factor=eta, brackets=1)
 
     return build
@@ -206,7 +212,7 @@ def _pbt_factory():
         s = sweep.scheduler
         mutations = _nest({path: domain(p) for path, p in (s.mutations or {}).items()})
         return PopulationBasedTraining(
-            time_attr=TIME_ATTR,
+            time_attr=PROGRESS,
             perturbation_interval=s.perturbation_interval,
             hyperparam_mutations=mutations,
             quantile_fraction=s.quantile_fraction if s.quantile_fraction is not None else cfg.DEFAULT_QUANTILE,

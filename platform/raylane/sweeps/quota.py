@@ -3,7 +3,10 @@
 This module owns the *grant*, the state shared between the sweep driver's slot thread (which talks to the control
 actor) and Tune's event loop (which starts, pauses and stops trials), and the three Tune plug-ins that read it:
 
-- ``QuotaScheduler`` wraps the spec's trial scheduler (FIFO, median, ASHA, PBT). ``choose_trial_to_run`` answers
+- ``QuotaScheduler`` wraps the spec's trial scheduler (FIFO, median, ASHA, PBT). It hands the wrapped scheduler
+  each result with the trial's progress in the sweep's time attribute added (``raylane.sweeps.conventions``:
+  ``step``, else Tune's ``training_iteration``, or the spec's ``time_attr``), so every scheduler counts the budget
+  the same way whatever the trainable reports. ``choose_trial_to_run`` answers
   None while the trials running or starting fill the grant, so no paused trial resumes past it; ``on_trial_result``
   answers PAUSE (Tune then checkpoints the trial and stops its actor) when more trials run than are granted, which
   is how a sweep shrinks when the control actor reclaims a slot. Every other call goes to the wrapped scheduler.
@@ -15,7 +18,7 @@ actor) and Tune's event loop (which starts, pauses and stops trials), and the th
   so this is the gate on new trials; paused trials resume first. A trial waiting at a rung is not counted: it can
   only go on once the trials not drawn yet reached the rung too, so counting it would deadlock the sweep.
 - ``GrantStopper`` ends the whole experiment when the driver asks (the sweep was cancelled), and a trial at the
-  end of its budget.
+  end of its budget (its progress in the time attribute at ``budget.max``).
 
 The plug-ins are pickled into Tune's experiment state (``tuner.pkl``), so they hold only the grant's *key* (the
 sweep id) and find the live ``Grant`` in this process's registry (``register``); a driver that resumes a sweep
@@ -43,6 +46,8 @@ from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 from ray.tune.stopper import Stopper
 
+from raylane.sweeps.conventions import PROGRESS, TimeAttr
+
 __all__ = ["Grant", "TrialView", "register", "grant_for", "QuotaScheduler", "GrantLimiter",
            "GrantedVariantGenerator", "GrantStopper", "UNFINISHED"]
 
@@ -58,7 +63,7 @@ class TrialView:
     trial_id: str
     status: str
     config: Dict[str, Any] = field(default_factory=dict)
-    step: Optional[int] = None
+    step: Optional[float] = None  # its progress in the sweep's time attribute (``raylane.sweeps.conventions``)
     metric: Optional[float] = None
     # Why it last paused: "quota" (a slot was reclaimed), "rung" (it waits at a rung for the other trials of its
     # cohort: synchronous ASHA) or "scheduler" (PBT's time sharing or exploit).
@@ -102,21 +107,22 @@ class Grant:
                 view.config = dict(t.config)
             self._record()
 
-    def note_result(self, trial_id: str, step: Optional[int], metric: Optional[float]) -> None:
+    def note_result(self, trial_id: str, step: Optional[float], metric: Optional[float]) -> None:
         with self._lock:
             view = self._trials.get(trial_id)
             if view is not None:
                 view.step = step if step is not None else view.step
                 view.metric = metric if metric is not None else view.metric
 
-    def note_ended(self, trial: Trial, status: str, result: Optional[Dict] = None, metric: Optional[str] = None) -> None:
-        """Tune tells schedulers of an end before it sets the trial's status: record the end now."""
+    def note_ended(self, trial: Trial, status: str, step: Optional[float] = None,
+                   metric: Optional[float] = None) -> None:
+        """Tune tells schedulers of an end before it sets the trial's status: record the end now (with the last
+        result's progress and metric, when it had them)."""
         with self._lock:
             view = self._trials.setdefault(trial.trial_id, TrialView(trial.trial_id, status))
             view.status, view.paused_by = status, None
-            if result:
-                view.step = result.get("step", view.step)
-                view.metric = _number(result.get(metric)) if metric and metric in result else view.metric
+            view.step = step if step is not None else view.step
+            view.metric = metric if metric is not None else view.metric
             self._record()
 
     def note_paused(self, trial_id: str, by: str) -> None:
@@ -191,11 +197,14 @@ class QuotaScheduler(TrialScheduler):
 
     # Each result must reach on_trial_result on its own, so that a reclaimed slot pauses a trial at its next report.
     _supports_buffered_results = False
+    time_attr = TimeAttr()  # the default, also for a scheduler unpickled from an experiment saved without one
 
-    def __init__(self, inner: TrialScheduler, grant_key: str):
+    def __init__(self, inner: TrialScheduler, grant_key: str, *, time_attr: Optional[TimeAttr] = None):
         super().__init__()
         self.inner = inner
         self.grant_key = grant_key
+        if time_attr is not None:
+            self.time_attr = time_attr
 
     @property
     def metric(self):
@@ -218,9 +227,10 @@ class QuotaScheduler(TrialScheduler):
         self._grant(tune_controller).note_ended(trial, Trial.ERROR)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: Dict) -> str:
+        result = self.time_attr.stamped(result, trial.trial_id)
         decision = self.inner.on_trial_result(tune_controller, trial, result)
         g = self._grant(tune_controller)
-        g.note_result(trial.trial_id, result.get("step"), _number(result.get(self.metric)))
+        g.note_result(trial.trial_id, result[PROGRESS], _number(result.get(self.metric)))
         if decision == TrialScheduler.CONTINUE and trial.status == Trial.RUNNING:
             running = sum(t.status == Trial.RUNNING for t in tune_controller.get_trials())
             if running > g.granted:
@@ -233,8 +243,12 @@ class QuotaScheduler(TrialScheduler):
         return decision
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: Dict) -> None:
+        progress = self.time_attr.value(result) if result else None
+        if progress is not None:
+            result = {**result, PROGRESS: progress}
         self.inner.on_trial_complete(tune_controller, trial, result)
-        self._grant(tune_controller).note_ended(trial, Trial.TERMINATED, result, self.metric)
+        self._grant(tune_controller).note_ended(trial, Trial.TERMINATED, progress,
+                                                _number((result or {}).get(self.metric)))
 
     def on_trial_remove(self, tune_controller, trial: Trial) -> None:
         self.inner.on_trial_remove(tune_controller, trial)
@@ -293,15 +307,19 @@ class GrantedVariantGenerator(BasicVariantGenerator):
 
 class GrantStopper(Stopper):
     """Ends the experiment once the driver asked (``Grant.request_stop``); stops a trial at the budget's end
-    (``step`` >= ``budget_max``), whatever its trainable would do."""
+    (its progress in the time attribute >= ``budget_max``), whatever its trainable would do."""
 
-    def __init__(self, grant_key: str, budget_max: Optional[int] = None):
+    time_attr = TimeAttr()  # the default, also for a stopper unpickled from an experiment saved without one
+
+    def __init__(self, grant_key: str, budget_max: Optional[int] = None, *, time_attr: Optional[TimeAttr] = None):
         self.grant_key = grant_key
         self.budget_max = budget_max
+        if time_attr is not None:
+            self.time_attr = time_attr
 
     def __call__(self, trial_id: str, result: Dict) -> bool:
-        step = result.get("step")
-        return self.budget_max is not None and isinstance(step, (int, float)) and step >= self.budget_max
+        progress = self.time_attr.value(result)
+        return self.budget_max is not None and progress is not None and progress >= self.budget_max
 
     def stop_all(self) -> bool:
         return grant_for(self.grant_key).stop_requested

@@ -180,7 +180,8 @@ class Halving:
 
 class SynchronousHalvingScheduler(FIFOScheduler):
     """ASHA's rungs with synchronous decisions (``scheduler: {type: asha, synchronous: true}``): a Ray Tune shell
-    over ``Halving``; see the module docstring. Its ``time_attr`` must grow with training (the sweeps use ``step``).
+    over ``Halving``; see the module docstring. Its ``time_attr`` must grow with training (the sweeps use the
+    progress ``raylane.sweeps.quota.QuotaScheduler`` adds: ``step``, else ``training_iteration``).
     """
 
     _supports_buffered_results = False  # a trial must be paused at the rung's own report, not a later one

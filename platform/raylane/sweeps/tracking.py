@@ -8,9 +8,12 @@ batching) rather than its own.
 
 Child runs: tag ``mlflow.parentRunId`` (MLflow's nesting), ``raylane.sweep_id``, ``raylane.trial_id``; params are
 the trial's sampled config, flattened with dots (``model.d_model``), as Tune's own MLflow logger names them; metrics
-are every number the trial reports, against its ``step``, plus ``gpu_seconds`` (cumulative: the seconds between
-its results times the GPUs a trial holds). A trial found already in the store (a resumed driver) gets the same
-child run; the points it already logged are not logged twice. PBT changes a trial's config on exploit: the new
+are every number the trial reports, against its progress in the sweep's time attribute (``step``, else Tune's
+``training_iteration``, or the spec's ``time_attr``: ``raylane.sweeps.conventions``), plus ``gpu_seconds``
+(cumulative: the seconds between its results times the GPUs a trial holds). A trial found already in the store (a
+resumed driver) gets the same child run; the points it already logged are not logged twice. A sweep that fails or
+is cancelled ends the child runs still open with its own status (``end_open_trials``: FAILED, KILLED), so none is
+left RUNNING. PBT changes a trial's config on exploit: the new
 values go to the tags ``raylane.config.<param>`` (params are write-once). Where the trial's weights came from goes
 to the tag ``raylane.exploits``: a JSON list with one entry per start of the trial from another trial's checkpoint,
 ``{"step": <first step reported after it>, "source": <trial id>, "source_step": <that checkpoint's step>}`` (the
@@ -49,10 +52,11 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from raylane.sweeps.conventions import TimeAttr
 from raylane.tracking import _MAX_TAG_VALUE, _chunks, _flatten, _param_value, _tag_value, client_for, tracking_uri
 
 __all__ = ["TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_BEST", "TAG_EXPLOITS", "SweepTracking", "summarize", "child_runs",
-           "exploits"]
+           "exploits", "end_open_trials"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +85,10 @@ class SweepTracking(Callback):
     rebuilt after unpickling.
     """
 
+    time_attr: Optional[str] = None  # the spec's; also for a callback unpickled from a state saved without one
+
     def __init__(self, *, sweep_id: str, parent_run_id: str, experiment_id: str, uri: str, name: str,
-                 gpus_per_trial: float, budget_max: int, report_every: int):
+                 gpus_per_trial: float, budget_max: int, report_every: int, time_attr: Optional[str] = None):
         self.sweep_id = sweep_id
         self.parent_run_id = parent_run_id
         self.experiment_id = experiment_id
@@ -91,6 +97,7 @@ class SweepTracking(Callback):
         self.gpus_per_trial = float(gpus_per_trial)
         self.budget_max = int(budget_max)
         self.report_every = int(report_every)
+        self.time_attr = time_attr
         self._reset()
 
     def _reset(self) -> None:
@@ -105,8 +112,8 @@ class SweepTracking(Callback):
 
     def __getstate__(self) -> Dict[str, Any]:
         keep = ("sweep_id", "parent_run_id", "experiment_id", "uri", "name", "gpus_per_trial", "budget_max",
-                "report_every")
-        return {k: self.__dict__[k] for k in keep}
+                "report_every", "time_attr")
+        return {k: self.__dict__[k] for k in keep if k in self.__dict__}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -136,7 +143,10 @@ class SweepTracking(Callback):
             self._trained[tid] = int(run.data.metrics.get(TRAINED_STEPS, 0))
             self._steady[tid] = (float(run.data.metrics.get(STEADY_GPU_SECONDS, 0.0)),
                                  int(run.data.metrics.get(STEADY_STEPS, 0)))
-            self._resume_mark[tid] = int(run.data.metrics.get("step", 0))
+            # The last step logged: the MLflow step of the newest point of a metric every result carries (a
+            # trainable that reports no ``step`` has no metric of that name).
+            history = self.client.get_metric_history(run_id, TRAINED_STEPS)
+            self._resume_mark[tid] = max((int(p.step) for p in history), default=0)
             self._last_step[tid] = self._resume_mark[tid]
             self._exploits[tid] = exploits(run)
             if run.info.status != "RUNNING":
@@ -178,7 +188,7 @@ class SweepTracking(Callback):
     def _result(self, trial, result: Mapping[str, Any]) -> None:
         tid = trial.trial_id
         run_id = self._child(trial)
-        step = _int(result.get("step"), _int(result.get("training_iteration"), 0))
+        step = _int(TimeAttr(self.time_attr).value(result), 0)
         if tid in self._resume_mark:
             if step <= self._resume_mark[tid]:
                 return  # an earlier driver logged this step already
@@ -223,6 +233,21 @@ class SweepTracking(Callback):
                 TAG_STOPPED_EARLY: str(status == "FINISHED" and step < self.budget_max).lower()}
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         self.client.set_terminated(run_id, status)
+
+
+def end_open_trials(client: MlflowClient, experiment_id: str, sweep_id: str, status: str) -> List[str]:
+    """End every child run of the sweep still RUNNING with ``status`` (FAILED, KILLED or FINISHED: the sweep's own
+    end, for trials Tune left unfinished); returns their trial ids. A driver that resumes the sweep opens them
+    again (``SweepTracking._child``)."""
+    ended = []
+    for run in child_runs(client, experiment_id, sweep_id):
+        if run.info.status != "RUNNING":
+            continue
+        tags = [RunTag(TAG_TRIAL_STATUS, {"FAILED": "ERROR", "KILLED": "KILLED"}.get(status, "TERMINATED"))]
+        client.log_batch(run.info.run_id, tags=tags)
+        client.set_terminated(run.info.run_id, status)
+        ended.append(run.data.tags.get(TAG_TRIAL_ID, run.info.run_id))
+    return ended
 
 
 def child_runs(client: MlflowClient, experiment_id: str, sweep_id: str) -> list:
