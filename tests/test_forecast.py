@@ -52,6 +52,14 @@ CASES = [
          nodes(1), [running(wl("a").gpus(8).est(1000), on=["n1"])],
          [wl("b").gpus(8).est(500).at(1), wl("c").gpus(8).est(300).at(2).cls(PROD)], config=dict(preemption="none"),
          expect={"c": (1000, 1300), "b": (1300, 1800)}),
+    Case("expected arrivals: a higher class expected before the lease ends goes first",
+         nodes(1), [running(wl("a").gpus(8).est(1000), on=["n1"])], [wl("b").gpus(8).est(500).at(1)],
+         config=dict(preemption="none"), kw=dict(arrivals=[obj(wl("x").gpus(8).est(1000).at(500).cls(PROD))]),
+         expect={"b": (2000, 2500)}),
+    Case("expected arrivals after its start change nothing",
+         nodes(1), [running(wl("a").gpus(8).est(1000), on=["n1"])], [wl("b").gpus(8).est(500).at(1)],
+         config=dict(preemption="none"), kw=dict(arrivals=[obj(wl("x").gpus(8).est(1000).at(1500).cls(PROD))]),
+         expect={"b": (1000, 1500)}),
     Case("no estimate: the lease ends after its class's runtime",
          nodes(1), [running(wl("a").gpus(8), on=["n1"])], [wl("b").gpus(8).est(60)],
          kw=dict(class_runtime_s={PRETRAIN.name: 7200}), expect={"b": (7200, 7260)}),
@@ -230,3 +238,29 @@ def test_a_reason_shared_by_many_is_read_once_and_each_gets_its_wait(monkeypatch
     assert etas["b3"].waits_for == (QuotaWait("nlp", "gpu", 8, 2500, ("b1", "b2")),)
     # read once per distinct reason of a cycle, not once per workload told it
     assert len(reads) == sum(len(set(ids)) for ids in cycles) < sum(len(ids) for ids in cycles)
+
+
+def test_learned_runtimes_give_an_interval_and_a_basis():
+    # a runs now with a learned runtime of 1,000 to 3,000 s (median 2,000); b waits for its node.
+    from dataclasses import replace
+
+    from raylane.forecast import expected_arrivals, forecast_interval
+    from raylane.runtimes import Basis, RuntimeDist
+
+    d = RuntimeDist((Basis("user-name", "alice/x", (1000.0, 1500.0, 2000.0, 2500.0, 3000.0)),))
+    a = replace(obj(wl("a").gpus(8)), predicted=d)
+    b = replace(obj(wl("b").gpus(8).at(1)), predicted=d)
+    st = make_state(nodes(1), (team("nlp"),), [running(a, on=["n1"])], [b])
+    e = forecast_interval(st, NOW)["b"]
+    # a has run NOW seconds: every run is longer, so it ends at the runs' quantiles.
+    assert (e.start_low, e.start, e.start_high) == pytest.approx((1200.0, 2000.0, 2800.0))
+    assert e.finish == pytest.approx(4000.0)
+    assert e.basis == "5 runs of alice/x: median 33m"
+    assert "between" in describe(e, NOW) and "its runtime: 5 runs of alice/x" in describe(e, NOW)
+    # Without learned runtimes it is the forecast as it was.
+    plain = make_state(nodes(1), (team("nlp"),), [running(wl("a").gpus(8).est(1000), on=["n1"])],
+                       [wl("b").gpus(8).est(10).at(1)])
+    assert forecast_interval(plain, NOW) == forecast(plain, NOW)
+    # The arrivals of the last hour, an hour later.
+    future = expected_arrivals([obj(wl("p").at(NOW - 10)), obj(wl("q").at(NOW - 4000))], NOW, 3600)
+    assert [(w.id, w.submit_time) for w in future] == [("~expected-p", NOW - 10 + 3600)]

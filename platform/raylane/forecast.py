@@ -90,7 +90,7 @@ from raylane.scheduling.types import (
 )
 
 __all__ = ["Eta", "CapacityWait", "QuotaWait", "QueueWait", "PreemptionWait", "Wait", "forecast", "describe",
-           "expected_end", "forecast_interval", "DEFAULT_HORIZON_S", "MAX_WAITS", "METHODS"]
+           "expected_end", "expected_arrivals", "forecast_interval", "DEFAULT_HORIZON_S", "MAX_WAITS", "METHODS"]
 
 # How a forecast may be computed (``forecast``'s ``method``): the live cycle replayed step by step, or a reservation
 # plan (``raylane.forecast_plan``).
@@ -123,6 +123,7 @@ def forecast(
     lookahead: int = 16,
     method: str = "replay",
     quantile: float = 0.5,
+    arrivals: Sequence[Workload] = (),
 ) -> Dict[str, Eta]:
     """The ETA of every pending workload of ``state`` (of those in ``only``, when given), seen at ``now``.
 
@@ -138,7 +139,9 @@ def forecast(
     long a lease past its expected end is taken to run on. ``horizon_s``, ``resolution``, ``min_step_s`` and
     ``lookahead`` trade precision for speed (module docstring). ``quantile``: which quantile of each learned
     prediction (``Workload.predicted``) work runs for (0.5, the median; ``forecast_interval`` runs 0.1 and 0.9 too);
-    the cycles decide as the live plane does whatever it is. ``state`` is not changed.
+    the cycles decide as the live plane does whatever it is. ``arrivals``: work expected to come after ``now``
+    (``expected_arrivals``), queued at its submit time as the replay reaches it (method replay only; the plan
+    ignores it). ``state`` is not changed.
     """
     errors = []
     if not math.isfinite(now):
@@ -165,8 +168,22 @@ def forecast(
                     min_overrun_s=min_overrun_s, quantile=quantile)
     default = default_runtime_s if default_runtime_s is not None else state.config.default_runtime_s
     run = _Run(state, now, default, class_runtime_s, stopping_ends, only, overrun, min_overrun_s, max_examined,
-               lookahead, quantile)
+               lookahead, quantile, arrivals)
     return run.go(horizon_s, resolution, min_step_s)
+
+
+def expected_arrivals(history: Sequence[Workload], now: float, window_s: float) -> List[Workload]:
+    """The work expected to arrive in the next ``window_s`` seconds: what arrived in the last ``window_s`` (of
+    ``history``: workloads with their submit times), again, ``window_s`` later (a persistence forecast of the
+    arrival process: the same rate, the same shapes, classes, teams and learned runtimes). Ids are prefixed
+    ``~expected-``; each has no attained service."""
+    if not window_s > 0:
+        raise ValueError(f"expected_arrivals: window_s={window_s!r} (allowed: > 0)")
+    out = []
+    for w in history:
+        if now - window_s <= w.submit_time < now:
+            out.append(replace(w, id=f"~expected-{w.id}", submit_time=w.submit_time + window_s, attained_gpu_s=0.0))
+    return out
 
 
 def forecast_interval(state: ClusterState, now: float, *, low: float = 0.1, high: float = 0.9,
@@ -201,7 +218,7 @@ def forecast_interval(state: ClusterState, now: float, *, low: float = 0.1, high
     return out
 
 
-_END, _STOP = 0, 1
+_END, _STOP, _ARRIVE = 0, 1, 2
 # A shape that is not blocked: its work is decided by the cycle.
 _OPEN = ("open",)
 # The kind of a ``QueueWait``.
@@ -213,7 +230,8 @@ class _Run:
     """One forecast: the copied state and its clock, the lease ends still to come, and what each target waited for."""
 
     def __init__(self, state: ClusterState, now: float, default_runtime_s: float, class_runtime_s, stopping_ends,
-                 only, overrun: float, min_overrun_s: float, max_examined: int, lookahead: int, q: float = 0.5):
+                 only, overrun: float, min_overrun_s: float, max_examined: int, lookahead: int, q: float = 0.5,
+                 arrivals: Sequence[Workload] = ()):
         self.now = now
         self.q = q
         self.lookahead = lookahead
@@ -246,6 +264,12 @@ class _Run:
                 self._push(expected_end(lease, now, default_runtime_s=default_runtime_s,
                                         class_runtime_s=class_runtime_s, overrun=overrun,
                                         min_overrun_s=min_overrun_s, q=q), _END, lease.id)
+        # Work expected to come (``arrivals``): queued as the replay reaches its submit time; never a target.
+        self.coming: Dict[str, Workload] = {}
+        for w in arrivals:
+            if w.submit_time > now and w.id not in self.targets and w.id not in st.leases:
+                self.coming[w.id] = w
+                self._push(w.submit_time, _ARRIVE, w.id)
         # What happened, for ``waits_for``: when each shape was blocked or open, each target's own reasons when they
         # change, and which leases ended when on each node and of each team.
         self.shape_log: Dict[Tuple, List[Tuple[float, Tuple, Optional["Wait"]]]] = {}
@@ -277,6 +301,12 @@ class _Run:
         t, ended = events[0][0], []
         while events and events[0][0] <= cut:
             at, kind, _, wid, attempt = heapq.heappop(events)
+            if kind == _ARRIVE:
+                w = self.coming.pop(wid)
+                st.enqueue(w)
+                self._queued(w, 1)
+                t = max(t, at)
+                continue
             if self.attempt.get(wid) != attempt or wid not in st.leases:
                 continue
             t = max(t, at)
