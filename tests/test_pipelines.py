@@ -56,7 +56,6 @@ def test_the_example_loads_and_expands_with_references_resolved():
     ({"stages__prep__needs": ["eval"]}, "stages.needs", "an acyclic graph"),
     ({"stages__eval__workload__kind": "serve"}, "stages.eval.workload.kind", "one of train, eval, batch"),
     ({"stages__eval__workload__team": "team-b"}, "stages.eval.workload.team", "the pipeline gives every stage"),
-    ({"stages__eval__duration": None}, "stages.eval.duration", "an estimated duration"),
     ({"stages__eval__workload__config": {"checkpoint": {"stage": "eval", "step": "latest"}}},
      "stages.eval.workload.config.checkpoint.stage", "a stage this one needs"),
     ({"stages__finetune__workload__config": {"init_from": {"stage": "pretrain", "step": 0}}},
@@ -177,3 +176,80 @@ def test_fuzzed_pipelines_get_an_error_naming_where_never_a_traceback(tmp_path):
             check(d, storage_path=str(tmp_path), load_code=False)
         except FatalError as exc:
             assert str(exc).strip()
+
+
+# ------------------------------------------------------------------------------------- predicted durations
+def undeclared_eval():
+    """The example with its eval stage stating no duration (no ``duration``, no ``workload.runtime_estimate``)."""
+    d = with_()
+    del d["stages"]["eval"]["duration"]
+    return d
+
+
+def test_a_stage_may_state_no_duration_and_is_planned_only_with_a_prediction():
+    spec = ps.load_pipeline_spec(undeclared_eval())  # accepted: the control plane predicts it
+    assert ps.undeclared(spec) == ["eval"] and ps.declared(spec.stages["prep"])
+    specs = ps.expand(spec, "p-1", "/data")
+    assert "runtime_estimate" not in specs["eval"]  # not taught to the runtime model as a user's estimate
+    assert specs["prep"]["runtime_estimate"] == 30
+    nodes = [PlanNode("n1", "x", cpu=8, memory_gb=32, gpu=4, features={"ssd", "nvlink"})]
+    # Without a prediction: refused, naming the stage and what to declare (never a silent constant).
+    with pytest.raises(ValidationError) as info:
+        ps.planning_problem(spec, specs, nodes, 3600.0)
+    assert [(f, v) for f, v, _ in info.value.errors] == [("stages.eval.duration", None)]
+    assert info.value.errors[0][2].startswith("declare duration") and "no prediction" in info.value.errors[0][2]
+    problem, _ = ps.planning_problem(spec, specs, nodes, 3600.0, predicted_s={"eval": 900.0})
+    assert problem.stage("eval").duration_h == pytest.approx(0.25)
+    assert problem.stage("prep").duration_h == pytest.approx(30 / 3600)
+    # A workload.runtime_estimate states it as well as a duration does.
+    d = undeclared_eval()
+    d["stages"]["eval"]["workload"]["runtime_estimate"] = "5m"
+    assert ps.undeclared(ps.load_pipeline_spec(d)) == []
+
+
+@pytest.fixture
+def harness(tmp_path):
+    from tests.controltest import Harness
+    from tests.raytest import local_policy
+
+    h = Harness(str(tmp_path / "journal.db"), local_policy())
+    yield h
+    h.close()
+
+
+def submit_pipeline(h, data, pid, tmp_path):
+    return h.call("pipeline_submit", spec=data, pipeline_id=pid, storage_path=str(tmp_path))
+
+
+def test_without_history_a_stage_stating_no_duration_refuses_the_pipeline_naming_it(harness, tmp_path):
+    with pytest.raises(ValidationError) as info:
+        submit_pipeline(harness, undeclared_eval(), "lm-1", tmp_path)
+    assert [(f, v) for f, v, _ in info.value.errors] == [("stages.eval.duration", None)]
+    assert info.value.errors[0][2].startswith("declare duration") and "to predict one from" in info.value.errors[0][2]
+    assert "lm-1" not in harness.cs.pipes.runs and not any(w.startswith("lm-1-") for w in harness.cs.records)
+
+
+def test_a_stage_stating_no_duration_is_planned_with_the_median_of_its_prediction_and_the_plan_says_so(
+        harness, tmp_path):
+    from raylane.runtimes import RunFeatures
+
+    # History: three finished eval runs of 8, 10 and 30 minutes (the class level: no run of this stage yet).
+    for minutes in (8, 10, 30):
+        harness.cs.runtimes.model.observe(RunFeatures(team="team-b", cls="eval", gpus=1, workers=1), minutes * 60.0)
+    view = submit_pipeline(harness, undeclared_eval(), "lm-2", tmp_path)
+    stages = {s["stage"]: s for s in view["stages"]}
+    assert stages["eval"]["estimate_s"] == 600.0 and stages["eval"]["estimate"] == "predicted"
+    assert stages["prep"]["estimate_s"] == 30.0 and stages["prep"]["estimate"] == "declared"
+    planned = stages["eval"]["planned"]
+    assert planned["finish_h"] - planned["start_h"] == pytest.approx(600 / 3600)
+    assert view["makespan_h"] == pytest.approx(planned["finish_h"])
+    assert "durations predicted from past runs: eval 10m (3 runs of class eval: median 10m)" in view["planner"]
+    submitted = next(d for k, d in harness.journal("lm-2") if d.get("event") == "submitted")
+    assert submitted["predicted"] == {"eval": {"seconds": 600.0, "basis": "3 runs of class eval: median 10m"}}
+    # The stage's workload carries no runtime_estimate: it is queued with its own prediction, like any workload.
+    assert "runtime_estimate" not in harness.record("lm-2-eval").spec
+    # After a restart the pipeline is what the journal says, prediction and explanation included.
+    harness.restart()
+    again = harness.call("pipeline_status", workload_id="lm-2")
+    assert again["planner"] == view["planner"]
+    assert {s["stage"]: s["estimate_s"] for s in again["stages"]}["eval"] == 600.0

@@ -15,12 +15,12 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from raylane.errors import ValidationError
-from raylane.planning import PLANNERS, CpSatPlanner, PlanStatus, verify
+from raylane.planning import PLANNERS, BestPlanner, CpSatPlanner, PlanStatus, verify
 from raylane.planning.explain import critical_path, explain
 from raylane.planning.yamlio import LoadError, dump_plan, load_cluster, load_pipeline, load_plan
 from raylane.render import cell
 
-SOLVERS = ("heft", "olb", "cpsat")
+SOLVERS = ("best", "heft", "olb", "cpsat")
 DEFAULT = "solve"
 
 
@@ -34,7 +34,7 @@ class _DefaultToSolve(TyperGroup):
 
 
 plan_app = typer.Typer(cls=_DefaultToSolve, no_args_is_help=True, help=(
-    "Plan a pipeline: raylane plan PIPELINE.yaml --cluster CLUSTER.yaml [--solver heft|olb|cpsat] [--out PLAN.yaml] "
+    "Plan a pipeline: raylane plan PIPELINE.yaml --cluster CLUSTER.yaml [--solver best|heft|olb|cpsat] [--out PLAN.yaml] "
     "[--gantt CHART.png] [--json] [--describe]; check a plan: raylane plan check PIPELINE.yaml PLAN.yaml "
     "--cluster CLUSTER.yaml."))
 
@@ -47,8 +47,9 @@ def _fail(e) -> None:
 @plan_app.command(DEFAULT, hidden=True)
 def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
          cluster: Path = typer.Option(..., "--cluster", help="planning cluster YAML"),
-         solver: str = typer.Option("heft", "--solver", help="heft, olb or cpsat"),
-         time_limit: float = typer.Option(10.0, "--time-limit", help="cpsat time limit in seconds"),
+         solver: str = typer.Option("best", "--solver", help="best (the better of HEFT's, OLB's and CP-SAT's "
+                                                                    "plans), heft, olb or cpsat"),
+         time_limit: float = typer.Option(10.0, "--time-limit", help="the CP-SAT time limit of best and cpsat, in seconds"),
          out: Optional[Path] = typer.Option(None, "--out", help="write the plan YAML here"),
          gantt: Optional[Path] = typer.Option(None, "--gantt", help="write a Gantt chart of the plan here (PNG)"),
          as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
@@ -60,7 +61,8 @@ def plan(pipeline: Path = typer.Argument(..., help="pipeline YAML"),
     try:
         nodes, net = load_cluster(cluster)
         p = load_any_pipeline(pipeline, nodes)
-        planner = CpSatPlanner(time_limit_s=time_limit) if solver == "cpsat" else PLANNERS.get(solver)
+        planner = (CpSatPlanner(time_limit_s=time_limit) if solver == "cpsat" else
+                   BestPlanner(time_limit_s=time_limit) if solver == "best" else PLANNERS.get(solver))
         if describe:
             typer.echo(describe_problem(p, nodes, net))
             return

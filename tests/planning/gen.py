@@ -62,3 +62,22 @@ def random_instance(rng: random.Random, max_stages: int = 5, min_nodes: int = 2,
     nodes = [replace(n, storage_gbps=rng.choice(STORAGE_GB_PER_H) / 3600) if rng.random() < 0.3 else n
              for n in nodes]
     return Pipeline(tuple(stages)), nodes, network
+
+
+def locality_instance(rng: random.Random, n_stages: Optional[int] = None, min_stages: int = 3, max_stages: int = 7,
+                      n_nodes: Optional[int] = None) -> Tuple[Pipeline, List[PlanNode], Network]:
+    """A small locality-heavy pipeline: outputs of 10-60 GB on links of 10-30 GB/h (transfers of 20 min to 6 h, as
+    long as the stages), mostly chains and fork-joins (each stage needs the one before it with probability 0.7 and
+    any other earlier one with 0.2), and each stage fastest on a different node type (0.25-4 h by type), so a planner
+    that chases the fastest node pays for it in transfers. Durations in quarter hours, transfers whole minutes."""
+    types = "abc"
+    nodes = [PlanNode(f"n{i}", types[i % 3], cpu=16, memory_gb=64) for i in range(n_nodes or rng.randint(2, 4))]
+    stages = []
+    for i in range(n_stages or rng.randint(min_stages, max_stages)):
+        needs = tuple(f"s{j}" for j in range(i) if rng.random() < (0.7 if j == i - 1 else 0.2))
+        per_type = {t: rng.randint(1, 16) / 4 for t in types}
+        stages.append(Stage(f"s{i}", cpu=rng.choice((4, 8, 16)), memory_gb=16, duration_h=max(per_type.values()),
+                            durations_h=per_type, output_gb=rng.randint(10, 60), needs=needs))
+    links = {(a.name, b.name): rng.choice((10.0, 20.0, 30.0)) for a in nodes for b in nodes
+             if a.name < b.name and rng.random() < 0.5}
+    return Pipeline(tuple(stages)), nodes, Network(default_gb_per_h=rng.choice((10.0, 20.0)), links=links)

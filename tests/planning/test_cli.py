@@ -43,7 +43,7 @@ def test_plan_table_critical_path_reasons_and_bad_solver():
     assert "not cpu-1: lacks feature(s) ssd (has: none)" in r.output
     assert "on gpu-1 it would finish at 10 h (+0.75 h): T3's 20 GB would take 1 h to move" in r.output
     r = run("plan", PIPE, "--cluster", CLUSTER, "--solver", "magic")
-    assert r.exit_code == 2 and "--solver: got 'magic'; allowed: heft, olb, cpsat" in r.output
+    assert r.exit_code == 2 and "--solver: got 'magic'; allowed: best, heft, olb, cpsat" in r.output
 
 
 def test_plan_help_lists_check_and_gantt_is_written(tmp_path):
@@ -110,3 +110,17 @@ def test_a_runnable_pipeline_spec_plans_offline_too():
     assert data["stages"]["pretrain"]["node"] == "gpu-a"
     # 30 s + 2 min + 1 min + 30 s, one after the other.
     assert data["makespan_h"] * 60 == pytest.approx(4.0, abs=0.05)
+
+
+def test_offline_a_stage_stating_no_duration_is_refused_naming_it(tmp_path):
+    """``raylane plan`` has no run history: a stage with neither duration nor workload.runtime_estimate exits 2,
+    naming the stage and what to declare (the control plane would predict it; a constant never stands in)."""
+    import yaml
+
+    data = yaml.safe_load(open(EX + "lm-lifecycle.yaml").read())
+    del data["stages"]["eval"]["duration"]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = run("plan", str(path), "--cluster", EX + "cluster-local.yaml")
+    assert r.exit_code == 2, r.output
+    assert "stages.eval.duration: got None; declare duration" in r.output, r.output

@@ -74,8 +74,8 @@ def test_per_node_type_durations():
 
 
 def test_registry_names_and_unknown_planner():
-    assert PLANNERS.names() == ["cpsat", "heft", "olb"] and PLANNERS.default == "heft"
-    with pytest.raises(UnknownNameError, match="unknown planner policy 'ga'; known: cpsat, heft, olb"):
+    assert PLANNERS.names() == ["best", "cpsat", "heft", "olb"] and PLANNERS.default == "best"
+    with pytest.raises(UnknownNameError, match="unknown planner policy 'ga'; known: best, cpsat, heft, olb"):
         PLANNERS.get("ga")
 
 

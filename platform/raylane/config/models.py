@@ -486,7 +486,7 @@ class PipelinesSpec(_Model):
     """How the control plane plans and watches pipelines (``raylane.pipelines``, docs/pipelines.md)."""
 
     # The planner a pipeline uses unless its spec names one.
-    planner: Literal["heft", "olb", "cpsat"] = "heft"
+    planner: Literal["best", "heft", "olb", "cpsat"] = "best"
     # Bandwidth between two nodes for a stage's output, in GB per hour (3600: 1 GB/s); same node: no transfer.
     bandwidth_gb_per_h: Annotated[float, Field(gt=0), Allowed("a bandwidth in GB per hour > 0")] = 3600.0
     # A stage running longer than this many times its estimate makes the control plane re-plan what has not started.

@@ -12,6 +12,11 @@ stage NAME writes its output to, and ``{stage: NAME, step: latest | N}`` by the 
 <NAME's workload id>, step: ...}`` (kept safe from retention exactly like any ``init_from``). NAME must be a stage the
 referring stage needs, directly or through other stages.
 
+Durations: a stage's ``duration`` (or its workload's ``runtime_estimate``) is what the planner is told. A stage that
+declares neither (``undeclared``) is planned with a runtime the caller predicts from history and hands to
+``planning_problem`` (``predicted_s``): the control plane takes the median of its runtime model's prediction and
+refuses the pipeline when there is no history to predict from; nothing here supplies a constant.
+
 Output directories: ``<storage>/pipelines/<pipeline id>/<stage>``; a batch stage without ``config.output`` writes
 there, a command stage finds it in ``RAYLANE_OUTPUT``; a training stage's output is its checkpoints.
 
@@ -32,14 +37,15 @@ from raylane.errors import ValidationError
 from raylane.planning import Network, Pipeline, PlanNode, Stage
 
 __all__ = ["STAGE_KINDS", "PIPELINE_FIELDS", "PLANNERS", "DURATION_ESTIMATE", "StageSpec", "PipelineSpec",
-           "load_pipeline_spec", "ancestors", "stage_ids", "output_dir", "expand", "estimate_s", "output_location",
+           "load_pipeline_spec", "ancestors", "stage_ids", "output_dir", "expand", "declared", "undeclared",
+           "estimate_s", "output_location",
            "H", "DONE_H", "demand", "planning_problem", "plan_nodes", "PIN", "replan_problem"]
 
 #: The kinds a stage may run: one lease each, a run that ends.
 STAGE_KINDS = ("train", "eval", "batch")
 #: Fields of a stage's workload the pipeline sets: a stage may not set them itself.
 PIPELINE_FIELDS = ("name", "team", "run", "pipeline")
-PLANNERS = ("heft", "olb", "cpsat")
+PLANNERS = ("best", "heft", "olb", "cpsat")
 DURATION_ESTIMATE = ("an estimated duration (90s, 10m, 2h, or seconds), or a mapping of node type to one (key "
                      "default for the other types)")
 
@@ -51,7 +57,7 @@ class StageSpec(StrictModel):
     # Node features the stage needs beyond its workload's gang.features (both are required of its node).
     features: List[Name] = Field(default_factory=list)
     # The estimated duration: one duration, or one per node type (key ``default`` for the rest). Default: the
-    # workload's runtime_estimate.
+    # workload's runtime_estimate; with neither, the control plane predicts it from past runs (module docstring).
     duration: Annotated[Any, Allowed(DURATION_ESTIMATE)] = None
     # The estimated size of what it writes, read by every stage that needs it (e.g. 20Gi).
     output: Memory = 0.0
@@ -83,7 +89,7 @@ class PipelineSpec(StrictModel):
     class_: Optional[Name] = Field(default=None, alias="class")
     run: RunMetadata
     # None: the policy's pipelines.planner.
-    planner: Optional[Literal["heft", "olb", "cpsat"]] = None
+    planner: Optional[Literal["best", "heft", "olb", "cpsat"]] = None
     stages: Annotated[Dict[Name, StageSpec], Field(min_length=1),
                       Allowed("a mapping of stage name to stage (at least one)")]
 
@@ -120,9 +126,6 @@ def load_pipeline_spec(data: Any, source: str = "pipeline") -> PipelineSpec:
             errors.append((f"{base}.kind", kind, f"one of {', '.join(STAGE_KINDS)} (a stage is one run that ends)"))
         if "class" not in w and spec.class_ is None:
             errors.append((f"{base}.class", None, "a class of the policy, here or as the pipeline's class"))
-        if st.duration is None and w.get("runtime_estimate") is None:
-            errors.append((f"stages.{name}.duration", None, "an estimated duration (or workload.runtime_estimate): "
-                                                             "the planner needs one"))
         if isinstance(w.get("config") or {}, Mapping):
             errors += _ref_errors(spec, name, w.get("config") or {}, f"{base}.config")
     try:
@@ -198,7 +201,8 @@ def _resolve(value: Any, ids: Mapping[str, str], outputs: Mapping[str, str]) -> 
 def expand(spec: PipelineSpec, pipeline_id: str, storage_path: str,
            parent_run_id: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
     """One workload spec per stage (in the pipeline's order): name ``<pipeline>-<stage>``, the pipeline's team,
-    run metadata and default class, the stage's features added to its gang, its estimate as runtime_estimate,
+    run metadata and default class, the stage's features added to its gang, its estimate (if it declares one) as
+    runtime_estimate,
     stage references resolved, a batch stage's output defaulting to its output directory, and ``pipeline:`` naming
     the pipeline, the stage and the pipeline's MLflow run."""
     ids = stage_ids(pipeline_id, spec)
@@ -217,7 +221,7 @@ def expand(spec: PipelineSpec, pipeline_id: str, storage_path: str,
             gang["features"] = sorted(set(gang.get("features") or []) | set(st.features))
         if gang:
             w["gang"] = gang
-        if w.get("runtime_estimate") is None:
+        if w.get("runtime_estimate") is None and st.duration is not None:
             w["runtime_estimate"] = estimate_s(st)
         config = _resolve(dict(w.get("config") or {}), ids, outputs)
         if w["kind"] == "batch" and "output" not in config:
@@ -229,10 +233,28 @@ def expand(spec: PipelineSpec, pipeline_id: str, storage_path: str,
     return out
 
 
+def declared(st: StageSpec) -> bool:
+    """Whether the stage states its duration (``duration`` or ``workload.runtime_estimate``)."""
+    return st.duration is not None or st.workload.get("runtime_estimate") is not None
+
+
+def undeclared(spec: PipelineSpec) -> List[str]:
+    """The stages that state no duration, in the pipeline's order: their runtimes must be predicted."""
+    return [name for name, st in spec.stages.items() if not declared(st)]
+
+
+#: What a stage that states no duration is told where nothing predicted one (``raylane plan`` has no history).
+NO_ESTIMATE = ("declare duration (90s, 10m, 2h) or workload.runtime_estimate: no prediction from past runs was given "
+               "for this stage")
+
+
 def estimate_s(st: StageSpec, node_type: Optional[str] = None) -> float:
-    """The stage's estimated seconds (on ``node_type`` when it has an estimate for that type)."""
+    """The stage's declared estimated seconds (on ``node_type`` when it has an estimate for that type); a stage that
+    declares none has no estimate here (``undeclared``: its caller predicts one)."""
     d = st.duration
     if d is None:
+        if st.workload.get("runtime_estimate") is None:
+            raise ValidationError("pipeline stage", [("duration", None, NO_ESTIMATE)])
         from raylane.config.models import parse_duration
 
         return float(parse_duration(st.workload["runtime_estimate"]))
@@ -271,18 +293,25 @@ def demand(w: Mapping[str, Any], fits) -> Tuple[float, float, float]:
 
 
 def planning_problem(spec: PipelineSpec, stage_specs: Mapping[str, Mapping[str, Any]], nodes: Sequence[PlanNode],
-                     bandwidth_gb_per_h: float) -> Tuple[Pipeline, Network]:
-    """The pipeline as the planner sees it on ``nodes`` (the live cluster's, ``plan_nodes``)."""
+                     bandwidth_gb_per_h: float,
+                     predicted_s: Optional[Mapping[str, float]] = None) -> Tuple[Pipeline, Network]:
+    """The pipeline as the planner sees it on ``nodes`` (the live cluster's, ``plan_nodes``). ``predicted_s``: the
+    seconds to plan each ``undeclared`` stage with; one missing is refused, naming every such stage."""
     def fits(d):
         return any(all(x <= c + 1e-9 for x, c in zip(d, n.capacity)) for n in nodes)
 
+    predicted_s = predicted_s or {}
+    missing = [s for s in undeclared(spec) if not predicted_s.get(s, 0) > 0]
+    if missing:
+        raise ValidationError(f"pipeline {spec.name}", [(f"stages.{s}.duration", None, NO_ESTIMATE) for s in missing])
     stages = []
     for name, st in spec.stages.items():
         w = stage_specs[name]
         cpu, mem, gpu = demand(w, fits)
         per_type = {n.node_type: estimate_s(st, n.node_type) / H for n in nodes
                     if isinstance(st.duration, Mapping) and n.node_type in st.duration}
-        stages.append(Stage(name, cpu=cpu, memory_gb=mem, gpu=gpu, duration_h=estimate_s(st) / H,
+        seconds = estimate_s(st) if declared(st) else float(predicted_s[name])
+        stages.append(Stage(name, cpu=cpu, memory_gb=mem, gpu=gpu, duration_h=seconds / H,
                             features=frozenset((w.get("gang") or {}).get("features") or ()),
                             output_gb=float(st.output), needs=tuple(st.needs), durations_h=per_type))
     return Pipeline(tuple(stages)), Network(default_gb_per_h=bandwidth_gb_per_h)

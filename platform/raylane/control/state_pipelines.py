@@ -2,11 +2,15 @@
 
 ``pipeline_submit`` checks a ``kind: pipeline`` spec whole (its shape, its DAG, every stage's workload against the
 policy and the cluster: one stage that could never run refuses the pipeline, named), plans it on the nodes in
-service (``raylane.planning``), journals the pipeline and then one record per stage. Every stage waits in the actor's
-held set (as a consumer of a checkpoint does) until the stages it needs have succeeded; then it queues like any
-workload, under its team's quota, preferring its planned node and then the nodes that hold its inputs. Each tick
-``_service_pipelines`` ends pipelines whose stages have all ended, and re-plans the stages not started when a stage
-runs longer than ``pipelines.overrun`` times its estimate; a lost node re-plans at once (``_replan_for_node``).
+service (``raylane.planning``), journals the pipeline and then one record per stage. A stage that declares no
+duration is planned with the median of the runtime its record would be predicted (``self.runtimes``, the control
+plane's ``RuntimeBook``), and the plan's explanation (the pipeline's ``planner`` text) names each such stage and what
+the prediction rests on; with no history to predict from, the pipeline is refused, naming the stage. Every stage
+waits in the actor's held set (as a consumer of a checkpoint does) until the stages it needs have succeeded; then it
+queues like any workload, under its team's quota, preferring its planned node and then the nodes that hold its inputs.
+Each tick ``_service_pipelines`` ends pipelines whose stages have all ended, and re-plans the stages not started when
+a stage runs longer than ``pipelines.overrun`` times its estimate (a predicted one: the seconds journaled at submit);
+a lost node re-plans at once (``_replan_for_node``).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from raylane.control import pipelines as pl
 from raylane.control.journal import Kind
 from raylane.control.records import Record, State
 from raylane.errors import ConflictError, InfeasibleError, NotFoundError, ValidationError
+from raylane.runtimes import human_s
 
 log = logging.getLogger("raylane.control")
 
@@ -70,23 +75,31 @@ class PipelineCalls:
             raise ValidationError(f"pipeline {spec.name}", errors)
         if infeasible:
             raise InfeasibleError(f"pipeline {spec.name} rejected: " + "; ".join(infeasible))
+        cleans = {stage: parsed[stage].model_dump(by_alias=True, mode="json", exclude_none=True) for stage in specs}
+        predicted = self._predict_undeclared(spec, cleans, ids, now, p)
         nodes = ps.plan_nodes(self.state.nodes.values())
-        problem, network = ps.planning_problem(spec, specs, nodes, self.policy.pipelines.bandwidth_gb_per_h)
+        problem, network = ps.planning_problem(spec, specs, nodes, self.policy.pipelines.bandwidth_gb_per_h,
+                                               predicted_s={s: v["seconds"] for s, v in predicted.items()})
         solver = spec.planner or self.policy.pipelines.planner
         planner = CpSatPlanner(time_limit_s=5.0) if solver == "cpsat" else PLANNERS.get(solver)
         plan = planner.plan(problem, nodes, network)
         stored = {x.stage: {"node": x.node, "start_h": x.start_h, "finish_h": x.finish_h} for x in plan.placements}
+        explanation = f"{plan.planner} ({plan.status.value})" + (f": {plan.note}" if plan.note else "")
+        if predicted:
+            explanation += "; durations predicted from past runs: " + "; ".join(
+                f"{s} {human_s(v['seconds'])} ({v['basis']})" for s, v in predicted.items())
         # Journal first: the pipeline, then each stage's record (held until its inputs are done).
         e = self.journal.append(
             "pipeline", pid, event="submitted", spec=data, stages=ids,
             needs={s: list(st.needs) for s, st in spec.stages.items()}, plan=stored, makespan_h=plan.makespan_h,
-            planner=f"{plan.planner} ({plan.status.value})", owner=p.user, job_id=req.job_id,
-            parent_run_id=req.parent_run_id, storage=req.storage_path,
-            estimates_s={s: ps.estimate_s(st) for s, st in spec.stages.items()},
+            planner=explanation, owner=p.user, job_id=req.job_id,
+            parent_run_id=req.parent_run_id, storage=req.storage_path, predicted=predicted,
+            estimates_s={s: predicted[s]["seconds"] if s in predicted else ps.estimate_s(st)
+                         for s, st in spec.stages.items()},
             output_gb={s: float(st.output) for s, st in spec.stages.items()})
         self.pipes.apply(e)
         for stage, s in specs.items():
-            clean = parsed[stage].model_dump(by_alias=True, mode="json", exclude_none=True)
+            clean = cleans[stage]
             rec = Record(ids[stage], clean, now)
             self.records[rec.id] = rec
             self._append_submitted(rec, clean, now, None, p)
@@ -94,6 +107,29 @@ class PipelineCalls:
             self._release_if_ready(rec)
         self._poke()
         return self._pipeline_view(p, self.pipes.runs[pid], specs=specs)
+
+    def _predict_undeclared(self, spec, cleans: Dict[str, Dict[str, Any]], ids: Dict[str, str], now: float,
+                            p: Principal) -> Dict[str, Dict[str, Any]]:
+        """Stage -> {seconds, basis} for each stage that declares no duration: the median of the runtime its record
+        will be predicted (the runtime book's model, as any queued workload's), and what that rests on
+        (``RuntimeDist.describe``). Refuses, naming every such stage at once, where there is no history at all."""
+        from raylane.config import pipeline as ps
+
+        out, missing = {}, []
+        for stage in ps.undeclared(spec):
+            # Owned as its record will be (Record.apply): who asked, else what the spec says.
+            owner = p.user or (cleans[stage].get("run") or {}).get("owner") or ""
+            dist = self.runtimes.predict(Record(ids[stage], cleans[stage], now, owner=owner))
+            if dist is None or not dist.runtime(0.5) > 0:
+                missing.append(stage)
+                continue
+            out[stage] = {"seconds": dist.runtime(0.5), "basis": dist.describe()}
+        if missing:
+            raise ValidationError(f"pipeline {spec.name}", [
+                (f"stages.{s}.duration", None, "declare duration (90s, 10m, 2h) or workload.runtime_estimate: no "
+                                               "finished run of this stage, its team and class or the cluster to "
+                                               "predict one from") for s in missing])
+        return out
 
     def _api_pipeline_status(self, p: Principal, req: api.PipelineStatus) -> Dict[str, Any]:
         return self._pipeline_view(p, self._pipeline(req.workload_id))
@@ -123,6 +159,7 @@ class PipelineCalls:
                 "admitted_at": rec.admitted_at if rec else None, "first_admitted_at": started,
                 "ended_at": rec.ended_at if rec else None, "output": run.outputs.get(stage),
                 "estimate_s": run.estimates_s.get(stage), "attempts": rec.attempts if rec else 0,
+                "estimate": "declared" if _declares(run.spec, stage) else "predicted",
             })
         out = {"id": run.id, "name": run.name, "team": run.team, "owner": run.owner, "state": run.state,
                "submitted_at": run.submitted_at, "ended_at": run.ended_at, "planner": run.planner,
@@ -198,7 +235,14 @@ class PipelineCalls:
         nodes = ps.plan_nodes(self.state.nodes.values())
         if not nodes or len(specs) != len(run.stages):
             return
-        problem, network = ps.planning_problem(spec, specs, nodes, self.policy.pipelines.bandwidth_gb_per_h)
+        # Stages planned with a predicted duration keep it: the one journaled at submit.
+        predicted = {s: run.estimates_s[s] for s in ps.undeclared(spec) if s in run.estimates_s}
+        try:
+            problem, network = ps.planning_problem(spec, specs, nodes, self.policy.pipelines.bandwidth_gb_per_h,
+                                                   predicted_s=predicted)
+        except ValidationError as exc:
+            log.warning("re-plan of pipeline %s failed: %s", run.id, exc)
+            return
         done, running = {}, {}
         for s, w in run.stages.items():
             rec = self.records[w]
@@ -237,3 +281,9 @@ class PipelineCalls:
             if rec is not None and not rec.state.terminal:
                 self._cancel(rec, "pipeline", f"cancelled: {why}")
 
+
+
+def _declares(spec: Dict[str, Any], stage: str) -> bool:
+    """Whether a journaled pipeline spec states the stage's duration (``raylane.config.pipeline.declared``)."""
+    st = (spec.get("stages") or {}).get(stage) or {}
+    return st.get("duration") is not None or (st.get("workload") or {}).get("runtime_estimate") is not None

@@ -203,8 +203,11 @@ def _finish(tracker, view: Dict[str, Any], storage: str, spec: ps.PipelineSpec) 
 
     planned, actual = planned_plan(view), actual_plan(view)
     names = node_labels({p.node for p in planned.placements + actual.placements})
-    pipeline = Pipeline(tuple(Stage(s, 0, 0, duration_h=ps.estimate_s(st) / ps.H, output_gb=float(st.output),
-                                    needs=tuple(st.needs)) for s, st in spec.stages.items()))
+    # The durations the plan used: declared, or predicted at submit (the view's estimate_s).
+    planned_s = {st["stage"]: st.get("estimate_s") for st in view["stages"]}
+    pipeline = Pipeline(tuple(
+        Stage(s, 0, 0, duration_h=(ps.estimate_s(st) if ps.declared(st) else planned_s[s]) / ps.H,
+              output_gb=float(st.output), needs=tuple(st.needs)) for s, st in spec.stages.items()))
     path = os.path.join(storage, "pipelines", view["id"], "gantt.png")
     try:
         from raylane.planning.gantt import write_gantt

@@ -15,9 +15,10 @@ The model
   (``Network.rate``: the link or a slower node's storage).
 - ``makespan >= end_i``; minimise ``makespan``.
 
-HEFT's plan is the solver's hint (a first solution at once). When CP-SAT finds no plan within the time limit, or
-only one that rounding to ticks makes longer than HEFT's, the HEFT plan is returned as FEASIBLE with the solver's
-bound and a ``note`` saying so: the planner always returns a plan.
+HEFT's plan is the solver's hint (a first solution at once); ``solve`` takes any other valid plan as the hint (the
+``best`` planner hands it the better of HEFT's and OLB's). When CP-SAT finds no plan within the time limit, or only
+one that rounding to ticks makes longer than the hint, the hint is returned as FEASIBLE with the solver's bound and a
+``note`` saying so: the planner always returns a plan.
 """
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ class CpSatPlanner(Planner):
         return abs(self._ticks(hours) * self.resolution_min / 60.0 - hours) <= 1e-6
 
     def plan(self, pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network) -> Plan:
+        return self.solve(pipeline, nodes, network, hint=HeftPlanner().plan(pipeline, nodes, network))
+
+    def solve(self, pipeline: Pipeline, nodes: Sequence[PlanNode], network: Network, *, hint: Plan) -> Plan:
+        """``plan`` with ``hint`` (a valid plan of this problem) as the first solution and the fallback."""
         from ortools.sat.python import cp_model  # a heavy import, needed by this planner only
 
         feasible = feasible_nodes(pipeline, nodes)
@@ -118,15 +123,14 @@ class CpSatPlanner(Planner):
         m.add_max_equality(makespan, list(end.values()))
         m.minimize(makespan)
 
-        # HEFT's plan as a hint: a first solution at once on pipelines too large to solve from scratch in time.
-        heft = HeftPlanner().plan(pipeline, nodes, network)
-        for pl in heft.placements:
+        # The hint: a first solution at once on pipelines too large to solve from scratch in time.
+        for pl in hint.placements:
             for n in feasible[pl.stage]:
                 m.add_hint(x[pl.stage, n.name], n.name == pl.node)
             node = next(n for n in feasible[pl.stage] if n.name == pl.node)
             m.add_hint(start[pl.stage], self._ticks(pl.start_h))
             m.add_hint(end[pl.stage], self._ticks(pl.start_h) + dur[pl.stage, node.name])
-        m.add_hint(makespan, max(self._ticks(pl.start_h) + dur[pl.stage, pl.node] for pl in heft.placements))
+        m.add_hint(makespan, max(self._ticks(pl.start_h) + dur[pl.stage, pl.node] for pl in hint.placements))
 
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = self.time_limit_s
@@ -136,9 +140,9 @@ class CpSatPlanner(Planner):
         # A lower bound on the true makespan only when the model is exact (no rounding up).
         bound = solver.best_objective_bound * self.resolution_min / 60.0 + 0.0 if exact else None
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return replace(heft, planner=self.name, status=PlanStatus.FEASIBLE, bound_h=bound,
+            return replace(hint, planner=self.name, status=PlanStatus.FEASIBLE, bound_h=bound,
                            note=f"CP-SAT found no plan within {self.time_limit_s:g} s "
-                                f"({solver.status_name(status)}); this is its HEFT hint")
+                                f"({solver.status_name(status)}); this is its hint ({hint.planner}'s plan)")
 
         tick_h = self.resolution_min / 60.0
         by_name = {n.name: n for n in nodes}
@@ -148,9 +152,10 @@ class CpSatPlanner(Planner):
             st = solver.value(start[s.name]) * tick_h
             placements.append(Placement(s.name, node, st, st + s.duration_on(by_name[node])))
         makespan_h = max(p.finish_h for p in placements)
-        if heft.makespan_h < makespan_h - EPS:  # only when rounding to ticks cost more than HEFT's lead
-            return replace(heft, planner=self.name, status=PlanStatus.FEASIBLE, bound_h=bound,
-                           note="CP-SAT's best plan, in whole ticks, was longer than its HEFT hint; this is the hint")
+        if hint.makespan_h < makespan_h - EPS:  # only when rounding to ticks cost more than the hint's lead
+            return replace(hint, planner=self.name, status=PlanStatus.FEASIBLE, bound_h=bound,
+                           note=f"CP-SAT's best plan, in whole ticks, was longer than its hint; this is the hint "
+                                f"({hint.planner}'s plan)")
         proven = status == cp_model.OPTIMAL and exact
         return Plan(tuple(placements), makespan_h, planner=self.name,
                     status=PlanStatus.OPTIMAL if proven else PlanStatus.FEASIBLE, bound_h=bound)

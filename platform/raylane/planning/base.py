@@ -1,4 +1,4 @@
-"""The planner axis: one small base class and the registry ``PLANNERS`` (heft, olb, cpsat).
+"""The planner axis: one small base class and the registry ``PLANNERS`` (best, the default; heft, olb, cpsat).
 
 A planner is a pure function of (pipeline, nodes, network) to a ``Plan``: no Ray, no clock, no randomness of its
 own; the same input gives the same plan. Planners are stateless after construction and safe to share between
@@ -23,4 +23,5 @@ class Planner:
         raise NotImplementedError
 
 
-PLANNERS: Registry[Planner] = Registry("planner", default="heft")
+#: ``best`` (``_best``): HEFT and OLB, then CP-SAT within a time limit; the optimum wherever CP-SAT proves one.
+PLANNERS: Registry[Planner] = Registry("planner", default="best")
