@@ -168,3 +168,152 @@ def test_a_workload_admitted_since_the_last_forecast_shows_no_eta(h):
     assert ids[0] in h.cs.etas()
     rows = {r["id"]: r for r in h.call("queue")}
     assert rows[ids[0]]["state"] != "PENDING" and "eta_start" not in rows[ids[0]]
+
+
+# ------------------------------------------------------------------- running leases' ends and the interval gauges
+def _gauge(name: str, team: str = "team-a", cls: str = "pretrain") -> float:
+    from raylane import metrics
+
+    return metrics.snapshot(name)[(name, (("team", team), ("workload_class", cls)))]
+
+
+def _history(h, *seconds: float, name: str = "pretrain-x") -> None:
+    """Whole-cluster gangs of ``name`` that ran ``seconds`` each and succeeded: what the runtime model learns."""
+    for s in seconds:
+        wid = h.call("submit", spec=spec(name, "team-a", "pretrain", workers=2, gpu=2))["id"]
+        h.tick()
+        h.call("report", workload_id=wid, kind="running")
+        h.clock.advance(s)
+        h.call("release", workload_id=wid, outcome="finished", state="SUCCEEDED")
+        h.tick()
+
+
+@pytest.fixture
+def learned(tmp_path):
+    """Three runs of 10, 20 and 40 minutes learned; a fourth running on the whole cluster for a minute now, a fifth
+    waiting behind it: (harness, running id, waiting id)."""
+    harness = Harness(str(tmp_path / "journal.db"), local_policy(pretrain={"min_runtime": 0}))
+    _history(harness, 600, 1200, 2400)
+    running = harness.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+    harness.tick()
+    harness.call("report", workload_id=running, kind="running")
+    harness.clock.advance(60)
+    waiting = harness.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+    harness.tick()
+    yield harness, running, waiting
+    harness.close()
+
+
+def test_a_running_leases_row_carries_its_predicted_end_with_the_interval_and_basis(learned):
+    h, running, waiting = learned
+    now = h.clock()
+    dist = h.cs.state.leases[running].workload.predicted
+    rows = {r["id"]: r for r in h.call("queue")}
+    run, wait = rows[running], rows[waiting]
+    # What it has left given the minute it ran: the 10th, 50th and 90th percentile of the runs longer than that.
+    assert run["predicted_end"] == pytest.approx(now + dist.remaining(60, 0.5))
+    assert run["predicted_end_low"] == pytest.approx(now + dist.remaining(60, 0.1))
+    assert run["predicted_end_high"] == pytest.approx(now + dist.remaining(60, 0.9))
+    assert now < run["predicted_end_low"] < run["predicted_end"] < run["predicted_end_high"] <= now + 2400
+    assert run["predicted_basis"] == dist.describe(60)
+    assert run["predicted_basis"].startswith("3 runs of pytest/pretrain-x: median 20m")
+    # The one waiting behind it starts when it ends, at each end of the interval too: one rule for both rows.
+    assert wait["eta_start"] == pytest.approx(run["predicted_end"], abs=5)
+    assert wait["eta_start_low"] == pytest.approx(run["predicted_end_low"], abs=5)
+    assert wait["eta_start_high"] == pytest.approx(run["predicted_end_high"], abs=5)
+    assert "predicted_end" not in wait and not any(k.startswith("eta_") for k in run)
+
+
+def test_a_lease_whose_runtime_nobody_knows_has_no_predicted_end_and_a_declared_one_its_estimate(h):
+    unknown = h.call("submit", spec=spec("u", "team-a", "pretrain", workers=1, gpu=2))["id"]
+    declared = _submit(h, "d", "team-b", workers=1, gpu=2, estimate="10m")
+    h.tick()
+    for wid in (unknown, declared):
+        h.call("report", workload_id=wid, kind="running")
+    h.clock.advance(120)
+    rows = {r["id"]: r for r in h.call("queue")}
+    assert not any(k.startswith("predicted_") for k in rows[unknown])
+    end = h.cs.records[declared].admitted_at + 600
+    assert rows[declared]["predicted_end"] == pytest.approx(end)
+    assert rows[declared]["predicted_end_low"] == pytest.approx(end) == rows[declared]["predicted_end_high"]
+
+
+def test_another_teams_rows_carry_the_forecast_but_not_what_it_rests_on(tmp_path):
+    # The basis names the owner ("3 runs of alice/pretrain-x"), which another team's member does not see.
+    h = Harness(str(tmp_path / "journal.db"), local_policy(pretrain={"min_runtime": 0}), auth={"enabled": True})
+    try:
+        alice = h.cs.gate.add_token(user="alice", teams=["team-a"], role="member", created_by="test")
+        bob = h.cs.gate.add_token(user="bob", teams=["team-b"], role="member", created_by="test")
+        for s in (600, 1200, 2400):
+            wid = h.call("submit", alice, spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+            h.tick()
+            h.call("report", alice, workload_id=wid, kind="running")
+            h.clock.advance(s)
+            h.call("release", alice, workload_id=wid, outcome="finished", state="SUCCEEDED")
+            h.tick()
+        running = h.call("submit", alice, spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+        h.tick()
+        h.call("report", alice, workload_id=running, kind="running")
+        h.clock.advance(60)
+        waiting = h.call("submit", alice, spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+        h.tick()
+        mine = {r["id"]: r for r in h.call("queue", alice)}
+        theirs = {r["id"]: r for r in h.call("queue", bob)}
+        assert "alice/pretrain-x" in mine[running]["predicted_basis"] and "alice" in mine[waiting]["eta_basis"]
+        for wid in (running, waiting):
+            assert not {"predicted_basis", "eta_basis", "owner"} & set(theirs[wid])
+        assert theirs[running]["predicted_end_high"] == mine[running]["predicted_end_high"]
+        assert theirs[waiting]["eta_start_low"] == mine[waiting]["eta_start_low"]
+    finally:
+        h.close()
+
+
+def test_the_interval_gauges_export_the_longest_wait_at_each_end(learned):
+    h, running, waiting = learned
+    h.clock.advance(state_views.ETA_EVERY_S)
+    h.tick()  # a new forecast, and the gauges from it
+    now = h.clock()
+    e = h.cs.etas()[waiting]
+    assert e.start_low < e.start < e.start_high
+    assert _gauge("raylane_queue_eta_wait_seconds") == pytest.approx(e.start - now)
+    assert _gauge("raylane_queue_eta_wait_low_seconds") == pytest.approx(e.start_low - now)
+    assert _gauge("raylane_queue_eta_wait_high_seconds") == pytest.approx(e.start_high - now)
+    # The lease ends early: the waiting one is admitted, and the gauges read -1 before the next forecast.
+    h.call("release", workload_id=running, outcome="finished", state="SUCCEEDED")
+    h.tick()
+    assert h.record(waiting).state.value != "PENDING"
+    for name in ("raylane_queue_eta_wait_seconds", "raylane_queue_eta_wait_low_seconds",
+                 "raylane_queue_eta_wait_high_seconds"):
+        assert _gauge(name) == -1, name
+
+
+def test_without_a_learned_or_declared_runtime_the_interval_gauges_read_minus_one(h):
+    # No estimate and no history: the forecast takes the class's runtime and has no interval.
+    first = h.call("submit", spec=spec("big", "team-b", "pretrain", workers=2, gpu=2))["id"]
+    h.tick()
+    h.call("report", workload_id=first, kind="running")
+    h.clock.advance(1.1)
+    h.call("submit", spec=spec("next", "team-b", "pretrain", workers=1, gpu=2))
+    h.tick()
+    assert _gauge("raylane_queue_eta_wait_seconds", "team-b") > 0
+    assert _gauge("raylane_queue_eta_wait_low_seconds", "team-b") == -1
+    assert _gauge("raylane_queue_eta_wait_high_seconds", "team-b") == -1
+
+
+def test_a_high_end_past_the_horizon_counts_as_the_horizon(h, monkeypatch):
+    # As forecast_interval gives it when the 90th-percentile forecast does not start the workload within the
+    # horizon: a start and a low end, no high end.
+    from dataclasses import replace
+
+    from raylane.forecast_types import DEFAULT_HORIZON_S
+
+    real = fc.forecast_interval
+    monkeypatch.setattr(fc, "forecast_interval", lambda *a, **kw: {
+        wid: replace(e, start_low=e.start, start_high=None) for wid, e in real(*a, **kw).items()})
+    ids = _waiting(h, 1)
+    h.clock.advance(1.1)
+    h.tick()
+    eta = h.cs.etas()[ids[0]]
+    assert eta.start is not None and eta.start_high is None
+    assert _gauge("raylane_queue_eta_wait_high_seconds") == pytest.approx(DEFAULT_HORIZON_S)
+    assert _gauge("raylane_queue_eta_wait_low_seconds") == pytest.approx(eta.start - h.clock())

@@ -41,6 +41,8 @@ __all__ = [
     "COHORT_GPUS",
     "QUEUE_WAIT",
     "QUEUE_ETA_WAIT",
+    "QUEUE_ETA_WAIT_LOW",
+    "QUEUE_ETA_WAIT_HIGH",
     "ETA_SECONDS",
     "CYCLE_SECONDS",
     "COST",
@@ -231,6 +233,18 @@ QUEUE_ETA_WAIT = Metric(
     "The longest forecast wait, from now to its estimated start, of a pending workload (raylane.forecast; -1: none "
     "pending, or the forecast was not run: more pending than it is run for). Labels: team, workload_class.",
     ("team", "workload_class"))
+QUEUE_ETA_WAIT_LOW = Metric(
+    "raylane_queue_eta_wait_low_seconds", "gauge",
+    "The low end of the forecast waits' interval: the longest wait of a pending workload if all work runs for the "
+    "10th percentile of its learned runtime (raylane.forecast.forecast_interval, Eta.start_low; -1: none pending, no "
+    "forecast, or no runtime learned). Labels: team, workload_class.",
+    ("team", "workload_class"))
+QUEUE_ETA_WAIT_HIGH = Metric(
+    "raylane_queue_eta_wait_high_seconds", "gauge",
+    "The high end of the forecast waits' interval: the longest wait of a pending workload if all work runs for the "
+    "90th percentile of its learned runtime (Eta.start_high; a start past the forecast's 7-day horizon counts as "
+    "the horizon; -1: none pending, no forecast, or no runtime learned). Labels: team, workload_class.",
+    ("team", "workload_class"))
 ETA_SECONDS = Metric(
     "raylane_eta_forecast_seconds", "histogram",
     "Wall seconds of one queue forecast in the control actor (raylane.forecast; run at most every 10 s).",
@@ -289,7 +303,7 @@ ALL: Tuple[Metric, ...] = (
     SERVE_REPLICAS_WANTED, SERVE_REPLICAS_RUNNING, SERVE_REPLICA_LEASES_PENDING, SERVE_ONGOING_REQUESTS,
     SERVE_RECLAIMS, SERVE_RECLAIMED_GPUS, SERVE_DEMAND_TO_SERVING, SERVE_LATENCY_OBJECTIVE,
     QUEUE_LENGTH, ADMISSIONS, PREEMPTIONS, LEASES_RUNNING, GPUS_HELD, COHORT_GPUS, QUEUE_WAIT, CYCLE_SECONDS,
-    QUEUE_ETA_WAIT, ETA_SECONDS,
+    QUEUE_ETA_WAIT, QUEUE_ETA_WAIT_LOW, QUEUE_ETA_WAIT_HIGH, ETA_SECONDS,
     NODE_STATE, NODE_QUARANTINES, NODE_PROBES, STRANDED_GPUS,
     COST, IDLE_COST, TEAM_SPEND, TEAM_BUDGET,
 )

@@ -39,8 +39,9 @@ def _optional(client, method: str, **kw) -> Tuple[Any, Optional[str]]:
 
 
 def queue(client, settings, include_done: bool = False) -> Dict[str, Any]:
-    """Every workload in queue order, with position, reason, wait and (for the caller's teams) owner; another team's
-    rows are marked ``redacted`` (the control plane leaves their owner out)."""
+    """Every workload in queue order, with position, reason, wait, forecast (a pending one's ``eta_*``, a running
+    lease's ``predicted_end*``: what the page's timeline draws) and (for the caller's teams) owner; another team's
+    rows are marked ``redacted`` (the control plane leaves their owner and what their runtime rests on out)."""
     rows = []
     counts: Dict[str, int] = {}
     for r in client.queue(include_done):

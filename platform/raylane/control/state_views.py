@@ -6,6 +6,7 @@ none past ``ETA_MAX_PENDING``; docs/eta.md).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
 from raylane import metrics
@@ -13,8 +14,9 @@ from raylane.auth import Principal
 from raylane.control import api
 from raylane.control.journal import Kind
 from raylane.control.records import State
+from raylane.forecast_types import DEFAULT_HORIZON_S, expected_end, knows_runtime
 from raylane.scheduling.cohorts import cohort_path, cohort_row, cohort_usage
-from raylane.scheduling.types import Resources
+from raylane.scheduling.types import LeaseState, Resources
 
 # Queue ETAs (raylane.forecast) are recomputed at most this often, when a full tick, a queue or an explain call asks
 # for them, off the actor's loop (``Host.forecast``; docs/eta.md).
@@ -31,6 +33,8 @@ ETA_MAX_PENDING = 5000
 # The forecasts' share of the control plane's time at most: after one that took c seconds of CPU, the next starts no
 # sooner than c / ETA_MAX_SHARE after it (a burst of submissions would otherwise start one every second).
 ETA_MAX_SHARE = 0.1
+# The rows whose lease's expected end the queue shows (``_eta_fields``).
+_ENDING = (State.ADMITTED, State.RUNNING)
 
 
 def _gang_text(spec: Dict[str, Any]) -> str:
@@ -65,13 +69,16 @@ class ViewCalls:
         for rec in self.records.values():
             if rec.state.terminal and not include_done:
                 continue
+            readable = self.gate.may_read(p, rec.team)
             rows.append({
                 "id": rec.id, "team": rec.team, "class": rec.cls, "kind": rec.spec.get("kind", "train"),
                 "state": rec.state.value, "resources": _gang_text(rec.spec),
                 "waited_s": (rec.admitted_at or now) - rec.submit_time if rec.state is not State.REJECTED else 0,
                 "position": rec.position, "reason": rec.reason, "preemptions": rec.preemptions,
-                "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if self.gate.may_read(p, rec.team) else {}),
-                **self._eta_fields(etas.get(rec.id) if rec.state is State.PENDING else None),
+                "resizes": rec.resizes, "workers": rec.workers, "detail": rec.detail, **({"owner": rec.owner} if readable else {}),
+                **self._eta_fields(etas.get(rec.id) if rec.state is State.PENDING else None,
+                                   self.state.leases.get(rec.id) if rec.state in _ENDING else None, now,
+                                   basis=readable),
             })
             got = self.pipes.stage_of(rec.id)
             if got is not None:
@@ -143,40 +150,78 @@ class ViewCalls:
         metrics.ETA_SECONDS.observe(wall_s)
 
     def _export_etas(self) -> None:
-        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``; -1 where none).
+        """The longest forecast wait per team and class (``raylane_queue_eta_wait_seconds``), and the longest with
+        every runtime at its 10th and 90th percentile (``..._low_seconds``, ``..._high_seconds``: ``Eta.start_low``,
+        ``start_high``; a 90th-percentile start past the forecast's horizon counts as the horizon); -1 where none
+        (and for the interval, where no runtime is learned).
 
         Per forecast, each team and class's starts are sorted once, latest first; a tick then reads down each list
         to the first workload still pending (those admitted since the forecast are skipped), so that it costs about
-        one look per team and class, not one per pending workload."""
+        one look per team and class and gauge, not one per pending workload."""
+        gauges = (("start", metrics.QUEUE_ETA_WAIT, "_last_eta"),
+                  ("low", metrics.QUEUE_ETA_WAIT_LOW, "_last_eta_low"),
+                  ("high", metrics.QUEUE_ETA_WAIT_HIGH, "_last_eta_high"))
         now = self.clock()
         etas = self.etas()
         made = self._eta_starts
         if made is None or made[0] is not etas:
-            by_key: Dict[tuple, list] = {}
+            by_key: Dict[str, Dict[tuple, list]] = {name: {} for name, _, _ in gauges}
             for wid, eta in etas.items():
                 rec = self.records.get(wid)
-                if rec is not None and eta.start is not None:
-                    by_key.setdefault((rec.team, rec.cls), []).append((eta.start, wid))
-            for starts in by_key.values():
-                starts.sort(reverse=True)
+                if rec is None or eta.start is None:
+                    continue
+                key = (rec.team, rec.cls)
+                by_key["start"].setdefault(key, []).append((eta.start, wid))
+                if eta.start_low is not None:  # an interval: runtimes are learned (forecast_interval)
+                    high = eta.start_high if eta.start_high is not None else now + DEFAULT_HORIZON_S
+                    by_key["low"].setdefault(key, []).append((eta.start_low, wid))
+                    by_key["high"].setdefault(key, []).append((high, wid))
+            for lists in by_key.values():
+                for starts in lists.values():
+                    starts.sort(reverse=True)
             made = self._eta_starts = (etas, by_key)
-        longest: Dict[tuple, float] = {}
-        for key, starts in made[1].items():
-            for start, wid in starts:
-                rec = self.records.get(wid)
-                if rec is not None and rec.state is State.PENDING:  # else admitted since the forecast
-                    longest[key] = max(0.0, start - now)
-                    break
-        for (team, cls), v in self._gauge_keys(longest, "_last_eta").items():
-            metrics.QUEUE_ETA_WAIT.set(v if (team, cls) in longest else -1, team=team, workload_class=cls)
+        waiting: Dict[tuple, float] = {}
+        for name, gauge, last in gauges:
+            # The interval's gauges read -1 for a team and class that waits without one.
+            longest: Dict[tuple, float] = dict.fromkeys(waiting, -1.0)
+            for key, starts in made[1][name].items():
+                for start, wid in starts:
+                    rec = self.records.get(wid)
+                    if rec is not None and rec.state is State.PENDING:  # else admitted since the forecast
+                        longest[key] = max(0.0, start - now)
+                        break
+            if name == "start":
+                waiting = longest
+            for (team, cls), v in self._gauge_keys(longest, last).items():
+                gauge.set(v if (team, cls) in longest else -1, team=team, workload_class=cls)
 
     @staticmethod
-    def _eta_fields(eta) -> Dict[str, Any]:
-        if eta is None:
-            return {}
-        out = {"eta_start": eta.start, "eta_finish": eta.finish}
-        if eta.start_low is not None or eta.basis:
-            out.update(eta_start_low=eta.start_low, eta_start_high=eta.start_high, eta_basis=eta.basis)
+    def _eta_fields(eta, lease=None, now: float = 0.0, *, basis: bool = True, low: float = 0.1,
+                    high: float = 0.9) -> Dict[str, Any]:
+        """What a queue row says of the future. A pending workload's ETA (``eta``): ``eta_start``, ``eta_finish``
+        and, where runtimes are learned, ``eta_start_low``, ``eta_start_high`` and ``eta_basis``. A ``lease``'s
+        expected end seen at ``now`` (``forecast_types.expected_end``, the forecast's own rule), where its runtime is
+        known (an estimate or a learned prediction): ``predicted_end`` and, where learned, ``predicted_end_low`` and
+        ``predicted_end_high`` (its end if it runs for the ``low`` and ``high`` quantiles of what it has left, as
+        ``forecast_interval``'s) and ``predicted_basis`` (what that rests on). Without ``basis`` (a row of another
+        team's workload) no basis: it names the owner ("3 runs of alice/pretrain-x")."""
+        out: Dict[str, Any] = {}
+        if eta is not None:
+            out.update(eta_start=eta.start, eta_finish=eta.finish)
+            if eta.start_low is not None or eta.basis:
+                out.update(eta_start_low=eta.start_low, eta_start_high=eta.start_high)
+                if basis:
+                    out["eta_basis"] = eta.basis
+        if lease is not None and lease.state is LeaseState.RUNNING and knows_runtime(lease.workload):
+            w = lease.workload
+            # default_runtime_s is not read: the runtime is known.
+            out["predicted_end"] = expected_end(lease, now, default_runtime_s=0.0)
+            if w.predicted is not None:
+                ran = w.ran_s + max(0.0, now - lease.start_time)
+                out.update(predicted_end_low=expected_end(lease, now, default_runtime_s=0.0, q=low),
+                           predicted_end_high=expected_end(lease, now, default_runtime_s=0.0, q=high))
+                if basis:
+                    out["predicted_basis"] = w.predicted.describe(ran)
         return out
 
     def _api_explain(self, p: Principal, req: api.Explain) -> Dict[str, Any]:
@@ -191,7 +236,11 @@ class ViewCalls:
 
             eta = self.etas().get(wid)
             if eta is not None:
-                out.update(self._eta_fields(eta))
+                # What its runtime rests on names its owner: for its team and operators only.
+                readable = self.gate.may_read(p, rec.team)
+                if not readable:
+                    eta = replace(eta, basis="")
+                out.update(self._eta_fields(eta, basis=readable))
                 out["eta_text"] = describe(eta, self.clock())
         team = self.state.teams.get(rec.team)
         if team is not None:

@@ -96,14 +96,163 @@ function setLive(state, at) {
   l.textContent = state === "live" ? `live · ${fmtTime(at)}` : state;
 }
 
-// A pending workload's forecast start (raylane.forecast), as `raylane queue` shows it: in how long.
-function fmtEta(start) {
+// A pending workload's forecast start (raylane.forecast), as `raylane queue` shows it: in how long (from now, or
+// from the time given).
+function fmtEta(start, now) {
   if (start === null || start === undefined) return "-";
-  const s = start - Date.now() / 1000;
+  const s = start - (now ?? Date.now() / 1000);
   if (s < 60) return "now";
   if (s < 3600) return `~${Math.round(s / 60)}m`;
   if (s < 86400) return `~${(s / 3600).toFixed(1)}h`;
   return `~${(s / 86400).toFixed(1)}d`;
+}
+
+// ------------------------------------------------------------------------------------------ the forecast timeline
+// The queue's forecast drawn (raylane.forecast, docs/eta.md), one row per workload: a running lease as a bar from now
+// to its predicted end with a whisker for the 10-90% interval of that end; a pending one as a marker at its predicted
+// start with the interval of that start (open-ended past the forecast's horizon). What a runtime rests on is the
+// row's tooltip. An SVG made with DOM calls only, every text through shown(), like the rest of the page.
+const SVG_NS = "http://www.w3.org/2000/svg";
+const TL = {width: 1000, left: 240, right: 16, top: 26, rowH: 22, maxRows: 40, maxSpanS: 7 * 86400};
+const TICK_STEPS_S = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800];
+const HOLDS_LEASE = new Set(["RUNNING", "ADMITTED"]);
+
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "text") e.textContent = shown(v);
+    else if (k === "title") e.append(svg("title", {text: v}));  // an SVG tooltip is a <title> child
+    else e.setAttribute(k, typeof v === "number" ? String(Math.round(v * 10) / 10) : String(v));
+  }
+  for (const c of children.flat(Infinity)) if (c) e.append(c);
+  return e;
+}
+
+const known = (x) => x !== null && x !== undefined;
+
+// The rows the timeline draws, running leases first (soonest end first), then pending work in queue order; and how
+// many pending workloads have no forecast start (none made, or not within the horizon).
+function timelineItems(rows) {
+  const running = [], pending = [];
+  let unforecast = 0;
+  for (const r of rows) {
+    if (r.kind === "pipeline") continue;  // its stages have rows of their own
+    const base = {id: r.id, team: r.team, state: r.state, redacted: !!r.redacted};
+    if (HOLDS_LEASE.has(r.state)) {
+      running.push({...base, kind: "running", at: r.predicted_end ?? null, low: r.predicted_end_low ?? null,
+                    high: r.predicted_end_high ?? null, basis: r.predicted_basis || ""});
+    } else if (r.state === "PENDING") {
+      if (!known(r.eta_start)) { unforecast++; continue; }
+      pending.push({...base, kind: "pending", at: r.eta_start, low: r.eta_start_low ?? null,
+                    high: r.eta_start_high ?? null, finish: r.eta_finish ?? null, basis: r.eta_basis || ""});
+    }
+  }
+  running.sort((a, b) => (a.at ?? Infinity) - (b.at ?? Infinity));
+  return {items: running.concat(pending), unforecast};
+}
+
+// The time axis: from now to a little past the latest time drawn (at least 10 minutes, at most the forecast's
+// horizon), with ticks every "round" step (a minute to two days) so that there are at most 8 steps.
+function timelineScale(items, now) {
+  let last = now + 600;
+  for (const it of items) for (const t of [it.at, it.low, it.high]) if (known(t)) last = Math.max(last, t);
+  const span = Math.min(TL.maxSpanS, (last - now) * 1.05);
+  const step = TICK_STEPS_S.find((s) => span / s <= 8) || 86400 * Math.ceil(span / 86400 / 8);
+  const ticks = [];
+  for (let t = 0; t <= span + 1e-6; t += step) ticks.push(t);
+  return {now, span, step, ticks};
+}
+
+function fmtSpan(s) {
+  if (s < 1) return "now";
+  if (s < 3600) return `+${Math.round(s / 60)}m`;
+  if (s < 86400) return `+${fmtNum(Math.round(s / 360) / 10)}h`;
+  return `+${fmtNum(Math.round(s / 8640) / 10)}d`;
+}
+
+function timelineTip(it, now) {
+  const when = (t) => `${fmtTime(t)} (${fmtEta(t, now)})`;
+  const parts = [`${it.id} (${it.team}, ${it.state})`];
+  if (it.kind === "running") {
+    if (!known(it.at)) parts.push("its end is not known: no runtime estimate and no similar finished run");
+    else {
+      parts.push(`ends about ${when(it.at)}`);
+      if (known(it.low) && known(it.high)) parts.push(`10-90%: ${fmtTime(it.low)} to ${fmtTime(it.high)}`);
+    }
+  } else {
+    parts.push(`starts about ${when(it.at)}`);
+    if (known(it.low)) parts.push(`10-90%: ${fmtTime(it.low)} to ${known(it.high) ? fmtTime(it.high) : "past the forecast's horizon"}`);
+    if (known(it.finish)) parts.push(`ends about ${fmtTime(it.finish)}`);
+  }
+  if (it.basis) parts.push(`its runtime: ${it.basis}`);
+  else if (it.redacted && known(it.low)) parts.push("what its runtime rests on is shown to its team only");
+  return parts.join("; ");
+}
+
+function whisker(x1, x2, y, cls) {
+  return svg("g", {class: cls},
+    svg("line", {x1, x2, y1: y, y2: y}),
+    svg("line", {x1, x2: x1, y1: y - 5, y2: y + 5}),
+    cls.includes("open") ? null : svg("line", {x1: x2, x2, y1: y - 5, y2: y + 5}));
+}
+
+function diamond(cx, cy, r, fill) {
+  return svg("path", {class: "tl-start", d: `M${cx} ${cy - r}L${cx + r} ${cy}L${cx} ${cy + r}L${cx - r} ${cy}Z`, fill});
+}
+
+function timelineRow(it, i, sc, x) {
+  const mid = TL.top + i * TL.rowH + TL.rowH / 2;
+  const right = TL.width - TL.right, color = teamColor(it.team);
+  const label = it.id.length > 32 ? it.id.slice(0, 31) + "\u2026" : it.id;
+  const parts = [svg("text", {class: "tl-label", x: TL.left - 8, y: mid + 4, "text-anchor": "end", text: label})];
+  if (it.kind === "running") {
+    const end = known(it.at) ? x(it.at) : right;
+    parts.push(svg("rect", {class: "tl-bar" + (known(it.at) ? "" : " unknown"), x: x(sc.now), y: mid - 6,
+                            width: Math.max(2, end - x(sc.now)), height: 12, rx: 3, fill: color}));
+    if (known(it.low) && known(it.high)) parts.push(whisker(x(it.low), x(it.high), mid, "tl-interval"));
+  } else {
+    if (known(it.low)) parts.push(whisker(x(it.low), known(it.high) ? x(it.high) : right, mid,
+                                          "tl-interval" + (known(it.high) ? "" : " open")));
+    parts.push(diamond(x(it.at), mid, 6, color));
+  }
+  return svg("g", {class: `tl-row ${it.kind}`, "data-id": it.id, "data-kind": it.kind, title: timelineTip(it, sc.now)}, parts);
+}
+
+function timelineLegend() {
+  const key = (shape, text) => el("span", {class: "tl-key"},
+    svg("svg", {width: 28, height: 14, viewBox: "0 0 28 14", "aria-hidden": "true"}, shape), text);
+  return el("div", {class: "legend tl-legend", id: "timeline-legend"},
+    key(svg("rect", {class: "tl-bar", x: 1, y: 3, width: 26, height: 8, rx: 2}), "running: now to its predicted end"),
+    key(diamond(14, 7, 6), "pending: its predicted start"),
+    key(whisker(3, 25, 7, "tl-interval"), "10-90% interval (learned runtimes)"),
+    key(whisker(3, 27, 7, "tl-interval open"), "past the forecast's horizon"),
+    key(svg("rect", {class: "tl-bar unknown", x: 1, y: 3, width: 26, height: 8, rx: 2}), "end not known"));
+}
+
+function timeline(snap) {
+  const {items, unforecast} = timelineItems(snap.rows);
+  if (!items.length) return null;
+  const now = snap.at, shownItems = items.slice(0, TL.maxRows);
+  const sc = timelineScale(shownItems, now);
+  const plot = TL.width - TL.left - TL.right;
+  const x = (t) => TL.left + plot * Math.min(1, Math.max(0, (t - now) / sc.span));
+  const height = TL.top + shownItems.length * TL.rowH + 6;
+  const axis = sc.ticks.map((t) => svg("g", {class: "tl-tick"},
+    svg("line", {x1: x(now + t), x2: x(now + t), y1: TL.top - 4, y2: height}),
+    svg("text", {x: x(now + t), y: TL.top - 9, "text-anchor": "middle", text: fmtSpan(t)})));
+  const notes = [];
+  if (items.length > shownItems.length) notes.push(`the first ${shownItems.length} of ${items.length} workloads are drawn`);
+  if (unforecast) notes.push(`${unforecast} pending without a forecast start (none made, or not within 7 days)`);
+  return el("section", {id: "forecast", class: "forecast"},
+    el("h2", {text: "Forecast"}),
+    timelineLegend(),
+    svg("svg", {id: "timeline", class: "timeline", viewBox: `0 0 ${TL.width} ${height}`, width: "100%",
+                role: "img", "aria-label": "forecast timeline", "data-span": Math.round(sc.span)},
+      axis,
+      shownItems.map((it, i) => timelineRow(it, i, sc, x)),
+      svg("line", {class: "tl-now", x1: x(now), x2: x(now), y1: TL.top - 4, y2: height})),
+    notes.length ? el("p", {class: "hint", id: "timeline-note", text: notes.join("; ")}) : null);
 }
 
 // ---------------------------------------------------------------------------------------------------- views
@@ -120,7 +269,8 @@ VIEWS.queue = function (snap) {
     el("td", {}, el("span", {class: "state", "data-state": r.state, text: r.state})),
     el("td", {text: r.resources}),
     el("td", {class: "num", text: fmtWait(r.waited_s)}),
-    el("td", {class: "num eta", title: r.eta_start ? `forecast start ${fmtTime(r.eta_start)}` : null, text: fmtEta(r.eta_start)}),
+    el("td", {class: "num eta", title: r.eta_start ? `forecast start ${fmtTime(r.eta_start)}` + (r.eta_basis ? `; its runtime: ${r.eta_basis}` : "") : null,
+              text: fmtEta(r.eta_start)}),
     el("td", {class: "owner", title: r.redacted ? "another team's workload: its owner, spec and journal are shown to its team only" : null,
               text: r.redacted ? "hidden" : (r.owner || "-")}),
     el("td", {class: "reason", text: [r.reason, r.detail].filter(Boolean).join("; ")})));
@@ -132,6 +282,7 @@ VIEWS.queue = function (snap) {
     rows.length ? table(["Pos", "Workload", "Team", "Class", "State", "Resources", "Waited", "ETA", "Owner", "Reason"], rows,
                         {id: "queue", class: "grid"})
                 : el("p", {class: "empty", id: "queue-empty", text: "The queue is empty."}),
+    timeline(snap),
   ];
 };
 
