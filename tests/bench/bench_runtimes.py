@@ -23,7 +23,7 @@ Parts
   learned runtimes (``easy`` and ``easy-noisy`` become FIFO + EASY on predictions; the oracle keeps its exact ones).
 
     python -m tests.bench.bench_runtimes [--part all|predictor|eta|jct] [--samples N] [--philly-months]
-                                         [--plot PATH]
+                                         [--only SCENE] [--presets P,Q] [--plot PATH] [--arrivals-h H]
 """
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def scenes(args) -> List[Tuple[str, object, list]]:
     if args.philly_months:
         out.append(("Philly Oct-Nov", load_trace(PHILLY, start="2017-10-01", end="2017-12-01"),
                     load_cluster(PHILLY_560).nodes()))
+    if args.only:
+        out = [s for s in out if args.only.lower() in s[0].lower()]
     return out
 
 
@@ -265,7 +267,9 @@ def eta(args) -> Dict:
 def jct(args) -> None:
     print("## Average JCT over the SRTF oracle's, duration-aware presets on learned runtimes")
     print()
-    names = list(COMPARISON)
+    names = [p for p in args.presets.split(",") if p]
+    if "srtf-oracle" not in names:
+        names.append("srtf-oracle")
     table = []
     for name, trace, nodes in scenes(args):
         row = {}
@@ -337,6 +341,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--horizon-h", type=float, default=fc.DEFAULT_HORIZON_S / 3600)
     ap.add_argument("--philly-months", action="store_true", help="add Philly Oct-Nov on 560 GPUs (slow)")
+    ap.add_argument("--only", default="", help="only the scenes whose name contains this")
+    ap.add_argument("--presets", default=",".join(COMPARISON), help="--part jct: the presets to compare")
     ap.add_argument("--policies", default="las-easy,default policy,FIFO + EASY")
     ap.add_argument("--modes", default="none,noisy,exact")
     ap.add_argument("--plot", default=None, help="write the calibration plot (PNG) here")

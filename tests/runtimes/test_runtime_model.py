@@ -81,9 +81,22 @@ def test_learn_rule_corrects_a_users_estimates_by_their_past_errors():
         m.observe(ALICE_X, 3600.0, estimate_s=4 * 3600.0)
     d = m.predict(ALICE_Y, estimate_s=8 * 3600.0)
     assert d.level == "declared" and d.runtime() == pytest.approx(2 * 3600.0)
-    # Another user's estimate is not corrected by alice's errors: the estimate answers as given.
-    d = m.predict(RunFeatures("a", "batch", 8.0, 1, user="carol", name="q"), estimate_s=8 * 3600.0)
-    assert d.runtime() == pytest.approx(8 * 3600.0)
+    # A user with no estimates of their own yet is corrected by everyone's errors; once they have some, by theirs.
+    carol = RunFeatures("a", "batch", 8.0, 1, user="carol", name="q")
+    d = m.predict(carol, estimate_s=8 * 3600.0)
+    assert d.runtime() == pytest.approx(2 * 3600.0) and "by anyone" in d.describe()
+    for _ in range(3):  # carol's estimates are right
+        m.observe(carol, 3600.0, estimate_s=3600.0)
+    assert m.predict(carol, estimate_s=8 * 3600.0).runtime() == pytest.approx(8 * 3600.0)
+
+
+def test_learn_rule_without_errors_known_shapes_the_estimate_as_similar_runs():
+    m = RuntimeModel(estimate_rule="learn")
+    for s in (1000.0, 2000.0, 4000.0):
+        m.observe(BOB, s)  # no estimates given: no errors known
+    d = m.predict(BOB, estimate_s=600.0)
+    assert d.runtime() == pytest.approx(600.0)
+    assert d.runtime(0.1) == pytest.approx(600.0 * 1200.0 / 2000.0) and d.runtime(0.9) > 600.0
 
 
 @pytest.mark.parametrize("rule, expected", [("trust", 4 * 3600.0), ("learn", 3600.0), ("cap", 3600.0)])

@@ -15,10 +15,11 @@ Words
   and the model keeps at most ``max_keys`` keys per level, dropping those seen least recently: memory is bounded
   by ``window x max_keys x levels`` numbers whatever the history's length.
 - *estimate error*: a run's actual runtime over what its user declared; each user's last ``window`` of them.
-  ``predict`` with a declared estimate: the estimate times the user's past ratios when there are ``min_runs`` of
-  them (the rule ``learn``), else the estimate alone as a point, shaped by no history (``trust``); the rule
-  ``cap`` takes the history's distribution cut at the estimate (a limit the user set: their work is stopped
-  there). ``ESTIMATE_RULES``; docs/eta.md measures them.
+  ``predict`` with a declared estimate, by the rule ``learn`` (the default): the estimate times the user's past
+  ratios when there are ``min_runs`` of them, else everyone's, else the estimate as the median of a distribution
+  shaped as its most similar runs are, else the estimate alone; ``trust``: the estimate alone, as a point; ``cap``:
+  the history's distribution cut at the estimate (a limit the user set: their work is stopped there).
+  ``ESTIMATE_RULES``; docs/eta.md measures them.
 
 Pure: no Ray, no clock, no randomness.
 """
@@ -36,6 +37,8 @@ from raylane.runtimes.dist import Basis, RuntimeDist, human_s, point
 __all__ = ["RunFeatures", "RuntimeModel", "entry_digest", "ESTIMATE_RULES", "DEFAULT_WINDOW", "DEFAULT_MAX_KEYS"]
 
 ESTIMATE_RULES = ("learn", "trust", "cap")
+# The estimate errors of every user together: what corrects the estimates of a user with none of their own yet.
+_EVERYONE = "*"
 DEFAULT_WINDOW = 64
 DEFAULT_MAX_KEYS = 20_000
 
@@ -145,8 +148,11 @@ class RuntimeModel:
             if lv is None:
                 lv = self._levels[level] = _Level(self.window, self._max_keys)
             lv.add(level, key, float(runtime_s))
-        if estimate_s is not None and estimate_s > 0 and f.user is not None:
-            self._ratios.add("declared", f.user, float(runtime_s) / float(estimate_s))
+        if estimate_s is not None and estimate_s > 0:
+            ratio = float(runtime_s) / float(estimate_s)
+            if f.user is not None:
+                self._ratios.add("declared", f.user, ratio)
+            self._ratios.add("declared", _EVERYONE, ratio)
         self.observed += 1
 
     # ---------------------------------------------------------------------------------------------- predicting
@@ -168,14 +174,23 @@ class RuntimeModel:
         if estimate_s is None:
             return RuntimeDist(bases) if bases else None
         est = float(estimate_s)
-        if self.estimate_rule == "learn" and f.user is not None:
-            rb = self._ratios.basis("declared", f.user)
-            if rb is not None and len(rb.runtimes) >= self.min_runs:
-                scaled = Basis("declared", f"{human_s(est)} by {f.user}", tuple(est * r for r in rb.runtimes))
-                return RuntimeDist((scaled,) + bases)
+        if self.estimate_rule == "learn":
+            # The user's own estimate errors, else everyone's.
+            for who in ((f.user,) if f.user is not None else ()) + (_EVERYONE,):
+                rb = self._ratios.basis("declared", who)
+                if rb is not None and len(rb.runtimes) >= self.min_runs:
+                    by = f"by {who}" if who != _EVERYONE else "by anyone"
+                    scaled = Basis("declared", f"{human_s(est)} {by}", tuple(est * r for r in rb.runtimes))
+                    return RuntimeDist((scaled,) + bases)
         if self.estimate_rule == "cap" and bases:
             capped = tuple(Basis(b.level, b.key, tuple(min(est, x) for x in b.runtimes)) for b in bases)
             return RuntimeDist(capped + point(est).bases)
+        if self.estimate_rule == "learn" and bases and bases[0].median > 0:
+            # No estimate errors known yet: the estimate as the median, spread as its most similar runs spread.
+            b0 = bases[0]
+            shaped = Basis("declared", f"{human_s(est)} shaped as {b0.key}",
+                           tuple(est * x / b0.median for x in b0.runtimes))
+            return RuntimeDist((shaped,) + bases)
         return RuntimeDist(point(est, key=f"the declared {human_s(est)}").bases + bases)
 
     def size(self) -> int:
