@@ -103,3 +103,20 @@ def test_queue_etas_carry_an_interval_and_what_they_rest_on(h):
 ])
 def test_the_eta_cell_shows_the_interval(start, low, high, text):
     assert eta_cell(start, 0.0, low, high) == text
+
+
+def test_explain_says_when_a_running_workload_is_expected_to_end_and_why(h):
+    from raylane.cli_cluster import end_text
+
+    for s in (600, 1200, 2400):
+        _run(h, "pretrain-x", s)
+    wid = h.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+    h.tick()
+    h.call("report", workload_id=wid, kind="running")
+    h.clock.advance(60)
+    out = h.call("explain", workload_id=wid)
+    now = h.clock()
+    assert out["predicted_end"] == pytest.approx(now + 1200 - 60)
+    assert out["predicted_end_low"] < out["predicted_end"] < out["predicted_end_high"]
+    assert end_text(out, now) == ("expected to end in ~19m (11m-35m); its runtime: 3 runs of pytest/pretrain-x: "
+                                  "median 20m; 3 of them ran longer than its 60s")

@@ -400,6 +400,17 @@ def _span(s: float) -> str:
     return f"{s / 86400:.1f}d"
 
 
+def end_text(out, now: Optional[float] = None) -> str:
+    """A running workload's expected end, as ``explain`` says it: "expected to end in ~40m (20m-1.5h); its runtime:
+    14 runs of alice/pretrain-x: median 2.1h"."""
+    now = time.time() if now is None else now
+    text = "expected to end in " + eta_cell(out["predicted_end"], now, out.get("predicted_end_low"),
+                                             out.get("predicted_end_high", out["predicted_end"]))
+    if out.get("predicted_basis"):
+        text += f"; its runtime: {out['predicted_basis']}"
+    return text
+
+
 def queue_table(rows) -> Table:
     t = Table(title="raylane queue", show_lines=False)
     for col in QUEUE_COLUMNS:
@@ -446,6 +457,8 @@ def explain_lines(out) -> list:
         say(f"  reason: {out['reason']}   position: {out.get('position') or '-'}")
     if out.get("eta_text"):
         say(f"  forecast: {out['eta_text']}")
+    if out.get("predicted_end") is not None:
+        say("  " + end_text(out))
     quotas = list((out.get("team_quota") or {}).items())
     quotas += [(f"gpu on {t}", q) for t, q in (out.get("team_flavors") or {}).items()]  # per-flavor GPU quotas
     for what, q in quotas:

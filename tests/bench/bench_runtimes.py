@@ -22,7 +22,7 @@ Parts
 - ``jct``: average JCT over the SRTF oracle's for every preset of ``COMPARISON``, each duration-aware one on
   learned runtimes (``easy`` and ``easy-noisy`` become FIFO + EASY on predictions; the oracle keeps its exact ones).
 
-    python -m tests.bench.bench_runtimes [--part all|predictor|eta|jct] [--samples N] [--philly-months]
+    python -m tests.bench.bench_runtimes [--part all|predictor|eta|jct|speed] [--samples N] [--philly-months]
                                          [--only SCENE] [--presets P,Q] [--plot PATH] [--arrivals-h H]
 """
 from __future__ import annotations
@@ -297,6 +297,62 @@ def jct(args) -> None:
     print()
 
 
+# ------------------------------------------------------------------------------------------------------ speed
+
+
+def speed(args) -> None:
+    """bench_eta's speed scene (100 nodes x 8 GPUs, 1,000 pending, the default policy's scheduler and quotas), every
+    workload with a learned runtime (a model fed 3,000 runs of the scene's own duration law by team, class and gang
+    shape), forecast by the plan (what the control plane uses past 100 pending): ``forecast`` and
+    ``forecast_interval`` against the same scene without predictions, CPU time, min and median of ``--runs``."""
+    import tests.bench.bench_eta as be
+    from raylane.runtimes import RunFeatures
+
+    rng = random.Random(7)
+    model = RuntimeModel()
+    real = be.Workload
+    for _ in range(3000):
+        g = rng.choices((1, 2, 4, 8, 16, 32), weights=(60, 10, 10, 10, 6, 4))[0]
+        cls = rng.choice(("pretrain", "finetune", "sweep", "eval", "batch-inference"))
+        model.observe(RunFeatures(f"team-{rng.randrange(8)}", cls, float(g), max(1, g // 8)),
+                      min(max(1800 * math.exp(rng.gauss(0, 1.4)), 60), 4 * 86400))
+
+    def learned(*a, **kw):
+        w = real(*a, **kw)
+        f = RunFeatures(w.team, w.cls.name, w.gang.total.gpu, w.gang.workers)
+        return replace(w, predicted=model.predict(f, w.runtime_estimate_s))
+
+    plain, now = be.speed_scene()
+    be.Workload = learned
+    try:
+        scene, _ = be.speed_scene()
+    finally:
+        be.Workload = real
+
+    def cpu(f) -> Tuple[float, float]:
+        xs = []
+        for _ in range(args.runs):
+            c = time.process_time()
+            f()
+            xs.append(1e3 * (time.process_time() - c))
+        return min(xs), sorted(xs)[len(xs) // 2]
+
+    print("## Forecast speed, 1,000 pending on 100 nodes (plan), CPU ms min / median of", args.runs)
+    print()
+    print("| state | forecast | forecast_interval | interval / plain forecast |")
+    print("|---|---|---|---|")
+    base = cpu(lambda: fc.forecast(plain, now, method="plan"))
+    one = cpu(lambda: fc.forecast(scene, now, method="plan"))
+    three = cpu(lambda: fc.forecast_interval(scene, now, method="plan"))
+    print(f"| estimates only (no predictions) | {base[0]:.1f} / {base[1]:.1f} | (= forecast) | |")
+    print(f"| learned runtimes | {one[0]:.1f} / {one[1]:.1f} | {three[0]:.1f} / {three[1]:.1f} | "
+          f"{three[1] / base[1]:.2f}x |")
+    print(f"goal: a forecast of 1,000 pending on 100 nodes at most 50 ms: median forecast {one[1]:.1f} ms "
+          f"({'met' if one[1] <= 50 else 'NOT met'}), with the interval {three[1]:.1f} ms "
+          f"({'met' if three[1] <= 50 else 'NOT met'})")
+    print()
+
+
 def plot(results: Dict, path: Path) -> None:
     """A calibration plot: forecast wait against actual wait, per policy, no estimates."""
     try:
@@ -335,7 +391,8 @@ def plot(results: Dict, path: Path) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "predictor", "eta", "jct"), default="all")
+    ap.add_argument("--part", choices=("all", "predictor", "eta", "jct", "speed"), default="all")
+    ap.add_argument("--runs", type=int, default=7, help="--part speed: timed runs of each")
     ap.add_argument("--samples", type=int, default=300, help="jobs forecast per scene, policy and estimate mode")
     ap.add_argument("--mix-jobs", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
@@ -359,6 +416,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             plot(results, Path(args.plot))
     if args.part in ("all", "jct"):
         jct(args)
+    if args.part in ("all", "speed"):
+        speed(args)
 
 
 if __name__ == "__main__":

@@ -242,6 +242,9 @@ class ViewCalls:
                     eta = replace(eta, basis="")
                 out.update(self._eta_fields(eta, basis=readable))
                 out["eta_text"] = describe(eta, self.clock())
+        lease = self.state.leases.get(wid)
+        if lease is not None:  # when it is expected to end, and what that rests on
+            out.update(self._eta_fields(None, lease, self.clock(), basis=self.gate.may_read(p, rec.team)))
         team = self.state.teams.get(rec.team)
         if team is not None:
             used = self.state.usage.get(rec.team, Resources())
