@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Collection, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Tuple
 
 __all__ = ["GROUPS", "KINDS", "Ledger", "CostRow", "NodeTypeCost", "TeamBudget", "CostReport", "month_start",
            "sweep_of", "pipeline_of", "UNTYPED", "UNKNOWN_NODE"]
@@ -263,15 +263,23 @@ class Ledger:
 
     Entries are applied once, in journal order (an entry whose ``seq`` is not above the last one applied is
     skipped), so the actor may feed it whatever the journal holds after ``seq`` at any time. Not thread-safe: the
-    control actor's event loop owns it."""
+    control actor's event loop owns it.
 
-    def __init__(self) -> None:
+    ``history``: where the workloads the journal archived are read (``Journal.archived_entries(since)``: the entries
+    of those that ended at or after ``since``, workload by workload). A report or spend over a window reads those
+    that ended in it, once, the first time a window reaches back that far; a workload the ledger knows already (fed
+    live before it was archived) is not read again."""
+
+    def __init__(self, history: Optional[Callable[[Optional[float]], Iterable[Any]]] = None) -> None:
         self.workloads: Dict[str, WorkloadInfo] = {}
         self.leases: List[LeaseSpan] = []
         self.nodes: Dict[str, List[NodeSpan]] = {}
         self.runs: Dict[str, str] = {}  # workload id -> MLflow run id
         self.seq = 0
         self._open: Dict[str, LeaseSpan] = {}
+        self._history = history
+        self._history_from: Optional[float] = None  # the archive is read for workloads that ended since then
+        self._history_all = history is None
 
     # -- reading the journal
 
@@ -285,6 +293,22 @@ class Ledger:
         if e.seq <= self.seq:
             return
         self.seq = e.seq
+        self._take(e)
+
+    def _read_history(self, since: Optional[float]) -> None:
+        """The archived workloads that ended at or after ``since`` (None: all), those not known yet."""
+        if self._history_all or (since is not None and self._history_from is not None and since >= self._history_from):
+            return
+        known = set(self.workloads)
+        for e in self._history(since):
+            if e.workload_id not in known and e.kind in KINDS:
+                self._take(e)
+        if since is None:
+            self._history_all = True
+        else:
+            self._history_from = since if self._history_from is None else min(since, self._history_from)
+
+    def _take(self, e: Any) -> None:
         d = e.data
         if e.kind == "submitted":
             self.workloads[e.workload_id] = WorkloadInfo.from_spec(e.workload_id, d.get("spec") or {})
@@ -324,6 +348,7 @@ class Ledger:
     def pieces(self, prices: Mapping[str, float], *, now: float, since: Optional[float] = None,
                until: Optional[float] = None) -> List[Piece]:
         """Every worker's GPU time within the window, on its node, priced."""
+        self._read_history(since)
         lo, hi = _window(now, since, until)
         out = []
         for lease in self.leases:

@@ -493,6 +493,27 @@ class PipelinesSpec(_Model):
     overrun: Annotated[float, Field(gt=1), Allowed("a factor > 1 of the stage's estimated duration")] = 2.0
 
 
+class JournalSpec(_Model):
+    """How the control plane keeps its journal from growing with its history (``raylane.control.archive``,
+    docs/operations.md "Journal compaction")."""
+
+    # An ended workload leaves memory and the journal's live tail this long after its end; it is still read by id.
+    archive_after: Duration = 86400.0
+    # An archived workload is deleted this long after its end, an archived audit entry this long after it was made.
+    retention: Duration = 90 * 86400.0
+    audit_retention: Duration = 90 * 86400.0
+    # Entries appended between two compactions, and the most workloads one compaction archives (its work is bounded).
+    compact_every: Annotated[int, Field(ge=1), Allowed("an integer >= 1, like 10000")] = 10_000
+    compact_batch: Annotated[int, Field(ge=1), Allowed("an integer >= 1, like 5000")] = 5_000
+
+    @field_validator("archive_after", "retention", "audit_retention")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise _err("positive", "a duration > 0, like 90d or 1h")
+        return v
+
+
 class ClusterPolicy(_Model):
     """Everything an operator decides for one cluster. Loaded from ``policies/*.yaml`` by ``raylane.config.loader``."""
 
@@ -512,6 +533,7 @@ class ClusterPolicy(_Model):
                                                                     "like 0.9")] = 0.9
     health: HealthSpec = Field(default_factory=HealthSpec)
     pipelines: PipelinesSpec = Field(default_factory=PipelinesSpec)
+    journal: JournalSpec = Field(default_factory=JournalSpec)
     # The quota tree (``raylane.scheduling.cohorts``): cohort name -> its parent and own quotas. Empty: flat.
     cohorts: Dict[Name, CohortSpec] = Field(default_factory=dict)
 

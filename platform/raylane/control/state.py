@@ -34,6 +34,7 @@ from raylane import metrics
 from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
 from raylane.auth import Principal
 from raylane.control import api
+from raylane.control.archive import Compactor, Records, load_runtimes, relearn
 from raylane.control import checkpoints as ckrefs
 from raylane.control.checkpoints import ref_key
 from raylane.control import effects as fx
@@ -139,7 +140,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self.wants_cycle = False  # a change wants a scheduling cycle (take_effects clears it)
         self.gate = Gate(self.journal, enabled=auth.get("enabled", True), teams=self.policy.teams.keys(),
                          clock=clock)
-        self.records: Dict[str, Record] = {}
+        # The live records; an archived one is read back by id (raylane.control.archive).
+        self.records: Dict[str, Record] = Records(journal)
         self.nodes = NodeBook(health_rules(self.policy))
         self.pipes = PipelineBook()
         self.state = ClusterState([], self.policy.core_teams(), self._scheduler_config())
@@ -179,8 +181,12 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._recover()
         # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
         # since the last export, from this start on.
-        self._ledger = Ledger()
+        self._ledger = Ledger(history=self.journal.archived_entries)  # archived workloads: read when asked for
         self._cost_sync()
+        # Compaction after a commit, every policy.journal.compact_every entries (raylane.control.archive).
+        self.compactor = Compactor(journal, self.records, lambda: self.runtimes, lambda: self.pipes,
+                                   lambda: self.policy.journal, clock, before=self._cost_sync)
+        journal.after_commit = self.compactor
         self._cost_exported_at = self._started
         self._month_spend: Optional[tuple] = None  # (month start, prices, team -> spend this month)
         boot = auth.get("bootstrap")
@@ -202,6 +208,13 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
 
     # ------------------------------------------------------------------------------------------- recovery
     def _recover(self) -> None:
+        # The runtime model as the last compaction left it (the workloads it archived are in it), else learned
+        # again from the archive; then the live tail, whose ends it learns in journal order as they happened.
+        book = load_runtimes(self.journal)
+        if book is not None:
+            self.runtimes = book
+        else:
+            relearn(self.journal, self.runtimes)
         for e in self.journal.replay():
             if e.kind == Kind.TOKEN:
                 self.gate.apply(e)
@@ -221,7 +234,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
             if e.kind == Kind.SUBMITTED:
                 self.records[e.workload_id] = Record(e.workload_id, e.data["spec"], e.data["submit_time"],
                                                      job_id=e.data.get("job_id"))
-            rec = self.records.get(e.workload_id)
+            rec = self.records.live(e.workload_id)
             if rec is not None:
                 rec.apply(e)
                 self.runtimes.seen(rec)

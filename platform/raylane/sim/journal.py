@@ -25,13 +25,12 @@ for a cluster file instead).
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from raylane.control.journal import Entry
+from raylane.control.journal import Entry, read_history
 from raylane.errors import NotFoundError, ValidationError
 from raylane.runtimes import entry_digest
 from raylane.scheduling.types import Node, Resources, device_count
@@ -86,13 +85,14 @@ class JournalCluster:
 
 
 def read_entries(path: str) -> Iterator[Entry]:
-    """The journal's entries, oldest first, read-only (the file is not created, changed or locked for writing)."""
+    """The journal's entries, oldest first, read-only (the file is not created, changed or locked for writing): the
+    archived workloads and audit entries (``raylane.control.archive``) with the live tail, in journal order."""
     p = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(p):
         raise NotFoundError(f"journal {p} not found" + (" (it is a directory)" if os.path.exists(p) else ""))
     try:
         db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
-        rows = db.execute("SELECT seq, ts, kind, workload_id, data FROM journal ORDER BY seq").fetchall()
+        rows = list(read_history(db))
     except sqlite3.DatabaseError as exc:
         raise ValidationError(f"journal {p}", [("(file)", os.path.basename(p),
                                                 f"a Raylane control-plane journal (sqlite): {exc}")]) from None
@@ -101,8 +101,7 @@ def read_entries(path: str) -> Iterator[Entry]:
             db.close()
         except UnboundLocalError:
             pass
-    for seq, ts, kind, wid, data in rows:
-        yield Entry(seq, ts, kind, wid, json.loads(data))
+    yield from rows
 
 
 @dataclass
