@@ -717,3 +717,132 @@ def test_malformed_calls_are_refused_naming_the_field_and_audited(gate, journal,
     # Huge values are cut before they reach the journal.
     assert max(len(json.dumps(r)) for r in rows) < 4000
     assert {k for k, _ in entries(journal)} == {"token", "audit"}  # nothing but the trail was written
+
+
+# ------------------------------------------------------------------------------------------------ job scopes
+# A job token is worth its one workload (issue 44): bound at its first submit, it acts on that workload alone and
+# dies with it. "w-bob" is what bob's job submitted; "w-bob-2" is bob's other workload.
+SCOPE_WORKLOADS = {**WORKLOADS, "w-bob-2": ("team-b", "bob"), "p1": ("team-b", "bob"), "p1-prep": ("team-b", "bob")}
+
+
+def scope_team_of(req: api.Request) -> Tuple[Optional[str], Optional[str]]:
+    def find(wid):
+        if wid not in SCOPE_WORKLOADS:
+            raise NotFoundError(f"no workload {wid!r}")
+        return SCOPE_WORKLOADS[wid]
+
+    return gate_mod.target_team(req, find)
+
+
+def job_token_of(gate: Gate, parent: str, user: str = "bob", teams=("team-b",)) -> str:
+    return gate.add_token(user=user, teams=list(teams), role="member", created_by=user, ttl_s=7 * 86400.0,
+                          parent=token_id(parent), note="job token", now=T0)
+
+
+def bound(gate: Gate, tok: str, wid: str = "w-bob", kind: str = "train") -> None:
+    """What the control plane does once a job token's submit has its id (``ControlState._api_submit``)."""
+    p = gate.authenticate(tok, T0)
+    gate.bind(p, [wid], team="team-b", kind=kind, now=T0)
+
+
+SUBMIT_B = {"spec": {"team": "team-b", "kind": "train"}}
+RELEASE = {"outcome": "failed", "state": "FAILED"}
+# name -> (what the job token did before: None, or the kind of workload it submitted, call, args, refusal, words)
+SCOPE_CASES = {
+    "its first submit": (None, "submit", SUBMIT_B, None, ""),
+    "a second submit": ("train", "submit", SUBMIT_B, PermissionDeniedError, "a job token submits once"),
+    "a second submit to another of its teams": ("train", "submit", {"spec": {"team": "team-b", "kind": "eval"}},
+                                                PermissionDeniedError, "submits once"),
+    "a sweep's driver submits another slot": ("tune", "submit", {"spec": {"team": "team-b", "kind": "tune"}}, None,
+                                              ""),
+    "a sweep's driver submits another kind": ("tune", "submit", SUBMIT_B, PermissionDeniedError, "submits once"),
+    "a serving driver submits a replica lease": ("serve", "submit", {"spec": {"team": "team-b", "kind": "serve"}},
+                                                 None, ""),
+    "it reports on its workload": ("train", "report", {"workload_id": "w-bob", "kind": "event"}, None, ""),
+    "it releases its workload": ("train", "release", {"workload_id": "w-bob", **RELEASE}, None, ""),
+    "it polls its stop": ("train", "should_stop", {"workload_id": "w-bob"}, None, ""),
+    "it waits for its admission": ("train", "wait_admission", {"workload_id": "w-bob"}, None, ""),
+    "it cancels its workload (ray job stop)": ("train", "cancel", {"workload_id": "w-bob"}, None, ""),
+    "it cancels its user's other workload": ("train", "cancel", {"workload_id": "w-bob-2"}, PermissionDeniedError,
+                                             "acts only on the workload it submitted (w-bob), not on w-bob-2"),
+    "it releases its user's other workload": ("train", "release", {"workload_id": "w-bob-2", **RELEASE},
+                                              PermissionDeniedError, "acts only on the workload it submitted"),
+    "it reports on its user's other workload": ("train", "report", {"workload_id": "w-bob-2", "kind": "event"},
+                                                PermissionDeniedError, "acts only on the workload it submitted"),
+    "it reports before submitting anything": (None, "report", {"workload_id": "w-bob", "kind": "event"},
+                                              PermissionDeniedError, "nothing submitted yet"),
+    "it reads the queue": ("train", "queue", {}, None, ""),
+    "it asks who it is": ("train", "whoami", {}, None, ""),
+    "it mints an operator token": ("train", "token_create", {"user": "mallory", "role": "operator"},
+                                   PermissionDeniedError, "job tokens may not manage tokens"),
+}
+
+
+@pytest.mark.parametrize("before, call, args, refusal, words", list(SCOPE_CASES.values()), ids=list(SCOPE_CASES))
+def test_a_job_token_acts_only_on_the_workload_it_submitted(gate, people, before, call, args, refusal, words):
+    tok = job_token_of(gate, people["bob"])
+    if before is not None:
+        bound(gate, tok, kind=before)
+    if refusal is None:
+        p, _ = gate.check(tok, call, args, team_of=scope_team_of, now=T0 + 1)
+        assert p.job and p.token_id == token_id(tok)
+        return
+    n = len(audit_rows(gate))
+    with pytest.raises(refusal) as err:
+        gate.check(tok, call, args, team_of=scope_team_of, now=T0 + 1)
+    assert words in str(err.value), str(err.value)
+    rows = audit_rows(gate)[n:]
+    assert [(r["user"], r["token_id"], r["action"], r["outcome"]) for r in rows] == [
+        ("bob", token_id(tok), call, "refused")]
+    assert rows[0]["reason"] == str(err.value)
+
+
+def test_a_users_own_token_is_not_scoped(gate, people):
+    for call, args in (("submit", SUBMIT_B), ("submit", SUBMIT_B), ("cancel", {"workload_id": "w-bob-2"})):
+        gate.check(people["bob"], call, args, team_of=scope_team_of, now=T0 + 1)
+
+
+def test_a_pipeline_drivers_token_covers_the_pipeline_and_its_stages_only(gate, people):
+    tok = job_token_of(gate, people["bob"])
+    args = {"spec": {"team": "team-b", "kind": "pipeline", "stages": {"prep": {}}}, "pipeline_id": "p1",
+            "storage_path": "/tmp/x"}
+    gate.check(tok, "pipeline_submit", args, team_of=scope_team_of, now=T0 + 1)
+    for wid in ("p1", "p1-prep"):
+        gate.check(tok, "report", {"workload_id": wid, "kind": "event"}, team_of=scope_team_of, now=T0 + 1)
+    with pytest.raises(PermissionDeniedError, match="not on w-bob-2"):
+        gate.check(tok, "cancel", {"workload_id": "w-bob-2"}, team_of=scope_team_of, now=T0 + 1)
+    with pytest.raises(PermissionDeniedError, match="submits once"):
+        gate.check(tok, "pipeline_submit", {**args, "pipeline_id": "p2"}, team_of=scope_team_of, now=T0 + 1)
+
+
+def test_a_job_token_is_retired_when_its_last_workload_ends_and_that_survives_a_restart(gate, journal, people):
+    tok = job_token_of(gate, people["bob"])
+    bound(gate, tok, "w-bob", kind="tune")
+    bound(gate, tok, "w-bob-2", kind="tune")
+    live = {"w-bob": False, "w-bob-2": True}
+    gate.workload_ended("w-bob", T0 + 10, live=live.get)
+    assert gate.scopes[token_id(tok)].retired is None  # one slot still runs
+    gate.check(tok, "submit", {"spec": {"team": "team-b", "kind": "tune"}}, team_of=scope_team_of, now=T0 + 11)
+    live["w-bob-2"] = False
+    gate.workload_ended("w-bob-2", T0 + 20, live=live.get)
+    rec = gate.store.tokens[token_id(tok)]
+    assert rec.expires == T0 + 20 + gate_mod.AFTER_END_S
+    # In its last minute its driver reads its end; it submits nothing more.
+    gate.check(tok, "release", {"workload_id": "w-bob", **RELEASE}, team_of=scope_team_of, now=T0 + 21)
+    with pytest.raises(PermissionDeniedError, match="its workloads have ended"):
+        gate.check(tok, "submit", {"spec": {"team": "team-b", "kind": "tune"}}, team_of=scope_team_of, now=T0 + 21)
+    later = T0 + 21 + gate_mod.AFTER_END_S
+    with pytest.raises(AuthenticationError, match="expired"):
+        gate.check(tok, "report", {"workload_id": "w-bob", "kind": "event"}, team_of=scope_team_of, now=later)
+    # The control plane restarts: the scope and the retirement come back from the journal.
+    journal.commit()
+    again = Gate(journal, teams=TEAMS)
+    for e in journal.replay():
+        again.apply(e)
+    assert again.scopes[token_id(tok)].members == {"w-bob", "w-bob-2"}
+    with pytest.raises(AuthenticationError, match="expired"):
+        again.check(tok, "report", {"workload_id": "w-bob", "kind": "event"}, team_of=scope_team_of, now=later)
+    fresh = job_token_of(again, people["bob"])
+    again.bind(again.authenticate(fresh, T0), ["w-bob"], team="team-b", kind="train", now=T0)
+    with pytest.raises(PermissionDeniedError, match="not on w-bob-2"):
+        again.check(fresh, "cancel", {"workload_id": "w-bob-2"}, team_of=scope_team_of, now=T0 + 1)

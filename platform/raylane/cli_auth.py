@@ -121,7 +121,9 @@ def token_use(token: Optional[str] = typer.Argument(None, help="The token (read 
 def token_for_job(ttl: str = typer.Option("7d", "--ttl", help="How long the job token lives (at most 7d)."),
                   note: str = typer.Option("", "--note", help="What the job is.")):
     """Make a job token (your rights, expiring, revoked with your token) for a plain `ray job submit`, and print the
-    folder to pass as a py_modules entry; its driver finds the token there:
+    folder to pass as a py_modules entry; its driver finds the token there. The token is good for one job: its
+    driver's first submit binds it to that workload, which alone it may then act on, and it expires a minute after
+    that workload ends:
 
     ray job submit --runtime-env-json "{\"py_modules\": [\"$(raylane token for-job)\"]}" ... -- python -m raylane.run spec.yaml"""
     from raylane import credentials

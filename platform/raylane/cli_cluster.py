@@ -222,17 +222,22 @@ def submit(
             from raylane.jobs import submit_job, with_credential
 
             client = JobSubmissionClient(localcluster.dashboard(), headers=localcluster.auth_headers())
-            # The driver gets a token of its own (the caller's rights, expiring, revoked with the caller's), sent
-            # as a py_modules package: never on the command line, in the env or in the job's info.
+            # The driver gets a token of its own (the caller's rights, expiring, revoked with the caller's and once
+            # its workload ends), sent as a py_modules package: never on the command line, in the env or in the
+            # job's info.
             job_token = h.job_token(note=f"ray job for {data.get('name', '?')}") if h.credential else None
-            entrypoint = f"{python} -m raylane.run --spec-json {shlex.quote(json.dumps(data))}"
+            # Neither is the spec on the command line (`ray job list` shows every job's entrypoint to everyone):
+            # the driver reads it by reference, from the control plane (a queued kind) or from the job's package.
+            entrypoint = f"{python} -m raylane.run"
             # A one-lease kind is queued here, under the job id it is about to get, and its driver adopts it: the
             # workload is in the queue when this command returns, not once the driver has started (Python, the
-            # user's code and Ray imported again on the cluster: most of the 24 s this command used to take).
+            # user's code and Ray imported again on the cluster: most of the 24 s this command used to take). It is
+            # queued with the job token: that is the token's one submit, which binds it to this workload alone
+            # (raylane.control.gate, job scopes), before the token leaves this machine.
             queued, submission_id = None, None
             if data.get("kind", "train") in QUEUED_BY_SUBMIT:
                 submission_id = f"raylane-{new_id(data.get('name', 'job'), kind='job')}"
-                queued = h.submit(data, job_id=submission_id)
+                queued = (h.as_user(job_token) if job_token else h).submit(data, job_id=submission_id)
                 entrypoint += f" --workload-id {shlex.quote(queued.id)}"
             try:
                 job_id = submit_job(
@@ -244,7 +249,7 @@ def submit(
                     runtime_env=with_credential({"working_dir": wd, "env_vars": {
                         "RAY_JOB_STOP_WAIT_TIME_S": "60",
                         **{k: v for k, v in os.environ.items() if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}},
-                        job_token),
+                        job_token, spec=data if queued is None else None),
                     metadata={"raylane.spec": data.get("name", "")},
                 )
             except BaseException:

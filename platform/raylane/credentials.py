@@ -104,15 +104,34 @@ def save(token: str, path: Optional[Path] = None) -> Path:
     return path
 
 
-def job_credential_dir(token: str, root: Optional[Path] = None) -> str:
-    """A folder ``ROOT/raylane_job_credential`` holding ``token`` (0600), for a job's ``py_modules``; ``root``
-    defaults to a new temp folder, which the caller removes once the job is submitted (Ray has uploaded it)."""
+def job_spec() -> Optional[dict]:
+    """The spec ``raylane submit`` sent in the job's package (``spec.json`` beside the token), or None."""
+    import json
+
+    spec = importlib.util.find_spec(JOB_MODULE)
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        text = _read(Path(loc) / "spec.json")
+        if text:
+            return json.loads(text)
+    return None
+
+
+def job_credential_dir(token: Optional[str], root: Optional[Path] = None, spec: Optional[dict] = None) -> str:
+    """A folder ``ROOT/raylane_job_credential`` holding ``token`` (0600) and ``spec`` (``spec.json``, if given),
+    for a job's ``py_modules``; ``root`` defaults to a new temp folder, which the caller removes once the job is
+    submitted (Ray has uploaded it)."""
     root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="raylane-cred-"))
     root.mkdir(parents=True, mode=0o700, exist_ok=True)
     mod = root / JOB_MODULE
     mod.mkdir(mode=0o700)
     (mod / "__init__.py").write_text('"""A Raylane job credential (raylane.credentials); read by the driver."""\n')
-    fd = os.open(mod / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
+    files = {"token": token} if token else {}
+    if spec is not None:
+        import json
+
+        files["spec.json"] = json.dumps(spec)
+    for name, text in files.items():
+        fd = os.open(mod / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
     return str(mod)

@@ -36,19 +36,23 @@ def wait_ready(client, *, timeout: float = 90.0) -> float:
     raise RetryableError(f"the readiness probe job {job} did not finish in {timeout:g}s")
 
 
-def with_credential(runtime_env: Optional[Dict[str, Any]], token: Optional[str]) -> Dict[str, Any]:
-    """``runtime_env`` plus the module that carries ``token`` to the job's driver (``raylane.credentials``): a
-    ``py_modules`` entry, so the token is in no command line, environment variable or job info. The folder is
-    removed when the process exits (Ray uploads it at submission)."""
+def with_credential(runtime_env: Optional[Dict[str, Any]], token: Optional[str],
+                    spec: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``runtime_env`` plus the module that carries ``token`` (and ``spec``, for a driver that reads it from there:
+    ``python -m raylane.run`` with neither a spec nor a workload id) to the job's driver (``raylane.credentials``):
+    a ``py_modules`` entry, so neither is in a command line, environment variable or job info. The folder is
+    removed when the process exits (Ray uploads it at submission). Ray keeps the package in its key-value store,
+    which any code on the cluster can read: a job token is scoped to its workload for that reason
+    (docs/security.md)."""
     import atexit
     import shutil
 
     from raylane.credentials import job_credential_dir
 
     env = dict(runtime_env or {})
-    if not token:
+    if not token and spec is None:
         return env
-    path = job_credential_dir(token)
+    path = job_credential_dir(token, spec=spec)
     atexit.register(shutil.rmtree, os.path.dirname(path), True)
     env["py_modules"] = list(env.get("py_modules") or []) + [path]
     return env

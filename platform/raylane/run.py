@@ -84,6 +84,19 @@ def run_workload(spec: Dict[str, Any], *, train_fn: Optional[Callable] = None, s
     return launcher(spec, **kwargs)
 
 
+def spec_of(workload_id: str) -> Dict[str, Any]:
+    """The spec of ``workload_id``, queued already (``raylane submit``), read from the control plane with this
+    driver's credential: the spec is passed by reference, never on the job's command line."""
+    from raylane.errors import FatalError
+
+    init_ray()
+    ctl, _ = connect_driver()
+    spec = ctl.status(workload_id).get("spec")
+    if not isinstance(spec, dict):
+        raise FatalError(f"the control plane shows this driver no spec of {workload_id}")
+    return spec
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -93,7 +106,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m raylane.run", description=__doc__.split("\n\n")[0])
     p.add_argument("spec", nargs="?", help="workload spec (YAML)")
-    p.add_argument("--spec-json", default=None, help="the spec itself, as JSON (what `raylane submit` passes)")
+    p.add_argument("--spec-json", default=None, help="the spec itself, as JSON (shown to everyone in `ray job list`: "
+                                                     "on a shared cluster give a file, or let `raylane submit` send it)")
     p.add_argument("--storage-path", default=None, help="where checkpoints go (default ~/.raylane/runs)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite ~/.raylane/mlflow.db)")
     p.add_argument("--workload-id", default=None, help="drive this workload, queued already with this job's id "
@@ -105,8 +119,14 @@ def main(argv=None) -> int:
             data = json.loads(args.spec_json)
         elif args.spec:
             data, _ = read_yaml(args.spec, "spec file")
+        elif args.workload_id:
+            data = spec_of(args.workload_id)
         else:
-            p.error("give a spec file or --spec-json")
+            from raylane.credentials import job_spec
+
+            data = job_spec()
+            if data is None:
+                p.error("give a spec file, --workload-id or --spec-json")
         if isinstance(data, dict) and data.get("kind") == "pipeline":  # raylane.pipelines
             from raylane.pipelines.driver import run_pipeline
 

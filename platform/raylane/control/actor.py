@@ -6,8 +6,8 @@ The logic (queue, leases, quotas, the journal, checkpoint pins, pipelines, nodes
 - answers ``request(credential, call, args)``, the one entry point besides ``ping``: the gate checks the call
   (arguments, credential, authorization; a refusal is audited and raised), the state machine runs it, and nothing is
   answered before what it changed is on disk (group commit: the requests of one turn of the event loop share one
-  commit). The state machine is an attribute (``cs``), not methods of this class, so a holder of the handle has
-  no way around ``request()``;
+  commit). The state machine is an attribute (``cs``), not methods of this class, and Ray's own ways in are
+  refused (``Sealed``, below), so no *method* reached through the handle goes around ``request()``;
 - reads Ray for it (``RayHost``: the node table, drain notices, the job table, placement groups) and runs its queue
   forecasts on a thread of their own (``RayHost.forecast``);
 - carries out its effects (``raylane.control.effects``) after committing the journal entries that decided them:
@@ -17,6 +17,16 @@ The logic (queue, leases, quotas, the journal, checkpoint pins, pipelines, nodes
 
 Restarted (it is created with ``max_restarts=-1``), it replays the journal: a lease whose reservation is gone goes
 back to the queue at its original submit time.
+
+Sealed against Ray's own back doors (``Sealed``). Ray gives every actor class two methods of its own (``ray.actor.
+_modify_class`` subclasses the class): ``__ray_call__(fn)`` runs any function inside the actor, and
+``__ray_terminate__`` ends it for good (an intentional exit, which ``max_restarts`` does not cover). Both are
+replaced here, on the class and on the subclass Ray makes, by methods that refuse and write an audit row: tokens,
+roles and the journal change only through ``request()``. What the actor cannot refuse is ``ray.kill(handle)``
+(the GCS ends the process): ``ControlWatch``, a second detached actor, starts the control plane again from its
+journal when it is gone, and the restarted actor journals an audit row saying so. Ray deserializes every task's
+arguments with pickle before the method runs, so a caller that crafts them can still run code in this process: see
+docs/security.md ("Code inside the cluster") for what that leaves open and what closes it.
 """
 from __future__ import annotations
 
@@ -152,15 +162,62 @@ class PlacementGroups:
         return self._thread(name).submit(remove_it)
 
 
-class ControlActor:
+# Ray's own methods of every actor (ray.actor._modify_class) that run code in it or end it: refused (Sealed).
+SEALED = ("__ray_call__", "__ray_terminate__")
+# How often the watcher (ControlWatch) looks for the control actor, and how long a start may take.
+WATCH_S = 2.0
+
+
+async def _refuse_ray_call(self, fn: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """Ray's ``__ray_call__`` (run ``fn`` inside this actor): refused, and audited."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"[:200]
+    _refused(self, "__ray_call__", f"code sent through Ray's actor handle ({name!r}) does not run in the control "
+                                   f"plane: every call goes through request()")
+
+
+async def _refuse_ray_terminate(self) -> None:
+    """Ray's ``__ray_terminate__`` (end this actor for good): refused, and audited."""
+    _refused(self, "__ray_terminate__", "the control plane is not stopped through its actor handle: `raylane down` "
+                                        "stops it (raylane.control.client.stop_control)")
+
+
+def _refused(actor: Any, what: str, reason: str) -> None:
+    from raylane.errors import PermissionDeniedError
+
+    shell = getattr(actor, "shell", None)  # the watcher has none: its refusals are logged
+    if shell is not None:
+        shell.audit(what, "refused", reason)
+    else:
+        log.warning("%s refused: %s", what, reason)
+    raise PermissionDeniedError(f"{what}: refused: {reason}")
+
+
+class Sealed(type):
+    """The metaclass of the control plane's actor classes: Ray's ``__ray_call__`` and ``__ray_terminate__`` are
+    replaced by refusals on the class and on every subclass, the one Ray makes of it included (Ray 2.60 adds its
+    methods in a subclass, ``ray.actor._modify_class``, which would otherwise win over methods of the class)."""
+
+    def __init__(cls, name, bases, ns, **kw):
+        super().__init__(name, bases, ns, **kw)
+        cls.__ray_call__ = _refuse_ray_call
+        cls.__ray_terminate__ = _refuse_ray_terminate
+
+
+class ControlActor(metaclass=Sealed):
     """The Ray actor class: ``request`` and ``ping`` are all Ray exposes (Ray makes every method of an actor class
-    callable through its handle, so the shell's own methods live in ``ControlShell``)."""
+    callable through its handle, so the shell's own methods live in ``ControlShell``); Ray's ``__ray_call__`` and
+    ``__ray_terminate__`` are refused and audited (``Sealed``)."""
 
     def __init__(self, policy: Dict[str, Any], journal_path: str, tick_s: float = 1.0,
                  admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None,
                  cancel_grace_s: float = ends.CANCEL_GRACE_S, cluster: Optional[Dict[str, Any]] = None):
         """``auth``, ``cluster``: see ``ControlState``."""
+        restarted = _restart_cause(auth)
+        if auth is not None:
+            auth = {k: v for k, v in auth.items() if k != "restarted_by"}
         self.shell = ControlShell(policy, journal_path, tick_s, admit_timeout_s, auth, cancel_grace_s, cluster)
+        if restarted:
+            self.shell.audit("control-restart", "recovered", restarted)
 
     async def request(self, credential: Any, call: Any, args: Any = None) -> Any:
         """The one entry point (``ControlShell.request``)."""
@@ -190,6 +247,11 @@ class ControlShell:
         self._loop_task: Optional[asyncio.Task] = None
         self.pgs = PlacementGroups()
         self._carry_out()  # what recovery and the bootstrap decided
+
+    def audit(self, what: str, outcome: str, reason: str) -> None:
+        """An audit row with no principal (Ray says not who called), committed at once."""
+        self.cs.gate.record(None, what, "@control", outcome, reason, now=time.time())
+        self.cs.journal.commit()
 
     # ------------------------------------------------------------------------------------------- requests
     async def request(self, credential: Any, call: Any, args: Any = None) -> Any:
@@ -376,6 +438,106 @@ class ControlShell:
             if full:
                 last_full = time.time()
             await asyncio.sleep(CYCLE_SPACING_S)
+
+
+def _restart_cause(auth: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why this actor is starting again, if it is: Ray restarted it (its process died or was killed with
+    ``no_restart=False``), or the watcher started it after it was gone (``auth["restarted_by"]``)."""
+    if (auth or {}).get("restarted_by"):
+        return str(auth["restarted_by"])
+    try:
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            return "Ray restarted the control actor (its process died or was killed); the journal was replayed"
+    except Exception:  # noqa: BLE001 - outside an actor (a test): not a restart
+        pass
+    return None
+
+
+WATCH_NAME = "raylane-control-watch"
+
+
+class ControlWatch(metaclass=Sealed):
+    """A detached actor that starts the control plane again when it is gone (``ray.kill(handle)`` ends an actor for
+    good, whatever its ``max_restarts``). It keeps the control actor's creation arguments and nothing else: it
+    holds no token, reads no journal, and answers only ``ping``; ``__ray_call__`` is refused (``Sealed``): a function
+    run here could change the arguments the next control actor starts with. ``raylane down`` stops it first."""
+
+    def __init__(self, start: Dict[str, Any], every_s: float = WATCH_S):
+        import threading
+
+        # A thread running a module function: every method of an actor class is callable through its handle.
+        self.starts = [0]
+        threading.Thread(target=_watch_loop, args=(start, every_s, self.starts), name="raylane-control-watch",
+                         daemon=True).start()
+
+    def ping(self) -> int:
+        """How many times it has started the control actor again."""
+        return self.starts[0]
+
+
+def _watch_loop(start: Dict[str, Any], every_s: float, starts: List[int]) -> None:
+    from raylane.control.api import CONTROL_NAME, NAMESPACE
+
+    while True:
+        time.sleep(every_s)
+        try:
+            ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+            continue
+        except ValueError:
+            pass  # gone: no live actor has that name
+        except Exception:  # noqa: BLE001 - the GCS did not answer: asked again next time
+            continue
+        try:
+            starts[0] += 1
+            handle = start_actor(start, restarted_by=f"the control actor was gone (stopped from outside Raylane, "
+                                                     f"e.g. ray.kill); its watcher started it again "
+                                                     f"(restart {starts[0]} by this watcher)")
+            ray.get(handle.ping.remote(), timeout=300)
+            log.warning("the control actor was gone: started again")
+        except Exception:  # noqa: BLE001 - tried again at the next look
+            log.exception("starting the control actor again failed")
+
+
+def start_actor(start: Dict[str, Any], restarted_by: Optional[str] = None):
+    """Create the detached control actor on the head node (or find it running) from its creation arguments
+    ``start``: policy, journal, tick_s, admit_timeout_s, auth, cluster (``raylane.control.client.start_control``)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raylane.control.api import CONTROL_NAME, NAMESPACE
+
+    auth = dict(start.get("auth") or {})
+    if restarted_by:
+        auth["restarted_by"] = restarted_by
+    remote = ray.remote(ControlActor).options(
+        name=CONTROL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=1000,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node_id(), soft=False),
+        # Ray starts worker processes at nice 15 (its worker_niceness), below the jobs' drivers and every other
+        # process on the head: the control plane that governs them runs at the default priority, as Ray's own
+        # job supervisors do (ray.dashboard.modules.job.job_manager).
+        runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
+    )
+    return remote.remote(start["policy"], start["journal"], start["tick_s"], start["admit_timeout_s"], auth,
+                         cluster=start.get("cluster"))
+
+
+def start_watch(start: Dict[str, Any]):
+    """The watcher of the control actor (``ControlWatch``), created detached on the head node, or found running."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raylane.control.api import NAMESPACE
+
+    return ray.remote(ControlWatch).options(
+        name=WATCH_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_restarts=-1,
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node_id(), soft=False),
+    ).remote(start)
+
+
+def _head_node_id() -> str:
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+            return n["NodeID"]
+    return ray.get_runtime_context().get_node_id()
 
 
 # The requester id under which the control plane's ask reaches Ray's autoscaling coordinator.

@@ -322,13 +322,10 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
     ``token``: that operator token (a caller that retries passes the same one); default a fresh one. ``cluster``:
     the cluster file (a path or its dict), whose growable node groups the control plane asks Ray's autoscaler to
     grow for waiting gangs (``raylane.control.state_scale``); None: it asks for no node."""
-    # On the head node, beside its journal: an actor that asks for no CPU could otherwise land on any node.
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     from raylane.config.loader import read_yaml
     # Here, not at the top: every CLI command and driver imports this module, and the state machine is the
     # actor's (its import is a tenth of a `raylane queue`).
-    from raylane.control.actor import ControlActor
+    from raylane.control.actor import start_actor, start_watch
 
     if token is None:
         token, tid, salt, digest = auth.new_token()
@@ -338,21 +335,16 @@ def start_control(policy: Union[str, Path, Dict[str, Any], None] = None, journal
         digest = auth.digest(secret, salt)
     boot = {"enabled": auth_enabled,
             "bootstrap": {"user": operator, "id": tid, "salt": salt, "digest": digest} if auth_enabled else None}
-    remote = ray.remote(ControlActor).options(
-        name=CONTROL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=1000,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
-        # Ray starts worker processes at nice 15 (its worker_niceness), below the jobs' drivers and every other
-        # process on the head: the control plane that governs them runs at the default priority, as Ray's own
-        # job supervisors do (ray.dashboard.modules.job.job_manager).
-        runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
-    )
     if cluster is not None and not isinstance(cluster, dict):
         cluster, _ = read_yaml(Path(cluster), "cluster file")
-    handle = remote.remote(policy_dict(policy), journal_path(journal), tick_s, admit_timeout_s, boot,
-                           cluster=cluster)
+    # On the head node, beside its journal (raylane.control.actor.start_actor); its watcher starts it again from
+    # the same arguments if it is ever gone (ControlWatch: ray.kill ends an actor whatever its max_restarts).
+    start = {"policy": policy_dict(policy), "journal": journal_path(journal), "tick_s": tick_s,
+             "admit_timeout_s": admit_timeout_s, "auth": boot, "cluster": cluster}
+    handle = start_actor(start)
     client = ControlClient(handle, token if auth_enabled else None)
     client.ping()
+    start_watch(start)
     try:
         if client.info().get("auth") is False:
             client.credential = None
@@ -378,7 +370,12 @@ def get_control():
 
 
 def stop_control() -> None:
-    try:
-        ray.kill(ray.get_actor(CONTROL_NAME, namespace=NAMESPACE), no_restart=True)
-    except ValueError:
-        pass
+    """Stop the control actor for good: its watcher first (raylane.control.actor.ControlWatch), which would start
+    it again."""
+    from raylane.control.actor import WATCH_NAME
+
+    for name in (WATCH_NAME, CONTROL_NAME):
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:
+            pass

@@ -10,14 +10,23 @@ Journal rows it writes: kind ``token`` (workload id ``@tokens``; data ``op``: cr
 
 Views: every authenticated caller sees positions, reasons, states and sizes of all work (``summary``); a workload's
 team and operators also see its spec, config, owner and journal (``full``).
+
+Job scopes (``JobScope``): a job token is worth its one workload. Its first submit binds it to what it submitted
+(journaled ``token`` entry, op ``bound``); from then on it may report on, release, wait for and cancel only that
+workload (a pipeline: the pipeline and its stages), and submit nothing more, except a sweep's or a serving app's
+driver, which submits further workloads of the same kind and team into the same scope. When the last workload of
+its scope ends, the token is retired (op ``retired``): it expires ``AFTER_END_S`` later, the time its driver needs
+to read its final record, and submits nothing in between. Words: *scope* (the workloads a job token may act on),
+*bound* (a scope was made at its first submit), *retired* (its scope's work is over).
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Any, Dict, Iterable, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Any, Dict, Iterable, List, Optional, Set
 
 from raylane import auth
-from raylane.auth import ANONYMOUS, Principal, Role, TokenRecord, TokenStore
+from raylane.auth import ANONYMOUS, Action, Principal, Role, TokenRecord, TokenStore
 from raylane.control import api
 from raylane.control.journal import Entry, Journal, Kind
 from raylane.errors import AuthenticationError, NotFoundError, PermissionDeniedError, RaylaneError, ValidationError
@@ -28,6 +37,29 @@ TOKENS = "@tokens"
 SUMMARY_FIELDS = ("id", "team", "class", "kind", "state", "reason", "reason_data", "position", "submit_time",
                   "admitted_at", "ended_at", "preemptions", "restarts", "attempts", "outcome", "detail", "queued_since",
                   "step")
+# How long a retired job token still authenticates after its scope's last workload ended: its driver reads its final
+# record and closes its run; its workloads have ended, so nothing it may do in that time changes anything.
+AFTER_END_S = 60.0
+# The kinds whose driver submits more than one workload (a sweep's slots, a serving app's replica leases).
+MULTI_SUBMIT_KINDS = ("tune", "serve")
+# What a job token may do only on the workloads of its scope.
+SCOPED_ACTIONS = (Action.CANCEL, Action.RELEASE, Action.REPORT, Action.READ)
+
+
+@dataclass
+class JobScope:
+    """What one job token may act on: the workloads it submitted (a pipeline's id and its stages'), the team and
+    kind of its first submit, and when its last workload ended (``retired``)."""
+
+    token_id: str
+    team: str
+    kind: str
+    members: Set[str] = field(default_factory=set)
+    retired: Optional[float] = None
+
+    def may_submit(self, team: Any, kind: Any) -> bool:
+        return (self.retired is None and self.kind in MULTI_SUBMIT_KINDS and team == self.team
+                and (kind or "train") == self.kind)
 
 
 class Gate:
@@ -38,6 +70,8 @@ class Gate:
         self.enabled = enabled
         self.teams = set(teams)
         self.store = TokenStore()
+        self.scopes: Dict[str, JobScope] = {}  # job token id -> its scope (bound at its first submit)
+        self._scope_of: Dict[str, str] = {}  # workload or pipeline id -> the job token whose scope holds it
 
     # ------------------------------------------------------------------------------------------- tokens
     def apply(self, e: Entry) -> None:
@@ -54,6 +88,18 @@ class Gate:
             rec = self.store.tokens.get(d["id"])
             if rec is not None and rec.revoked is None:
                 rec.revoked = e.ts
+        elif d["op"] == "bound":
+            scope = self.scopes.setdefault(d["id"], JobScope(d["id"], d.get("team", ""),
+                                                                  d.get("workload_kind") or "train"))
+            for wid in d["workloads"]:
+                scope.members.add(wid)
+                self._scope_of[wid] = d["id"]
+        elif d["op"] == "retired":
+            scope, rec = self.scopes.get(d["id"]), self.store.tokens.get(d["id"])
+            if scope is not None:
+                scope.retired = e.ts
+            if rec is not None:
+                rec.expires = d["expires"] if rec.expires is None else min(rec.expires, d["expires"])
 
     def _token_entry(self, **data) -> None:
         self.apply(self.journal.append(Kind.TOKEN, TOKENS, **data))
@@ -131,6 +177,8 @@ class Gate:
             if req.action is not None:
                 team, owner = team_of(req) if team_of is not None else (None, None)
                 auth.authorize(principal, req.action, team=team, owner=owner)
+                if principal.job and self.enabled:
+                    self._in_scope(principal, req, now)
             return principal, req
         except (AuthenticationError, PermissionDeniedError, ValidationError, NotFoundError) as exc:
             if principal is None and not isinstance(exc, AuthenticationError):
@@ -141,6 +189,53 @@ class Gate:
             self.record(principal, name, _target(req, args), "refused", str(exc), now=now,
                         credential=None if principal is not None else _token_id(credential))
             raise
+
+    # --------------------------------------------------------------------------------------------- scopes
+    def _in_scope(self, p: Principal, req: api.Request, now: float) -> None:
+        """Raise ``PermissionDeniedError`` unless job token ``p`` may make ``req`` (see the module docstring). A
+        pipeline's submit is bound here, its ids being the caller's; a workload's once it has its id (``bind``)."""
+        scope = self.scopes.get(p.token_id)
+        who = f"{p.user}'s job token {p.token_id}"
+        if isinstance(req, api.Submit):
+            spec = req.spec
+            if scope is None:
+                if isinstance(req, api.PipelineSubmit):
+                    stages = spec.get("stages") if isinstance(spec.get("stages"), dict) else {}
+                    self.bind(p, [req.pipeline_id] + [f"{req.pipeline_id}-{s}" for s in stages],
+                              team=spec.get("team"), kind="pipeline", now=now)
+                return
+            if isinstance(req, api.PipelineSubmit) or not scope.may_submit(spec.get("team"), spec.get("kind")):
+                done = "its workloads have ended" if scope.retired is not None else "it has submitted already"
+                raise PermissionDeniedError(f"submit: refused for {who}: a job token submits once, for its own "
+                                            f"job ({done}: {', '.join(sorted(scope.members)) or '-'})")
+            return
+        if req.action not in SCOPED_ACTIONS:
+            return
+        wid = getattr(req, "workload_id", None)
+        if scope is None or wid not in scope.members:
+            mine = ", ".join(sorted(scope.members)) if scope is not None else "nothing submitted yet"
+            raise PermissionDeniedError(f"{req.action.value}: refused for {who}: a job token acts only on the "
+                                        f"workload it submitted ({mine}), not on {wid}")
+
+    def bind(self, p: Principal, workloads: List[str], *, team: Any, kind: Any,
+             now: Optional[float] = None) -> None:
+        """Journal that job token ``p``'s scope holds ``workloads`` (its first submit makes the scope). Anything
+        but a job token: nothing to do."""
+        if not (p.job and self.enabled):
+            return
+        self.apply(self.journal.append(Kind.TOKEN, TOKENS, ts=now, op="bound", id=p.token_id,
+                                       workloads=list(workloads), team=team if isinstance(team, str) else "",
+                                       workload_kind=kind if isinstance(kind, str) else "train"))
+
+    def workload_ended(self, wid: str, now: float, live: Callable[[str], bool]) -> None:
+        """A workload ended: once no workload of its job token's scope is ``live``, the token is retired (it expires
+        ``AFTER_END_S`` from now). A workload no job token submitted: nothing to do."""
+        tid = self._scope_of.get(wid)
+        scope = self.scopes.get(tid) if tid is not None else None
+        if scope is None or scope.retired is not None or any(live(w) for w in scope.members):
+            return
+        self.apply(self.journal.append(Kind.TOKEN, TOKENS, ts=now, op="retired", id=tid, expires=now + AFTER_END_S,
+                                       reason=f"{wid} ended: the job token's workloads are over"))
 
     def record(self, principal: Optional[Principal], call: str, target: Optional[str], outcome: str,
                reason: str = "", *, now: Optional[float] = None, credential: Optional[str] = None) -> None:

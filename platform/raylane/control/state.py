@@ -323,6 +323,9 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         if rec.state.terminal:
             self._waiting.discard(rec.id)
             self._unpin(rec, f"{rec.id} ended")
+            # Its job token dies with its scope's last workload (raylane.control.gate: retired).
+            self.gate.workload_ended(rec.id, self.clock(),
+                                     live=lambda w: (r := self.records.get(w)) is not None and not r.state.terminal)
         return e
 
     # -------------------------------------------------------------------------------------------- ticks
@@ -707,11 +710,13 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
             self.records[wid] = rec
             rec.apply(self.journal.append(Kind.SUBMITTED, wid, spec=data, submit_time=now, owner=p.user,
                                           token_id=p.token_id))
+            self.gate.bind(p, [wid], team=data.get("team"), kind=data.get("kind"), now=now)  # its one submit
             self._append(Kind.REJECTED, rec, reason=str(why), note=f"rejected at submit: {why}")
             raise InfeasibleError(f"{wid} rejected: {why}")
         rec = Record(wid, data, now, job_id=job_id)
         self.records[wid] = rec
         self._append_submitted(rec, data, now, job_id, p)
+        self.gate.bind(p, [wid], team=data.get("team"), kind=data.get("kind"), now=now)  # a job token's scope
         self.hold_for_scale_up(wid, now)
         if ref is not None:
             # A step is pinned now (copied at once if it is already written); `latest` is pinned at the start.
