@@ -112,6 +112,8 @@ def test_a_journal_replay_learns_from_the_journals_own_history(tmp_path):
     finally:
         h.close()
     pol = load_policy_from_dict(policy, "test")
+    # The journal records the policy the control plane started with: no --policy needed.
+    assert trace_from_journal(str(tmp_path / "journal.db")).policy == policy
     replay = trace_from_journal(str(tmp_path / "journal.db"), pol)
     jobs = replay.trace.jobs
     assert [(j.user, j.name, j.entry) for j in jobs] == [(live.user, live.name, live.entry)] * 4

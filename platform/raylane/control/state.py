@@ -178,7 +178,12 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._init_scale(cluster)  # the growable node groups of ``cluster`` (the cluster file), if any
         # Runtimes learned from every workload that ended (raylane.control.learned), rebuilt by the replay below.
         self.runtimes = RuntimeBook()
+        self._policy_data, self._journaled_policy = policy, None
         self._recover()
+        if self._journaled_policy != self._policy_data:
+            # The policy it starts with, journaled (``at_start``: a later start with another file is not overridden
+            # by it, as a reload is), so that ``raylane sim --from-journal`` replays under it without ``--policy``.
+            self.journal.append(Kind.POLICY, "@policy", policy=self._policy_data, by="start", at_start=True)
         # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
         # since the last export, from this start on.
         self._ledger = Ledger(history=self.journal.archived_entries)  # archived workloads: read when asked for
@@ -220,7 +225,10 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
                 self.gate.apply(e)
                 continue
             if e.kind == Kind.POLICY:
-                self._set_policy(e.data["policy"])
+                self._journaled_policy = e.data["policy"]
+                if not e.data.get("at_start"):  # a reload: it outlasts restarts
+                    self._policy_data = e.data["policy"]
+                    self._set_policy(e.data["policy"])
                 continue
             if e.kind == Kind.NODE:
                 self.nodes.apply(e)

@@ -169,6 +169,7 @@ class AdminCalls:
         if errors:
             raise ValidationError("policy reload refused: workloads in the queue or running would not fit it", errors)
         self.journal.append(Kind.POLICY, "@policy", policy=req.policy, by=p.user)
+        self._policy_data = self._journaled_policy = req.policy
         self._set_policy(req.policy)
         self._rebuild_state()
         self._poke()

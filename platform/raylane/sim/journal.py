@@ -46,7 +46,8 @@ _ENDS = ("finished", "cancelled")
 class JournalReplay:
     trace: Trace
     nodes: List[Node]
-    # The last policy the journal recorded (a ``raylane policy reload``), if any: what the cluster ran under then.
+    # The last policy the journal recorded (at a start or a ``raylane policy reload``), if any: what the cluster ran
+    # under then.
     policy: Optional[Dict[str, Any]] = None
     # Workload id -> when it was first admitted, as the journal says (seconds from the trace's origin): what a
     # replay's starts are compared with.
@@ -182,8 +183,9 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
     if policy is None:
         if last_policy is None:
             raise ValidationError(f"journal {path}", [(
-                "--policy", None, "the policy file the cluster ran under: the journal records a policy only when "
-                                  "it is reloaded (raylane policy reload), and this one has none")])
+                "--policy", None, "the policy file the cluster ran under: the journal records the policy at each "
+                                  "start and reload of the control plane, and this one (written before it did) "
+                                  "has none")])
         policy = load_policy_from_dict(last_policy, "the journal's policy")
     jobs: List[TraceJob] = []
     skipped, running, pending = 0, 0, 0
