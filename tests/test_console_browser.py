@@ -245,7 +245,11 @@ def test_another_teams_workload_is_redacted_and_ones_own_shows_its_journal(alice
     expect(alice.locator("#facts")).to_contain_text("team-b")
     expect(alice.locator("#journal")).to_have_count(0)
     shot(alice, "workload-redacted")
-    api = alice.request.get(f"{env['url']}/api/view?view=workload&id={theirs}").json()
+    # The API wants the session's secret besides its cookie (the page sends it from this tab's sessionStorage).
+    secret = alice.evaluate("() => sessionStorage.getItem('raylane-session-secret')")
+    assert alice.request.get(f"{env['url']}/api/view?view=workload&id={theirs}").status == 401  # the cookie alone
+    api = alice.request.get(f"{env['url']}/api/view?view=workload&id={theirs}",
+                            headers={"X-Raylane-CSRF": secret}).json()
     assert api["workload"]["redacted"] and api["journal"] == [] and "spec" not in api["workload"]
 
     alice.goto(f"{env['url']}/workload/{mine}")

@@ -698,9 +698,9 @@ def test_malformed_calls_are_refused_naming_the_field_and_audited(gate, journal,
     assert len(cases) >= 250
     before = len(audit_rows(gate))
     problems = []
-    for label, call, args, fields in cases:
-        try:
-            gate.check(people["root"], call, args, team_of=team_of)
+    for i, (label, call, args, fields) in enumerate(cases):
+        try:  # one a second: under the rate at which a caller's refusals are journaled one by one (Refusals)
+            gate.check(people["root"], call, args, team_of=team_of, now=T0 + i)
         except ValidationError as exc:
             missed = [f for f in fields if not names(exc, f)]
             if missed:
@@ -713,7 +713,9 @@ def test_malformed_calls_are_refused_naming_the_field_and_audited(gate, journal,
             problems.append(f"{label}: accepted")
     assert not problems, f"{len(problems)} of {len(cases)} malformed calls:\n" + "\n".join(problems)
     rows = audit_rows(gate)[before:]
-    assert len(rows) == len(cases) and all(r["outcome"] == "refused" for r in rows)
+    # Every refusal counted; a case the fuzz drew twice (the same call, target and reason) shares its row.
+    assert sum(r["count"] for r in rows) == len(cases) and all(r["outcome"] == "refused" for r in rows)
+    assert len(rows) > 0.9 * len(cases)
     # Huge values are cut before they reach the journal.
     assert max(len(json.dumps(r)) for r in rows) < 4000
     assert {k for k, _ in entries(journal)} == {"token", "audit"}  # nothing but the trail was written

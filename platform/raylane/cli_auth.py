@@ -169,13 +169,14 @@ def audit_table(rows) -> Table:
     """``raylane audit``'s table. Every cell is a ``cell``: a refused call's target and reason hold what its
     caller sent, authenticated or not (an ``explain`` of a made-up id)."""
     t = Table(title="raylane audit")
-    for col in ("TIME", "USER", "ROLE", "TOKEN", "ACTION", "TARGET", "OUTCOME", "REASON"):
-        t.add_column(col, overflow="fold")
-    for r in rows:
+    for col in ("TIME", "USER", "ROLE", "TOKEN", "ACTION", "TARGET", "OUTCOME", "COUNT", "REASON"):
+        t.add_column(col, overflow="fold", justify="right" if col == "COUNT" else "left")
+    for r in rows:  # COUNT: identical refusals that share the row (raylane.control.gate.Refusals)
+        count = r.get("count", 1)
         t.add_row(*(cell(c) for c in (
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["ts"])), r.get("user") or "-",
             r.get("role") or "-", r.get("token_id") or "-", r["action"], r.get("target") or "-",
-            r["outcome"], r.get("reason") or "")))
+            r["outcome"], str(count) if isinstance(count, int) else "?", r.get("reason") or "")))
     return t
 
 

@@ -69,3 +69,8 @@ class AuthenticationError(FatalError):
 
 class PermissionDeniedError(FatalError):
     """An authenticated caller asked for something its role and teams do not allow."""
+
+
+class TooManyRequestsError(RetryableError):
+    """Too many calls of this kind are open or were made: refused before any work, changing nothing. A later
+    attempt succeeds once earlier ones have ended (a retry after a second or two)."""

@@ -2,7 +2,17 @@
 
 What it owns: the browser sessions of one console process (``Sessions``: an opaque id, the value of an HttpOnly,
 SameSite=Strict cookie, mapped to the user's credential in this process's memory only; the token never travels back
-to the browser, never appears in a URL and is never logged) and the HTTP surface. It changes nothing in the control
+to the browser, never appears in a URL and is never logged) and the HTTP surface.
+
+A cookie alone does not make a session: cookies are not kept apart by port, so a program listening on another
+loopback port of the browser's machine receives the console's cookie with any request the browser makes to it, and
+could replay it. Each session therefore also has a *secret* (``Session.secret``), handed to the page once, at login,
+in the fragment of the redirect (``/#s=...``: never sent to a server, never in a Referer); the page keeps it in the
+tab's ``sessionStorage`` (per origin, so per port) and sends it with every API call (header ``X-Raylane-CSRF``) and
+stream (query ``csrf``: an EventSource sends no headers). A call without it is answered 401 and changes nothing (the
+session is not dropped: the cookie's thief cannot log its owner out either). A POST (``/login``, ``/logout``) whose
+``Origin`` or ``Sec-Fetch-Site`` says it comes from another origin, another port of 127.0.0.1 included, is refused
+with 403. It changes nothing in the control
 plane: every route is a read, and every read is a control-plane call made with the browser user's own credential,
 so the gate's authentication, authorization and redaction apply exactly as they do for ``raylane queue``. The
 console holds no credential of its own. With authentication off on the control plane there is no login.
@@ -17,6 +27,7 @@ moment, built by ``raylane.console.views`` from control-plane calls.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import html
 import json
 import re
@@ -43,6 +54,9 @@ from raylane.errors import AuthenticationError, NotFoundError, PermissionDeniedE
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "raylane_console"
+# The header (API calls) and the query parameter (the stream) that carry a session's secret.
+SECRET_HEADER = "X-Raylane-CSRF"
+SECRET_PARAM = "csrf"
 # Host headers the console answers: a page of another site that rebinds its DNS name to 127.0.0.1 is refused.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 SESSION_IDLE_S = 8 * 3600.0
@@ -76,6 +90,8 @@ class Session:
     teams: Tuple[str, ...]
     role: str
     last_seen: float = field(default_factory=time.time)
+    # What the page sends beside the cookie (module docstring): a cookie replayed without it reads nothing.
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
 
 class Sessions:
@@ -121,6 +137,10 @@ class NotLoggedIn(Exception):
     pass
 
 
+class NoSecret(NotLoggedIn):
+    """A session's cookie without the session's secret (a replayed cookie, or a tab the login did not give it)."""
+
+
 class Console:
     """One console: its settings, its sessions, and the control plane it reads (``control(credential)`` returns a
     ``ControlClient`` calling with that credential; None: no credential, for a control plane without auth)."""
@@ -142,12 +162,19 @@ class Console:
                 self._auth = True
         return self._auth
 
-    def client_for(self, request: Request):
+    def client_for(self, request: Request, *, secret_in_query: bool = False):
+        """The control-plane client of the request's session: its cookie and its secret (``SECRET_HEADER``; the
+        stream's ``SECRET_PARAM`` with ``secret_in_query``). Raises ``NotLoggedIn`` (``NoSecret``)."""
         if not self.auth_enabled():
             return self.control(None)
         s = self.sessions.get(request.cookies.get(COOKIE))
         if s is None:
             raise NotLoggedIn()
+        given = request.headers.get(SECRET_HEADER)
+        if given is None and secret_in_query:
+            given = request.query_params.get(SECRET_PARAM)
+        if not given or not hmac.compare_digest(given.encode("utf-8", "replace"), s.secret.encode()):
+            raise NoSecret()
         return self.control(s.credential)
 
     def login(self, token: str) -> Tuple[str, Session]:
@@ -165,6 +192,9 @@ def _json(data: Any, status: int = 200) -> Response:
 
 def _error(exc: BaseException) -> Response:
     """A control-plane refusal as the JSON a page shows: 401 (log in again), 403, 404, 400, 503."""
+    if isinstance(exc, NoSecret):
+        return _json({"error": f"this session's secret is missing or wrong ({SECRET_HEADER}: the console's page "
+                               f"sends it; log in again in this tab)", "login": "/login"}, 401)
     if isinstance(exc, NotLoggedIn):
         return _json({"error": "not logged in", "login": "/login"}, 401)
     if isinstance(exc, AuthenticationError):
@@ -213,6 +243,20 @@ def _params(request: Request) -> Tuple[Optional[Dict[str, Any]], Optional[Respon
     return {"view": view, **args}, None
 
 
+def foreign_origin(request: Request) -> Optional[str]:
+    """The other origin a state-changing request comes from, or None when it comes from the console's own pages
+    (or from no browser: curl sends neither header; a browser sends ``Origin`` with every POST, and
+    ``Sec-Fetch-Site``). Another port of 127.0.0.1 is another origin."""
+    own = f"{request.url.scheme}://{request.url.netloc}"
+    origin = request.headers.get("origin")
+    if origin is not None and origin != own:
+        return origin[:100]
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"a {site[:20]} page"
+    return None
+
+
 async def _form_token(request: Request) -> str:
     """The ``token`` field of the login form (urlencoded, as a plain HTML form posts it; a body past 4 KiB is not a
     token). Parsed here: Starlette's own form parser needs python-multipart, which Ray does not install."""
@@ -233,8 +277,8 @@ def create_app(console: Console) -> Starlette:
     async def call(fn, *args, **kw):
         return await run_in_threadpool(fn, *args, **kw)
 
-    async def snapshot(request: Request, params: Dict[str, Any]) -> Dict[str, Any]:
-        client = await call(console.client_for, request)
+    async def snapshot(request: Request, params: Dict[str, Any], stream: bool = False) -> Dict[str, Any]:
+        client = await call(console.client_for, request, secret_in_query=stream)
         return await call(views.build, client, console.settings, **params)
 
     def failed(request: Request, exc: BaseException) -> Response:
@@ -263,26 +307,30 @@ def create_app(console: Console) -> Starlette:
         return _page("login.html")
 
     async def login(request: Request) -> Response:
-        origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
-            return _page("login.html", 403, f"refused: a login form of another site ({origin[:100]})")
+        origin = foreign_origin(request)
+        if origin is not None:
+            return _page("login.html", 403, f"refused: a login form of another site ({origin})")
         token = await _form_token(request)
         if not token:
             return _page("login.html", 401, "paste your token (rlt_...): `raylane token create` makes one")
         if len(token) > TOKEN_MAX:
             return _page("login.html", 401, f"that is not a token: {len(token)} characters (tokens are shorter)")
         try:
-            sid, _ = await call(console.login, token)
+            sid, s = await call(console.login, token)
         except AuthenticationError as exc:
             return _page("login.html", 401, f"refused: {exc}")
         except Exception as exc:  # noqa: BLE001 - the control plane is away
             return _page("login.html", 503, f"the control plane cannot be reached: {type(exc).__name__}")
-        out = RedirectResponse("/", status_code=303)
+        # The secret in the fragment: the page reads it and takes it out of the address bar (static/app.js).
+        out = RedirectResponse(f"/#s={s.secret}", status_code=303)
         # A browser-session cookie (no max-age): the console forgets an idle session itself (Sessions).
         out.set_cookie(COOKIE, sid, httponly=True, samesite="strict", path="/")
         return out
 
     async def logout(request: Request) -> Response:
+        origin = foreign_origin(request)
+        if origin is not None:  # another site (another port) logging the user out
+            return _json({"error": f"refused: a logout from another site ({origin})"}, 403)
         console.sessions.drop(request.cookies.get(COOKIE))
         out = RedirectResponse("/login", status_code=303)
         out.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
@@ -312,7 +360,7 @@ def create_app(console: Console) -> Starlette:
         if bad is not None:
             return bad
         try:
-            await call(console.client_for, request)
+            await call(console.client_for, request, secret_in_query=True)
         except Exception as exc:  # noqa: BLE001
             return _error(exc)
 
@@ -320,7 +368,7 @@ def create_app(console: Console) -> Starlette:
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
                 try:
-                    snap = await snapshot(request, params)
+                    snap = await snapshot(request, params, stream=True)
                     yield f"event: snapshot\ndata: {json.dumps(snap, default=str)}\n\n"
                 except (NotLoggedIn, AuthenticationError) as exc:
                     failed(request, exc)
@@ -376,4 +424,5 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-__all__ = ["Console", "Settings", "Sessions", "Session", "create_app", "COOKIE"]
+__all__ = ["Console", "Settings", "Sessions", "Session", "create_app", "foreign_origin", "COOKIE", "SECRET_HEADER",
+           "SECRET_PARAM"]

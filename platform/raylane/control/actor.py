@@ -12,7 +12,8 @@ The logic (queue, leases, quotas, the journal, checkpoint pins, pipelines, nodes
   forecasts on a thread of their own (``RayHost.forecast``);
 - carries out its effects (``raylane.control.effects``) after committing the journal entries that decided them:
   placement groups reserved (and reported placed or failed) and removed, gangs killed, jobs stopped, MLflow runs
-  closed, health probes run, drivers waiting for their admission woken. Ray's placement-group calls are synchronous
+  closed, health probes run, drivers waiting for their admission woken (each wait bounded and woken on its own:
+  ``raylane.control.waits``). Ray's placement-group calls are synchronous
   round trips to the GCS, so they run on threads of their own (``PlacementGroups``), never on the loop.
 
 Restarted (it is created with ``max_restarts=-1``), it replays the journal: a lease whose reservation is gone goes
@@ -45,6 +46,7 @@ from raylane.control import effects as fx
 from raylane.control import ends
 from raylane.control.journal import Journal
 from raylane.control.host import Host
+from raylane.control.waits import TooManyRequestsError, Waits
 
 log = logging.getLogger("raylane.control")
 
@@ -243,7 +245,7 @@ class ControlShell:
                                cancel_grace_s, cluster)
         self._commit_waiters: Optional[asyncio.Future] = None
         self._wake: Optional[asyncio.Event] = None
-        self._admitted: Dict[str, asyncio.Event] = {}
+        self.waits = Waits()  # open wait_admission calls, bounded (raylane.control.waits)
         self._loop_task: Optional[asyncio.Task] = None
         self.pgs = PlacementGroups()
         self._carry_out()  # what recovery and the bootstrap decided
@@ -262,21 +264,24 @@ class ControlShell:
         try:
             p, req = cs.check(credential, call, args)
             if isinstance(req, api.WaitAdmission) and cs.awaits_admission(req.workload_id):
-                await self._wait_admission(req.workload_id, req.timeout_s)
+                await self._wait_admission(p, req)
             out = cs.handle(p, req)
         finally:
             await self._durable()
             self._carry_out()
         return out
 
-    async def _wait_admission(self, wid: str, timeout_s: float) -> None:
-        ev = self._admitted.setdefault(wid, asyncio.Event())
+    async def _wait_admission(self, p, req: api.WaitAdmission) -> None:
+        """Hold the call until the workload is woken (``fx.Wake``) or its timeout passes. Past a bound on open waits
+        (``raylane.control.waits``) it is refused at once, audited (identical refusals share a row)."""
+        # Authentication off: every caller is the same anonymous operator, so no bound per credential.
+        key = p.token_id if self.cs.gate.enabled else None
         try:
-            await asyncio.wait_for(ev.wait(), timeout=timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            ev.clear()
+            await self.waits.wait(key, req.workload_id, req.timeout_s)
+        except TooManyRequestsError as exc:
+            self.cs.gate.record(p, "wait_admission", req.workload_id, "refused", f"{type(exc).__name__}: {exc}",
+                                now=self.cs.clock())
+            raise
 
     # ---------------------------------------------------------------------------------------------- commit
     async def _durable(self) -> None:
@@ -332,9 +337,7 @@ class ControlShell:
             except Exception as exc:  # noqa: BLE001 - the job may be gone already
                 log.info("stop_job %s: %s", e.job_id, exc)
         elif isinstance(e, fx.Wake):
-            ev = self._admitted.get(e.workload_id)
-            if ev is not None:
-                ev.set()
+            self.waits.wake(e.workload_id)
         elif isinstance(e, fx.RunProbes):
             self._spawn(self._probe_all(e))
         elif isinstance(e, ends.CloseRun):

@@ -23,7 +23,7 @@ from raylane.control.api import CONTROL_NAME, NAMESPACE, CostGroup, EndState, Ou
 from raylane.control.records import State
 from raylane.cost import CostReport
 from raylane.credentials import Credential
-from raylane.errors import AuthenticationError, ControlPlaneUnavailable, RaylaneError
+from raylane.errors import AuthenticationError, ControlPlaneUnavailable, RaylaneError, TooManyRequestsError
 
 DEFAULT_JOURNAL = os.path.join(os.path.expanduser("~"), ".raylane", "journal.db")
 
@@ -203,9 +203,21 @@ class ControlClient:
         return _view(self._call("explain", workload_id=workload_id))
 
     def wait_admission(self, workload_id: str, timeout_s: float = 5.0) -> WorkloadView:
-        """Wait up to ``timeout_s`` for the reservation to be placed; the record either way (``ready``)."""
-        return _view(self._call("wait_admission", timeout=max(60.0, timeout_s + 30), workload_id=workload_id,
-                                timeout_s=float(timeout_s)))
+        """Wait up to ``timeout_s`` for the reservation to be placed; the record either way (``ready``). A wait the
+        control plane refuses for too many open ones (``TooManyRequestsError``: its bounds on one credential's, one
+        workload's and all waits) is tried again a second later within ``timeout_s``; past it, the record as it is."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                return _view(self._call("wait_admission", timeout=max(60.0, left + 30), workload_id=workload_id,
+                                        timeout_s=float(left)))
+            except TooManyRequestsError:
+                if time.monotonic() + 1.0 >= deadline:
+                    return self.status(workload_id)
+                time.sleep(1.0)
 
     def find_job(self, job_id: str) -> Optional[WorkloadView]:
         return _view(self._call("find_job", job_id=job_id))

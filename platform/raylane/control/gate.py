@@ -18,12 +18,26 @@ driver, which submits further workloads of the same kind and team into the same 
 its scope ends, the token is retired (op ``retired``): it expires ``AFTER_END_S`` later, the time its driver needs
 to read its final record, and submits nothing in between. Words: *scope* (the workloads a job token may act on),
 *bound* (a scope was made at its first submit), *retired* (its scope's work is over).
+
+Refusals (``Refusals``): a refusal is answered at once, typed, and audited, but identical ones share a row. The
+first refusal of a *kind* (same caller, call, target and reason) is journaled at once; the same refusal again within
+``COALESCE_S`` of it is only counted, and when that window closes (found at the next call that reaches the gate,
+or at a read of the trail, which adds the counts not journaled yet) one row carries the count of its repeats
+(``count``, ``repeats: true``, ``first_ts``). A caller that makes more than ``RATE_ROWS`` new kinds of refusal in
+``RATE_S`` (an attacker varying a forged token's id) is rate limited: the further new kinds of that window are
+counted in one row (action ``*``, reason ``rate limited: ...``), not journaled one by one. The *caller* is the
+token's id once authenticated, and ``@unauthenticated`` for every call whose credential was refused (its id is
+the caller's choice, and Ray does not say where a call came from). So the journal grows with the kinds of refusal,
+at most ``RATE_ROWS`` per ``RATE_S`` per caller, never with their number; what a crash or a kill of the actor loses
+is the repeats counted in the windows still open (at most ``COALESCE_S`` of them; the first row of each is on disk).
+``audit`` shows each kind's first row with the repeats of its window added (``count``).
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from raylane import auth
 from raylane.auth import ANONYMOUS, Action, Principal, Role, TokenRecord, TokenStore
@@ -44,6 +58,103 @@ AFTER_END_S = 60.0
 MULTI_SUBMIT_KINDS = ("tune", "serve")
 # What a job token may do only on the workloads of its scope.
 SCOPED_ACTIONS = (Action.CANCEL, Action.RELEASE, Action.REPORT, Action.READ)
+# Identical refusals within this many seconds of the first share its audit row (Refusals).
+COALESCE_S = 60.0
+# More new kinds of refusal than RATE_ROWS from one caller within RATE_S: the rest of the window share one row.
+RATE_ROWS = 20
+RATE_S = 10.0
+# The caller of a refusal whose credential was refused: one for all (a forged token's id is the caller's choice).
+UNAUTHENTICATED = "@unauthenticated"
+# The fields of an audit row that make two refusals the same kind (with the caller).
+KIND_FIELDS = ("token_id", "user", "action", "target", "reason")
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """An audit entry to journal: its time, its journal key (the target workload, or ``@`` + the call) and data."""
+
+    ts: float
+    key: str
+    data: Dict[str, Any]
+
+
+@dataclass
+class _Window:
+    """One kind of refusal, from its first (journaled) row: the repeats counted since, not journaled yet."""
+
+    first: float
+    last: float
+    row: AuditRow
+    repeats: int = 0
+
+    def repeat_row(self) -> AuditRow:
+        return AuditRow(self.last, self.row.key, {**self.row.data, "count": self.repeats, "repeats": True,
+                                                 "first_ts": self.first})
+
+
+class Refusals:
+    """Which refusals are journaled (see the module docstring): events in (``note`` a refusal, ``due`` at a time),
+    rows to journal out. Ray-free and clock-free: the gate passes ``now``."""
+
+    def __init__(self, *, window_s: float = COALESCE_S, rate_rows: int = RATE_ROWS, rate_s: float = RATE_S):
+        self.window_s, self.rate_rows, self.rate_s = window_s, rate_rows, rate_s
+        # (caller, kind) -> its open window, oldest first (every window is window_s long: the first to close).
+        self._open: Dict[Tuple, _Window] = {}
+        self._recent: Dict[str, Deque[float]] = {}  # caller -> when its last new kinds were journaled
+        self.limited = 0  # refusals counted in a rate-limited row, since this gate started
+
+    def note(self, caller: str, row: AuditRow, now: float) -> List[AuditRow]:
+        """A refusal by ``caller`` (its audit row ``row``): the rows to journal now, oldest first."""
+        out = self.due(now)
+        kind = (caller,) + tuple(row.data.get(k) for k in KIND_FIELDS)
+        if self._repeat(kind, now):
+            return out
+        recent = self._recent.setdefault(caller, deque())
+        while recent and recent[0] <= now - self.rate_s:
+            recent.popleft()
+        if len(recent) >= self.rate_rows:
+            self.limited += 1
+            if self._repeat((caller, "*"), now):
+                return out
+            d = row.data
+            who = "callers whose credential was refused" if caller == UNAUTHENTICATED else "this caller"
+            first = f"{d.get('action')} {d.get('target') or '-'}: {d.get('reason') or ''}"
+            row = AuditRow(now, "@*", {**d, "action": "*", "target": None,
+                                        **({"token_id": None} if caller == UNAUTHENTICATED else {}),
+                                        "reason": f"rate limited: more than {self.rate_rows} kinds of refusal in "
+                                                  f"{self.rate_s:g} s from {who}; those of the next "
+                                                  f"{self.window_s:g} s are counted here, not journaled one by one "
+                                                  f"(the first: {first[:300]})"})
+            kind = (caller, "*")
+        else:
+            recent.append(now)
+        self._open[kind] = _Window(now, now, row)
+        out.append(row)
+        return out
+
+    def _repeat(self, kind: Tuple, now: float) -> bool:
+        w = self._open.get(kind)
+        if w is None:
+            return False
+        w.repeats += 1
+        w.last = max(w.last, now)
+        return True
+
+    def due(self, now: float) -> List[AuditRow]:
+        """The count rows of the windows closed by ``now`` (those with repeats), oldest first."""
+        out = []
+        while self._open:
+            kind, w = next(iter(self._open.items()))
+            if w.first + self.window_s > now:
+                break
+            del self._open[kind]
+            if w.repeats:
+                out.append(w.repeat_row())
+        return out
+
+    def pending(self) -> List[AuditRow]:
+        """The count rows the open windows would journal now (what a reader of the trail adds)."""
+        return [w.repeat_row() for w in self._open.values() if w.repeats]
 
 
 @dataclass
@@ -72,6 +183,7 @@ class Gate:
         self.store = TokenStore()
         self.scopes: Dict[str, JobScope] = {}  # job token id -> its scope (bound at its first submit)
         self._scope_of: Dict[str, str] = {}  # workload or pipeline id -> the job token whose scope holds it
+        self.refusals = Refusals()
 
     # ------------------------------------------------------------------------------------------- tokens
     def apply(self, e: Entry) -> None:
@@ -168,6 +280,7 @@ class Gate:
         audited and raised. ``team_of(request) -> (team, owner)`` names the target's team and owner; it may raise
         ``NotFoundError``."""
         now = self.clock() if now is None else now
+        self._journal_rows(self.refusals.due(now))
         principal: Optional[Principal] = None
         name = call if isinstance(call, str) and call in api.CALLS else "?"
         req = None
@@ -239,26 +352,48 @@ class Gate:
 
     def record(self, principal: Optional[Principal], call: str, target: Optional[str], outcome: str,
                reason: str = "", *, now: Optional[float] = None, credential: Optional[str] = None) -> None:
-        """One audit entry: who (user, role, token id, teams), what call, on what, with what outcome and why."""
+        """One audit entry: who (user, role, token id, teams), what call, on what, with what outcome and why. A
+        refusal goes through ``Refusals``: journaled, or counted on the row of an identical one."""
         p = principal
-        self.journal.append(Kind.AUDIT, target or f"@{call}", ts=now,
-                            user=p.user if p else None, role=p.role.value if p else None,
-                            token_id=p.token_id if p else credential, teams=list(p.teams) if p else [],
-                            action=call, target=target, outcome=outcome, reason=reason[:1000])
+        data = dict(user=p.user if p else None, role=p.role.value if p else None,
+                    token_id=p.token_id if p else credential, teams=list(p.teams) if p else [],
+                    action=call, target=target, outcome=outcome, reason=reason[:1000])
+        if outcome != "refused":
+            self.journal.append(Kind.AUDIT, target or f"@{call}", ts=now, **data)
+            return
+        now = self.clock() if now is None else now
+        caller = p.token_id if p else UNAUTHENTICATED
+        self._journal_rows(self.refusals.note(caller, AuditRow(now, target or f"@{call}", data), now))
+
+    def _journal_rows(self, rows: List[AuditRow]) -> None:
+        for r in rows:
+            self.journal.append(Kind.AUDIT, r.key, ts=r.ts, **r.data)
 
     def audit(self, *, since: Optional[float] = None, user: Optional[str] = None, team: Optional[str] = None,
               limit: int = 1000, teams_of=None) -> List[Dict[str, Any]]:
-        """Audit entries, oldest first (the newest ``limit``). ``team``: entries by a member of the team, or on one
-        of its workloads (``teams_of(workload_id)``)."""
-        rows = []
-        for e in self.journal.entries_of_kind(Kind.AUDIT, since=since):
-            d = e.data
+        """Audit entries, oldest first (the newest ``limit``), each with its ``count``: a refusal's row with the
+        repeats of its window added (journaled or still counted here; ``last_ts``: the latest). ``team``: entries by
+        a member of the team, or on one of its workloads (``teams_of(workload_id)``)."""
+        rows: List[Dict[str, Any]] = []
+        latest: Dict[Tuple, Dict[str, Any]] = {}  # a kind of refusal -> its newest first row read
+        journaled = ((e.ts, e.data) for e in self.journal.entries_of_kind(Kind.AUDIT, since=since))
+        counting = ((r.ts, r.data) for r in self.refusals.pending() if since is None or r.ts >= since)
+        for ts, d in (*journaled, *counting):
             if user is not None and d.get("user") != user:
                 continue
             if team is not None and team not in (d.get("teams") or []) and (
                     teams_of is None or teams_of(d.get("target")) != team):
                 continue
-            rows.append({"ts": e.ts, **d})
+            kind = tuple(d.get(k) for k in KIND_FIELDS)
+            first = latest.get(kind) if d.get("repeats") else None
+            if first is not None:
+                first["count"] += d.get("count", 1)
+                first["last_ts"] = max(first.get("last_ts", first["ts"]), ts)
+                continue
+            row = {"ts": ts, **d, "count": d.get("count", 1)}
+            if d.get("outcome") == "refused" and not d.get("repeats"):
+                latest[kind] = row
+            rows.append(row)
         return rows[-limit:]
 
     # ---------------------------------------------------------------------------------------------- views

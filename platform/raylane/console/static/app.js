@@ -20,6 +20,22 @@ function shown(v) {
 }
 // end shown
 
+// The session's secret (raylane.console.app): handed over once, at login, in the fragment of the redirect
+// ("/#s=..."), kept in this tab's sessionStorage (this origin's only: another port of 127.0.0.1 cannot read it) and
+// sent with every call (header X-Raylane-CSRF; the stream, which sends no headers, as its csrf parameter). The
+// console refuses a call that carries its cookie only.
+const SECRET_KEY = "raylane-session-secret";
+function takeSecret() {
+  const m = location.hash.match(/^#s=([A-Za-z0-9_-]{20,100})$/);
+  if (!m) return;
+  sessionStorage.setItem(SECRET_KEY, m[1]);
+  history.replaceState(null, "", location.pathname + location.search);  // out of the address bar and history
+}
+function secret() { return sessionStorage.getItem(SECRET_KEY) || ""; }
+function api(path) {
+  return fetch(path, {credentials: "same-origin", headers: {"X-Raylane-CSRF": secret()}});
+}
+
 const ROUTES = [
   [/^\/(queue)?$/, "queue", "Queue"],
   [/^\/teams$/, "teams", "Teams"],
@@ -494,7 +510,7 @@ let stream = null;
 
 function open(r, extra) {
   if (stream) stream.close();
-  const params = new URLSearchParams({view: r.view, ...(r.id ? {id: r.id} : {}), ...(extra || {})});
+  const params = new URLSearchParams({view: r.view, ...(r.id ? {id: r.id} : {}), ...(extra || {}), csrf: secret()});
   stream = new EventSource(`/api/stream?${params}`);
   setLive("connecting");
   stream.addEventListener("snapshot", (ev) => {
@@ -523,14 +539,14 @@ function open(r, extra) {
 
 async function recover(r, extra) {
   try {
-    const who = await fetch("/api/whoami", {credentials: "same-origin"});
+    const who = await api("/api/whoami");
     if (who.status === 401) { location.assign("/login"); return; }
   } catch (e) { /* the console is away: try again */ }
   open(r, extra);
 }
 
 async function whoami() {
-  const r = await fetch("/api/whoami", {credentials: "same-origin"});
+  const r = await api("/api/whoami");
   if (r.status === 401) { location.assign("/login"); return; }
   const who = document.getElementById("who");
   if (!r.ok) { who.textContent = "?"; return; }
@@ -544,6 +560,8 @@ async function whoami() {
 }
 
 function main() {
+  takeSecret();
+  document.getElementById("logout").addEventListener("submit", () => sessionStorage.removeItem(SECRET_KEY));
   const r = route();
   document.getElementById("title").textContent = shown(r.id ? `Workload ${r.id}` : r.title);
   document.title = `Raylane · ${r.id || r.title}`;
