@@ -198,9 +198,13 @@ def tapped(sampled: set, got: Dict[str, Tuple[float, Optional[fc.Eta]]], kw: Dic
 
 
 def eta_scene(trace, nodes, policy: str, mode: str, args) -> Dict:
+    """``mode``: none, noisy or exact, optionally ``@RULE`` (the model's ``estimate_rule``: learn, trust, cap)."""
+    mode, _, rule = mode.partition("@")
     cfg, opts = _config(policy)
     opts = replace(opts, estimates="predicted" if mode == "none" else "predicted-declared", seed=args.seed)
     sim = Simulator(_with_estimates(trace, mode, args.seed), nodes, {}, cfg, options=opts)
+    if rule:
+        sim.runtime_model = RuntimeModel(estimate_rule=rule)
     every = max(1, len(sim.jobs) // args.samples)
     sampled = {job.id for job in sim.jobs[::every]}
     got: Dict[str, Tuple[float, Optional[fc.Eta]]] = {}
@@ -250,6 +254,13 @@ def eta(args) -> Dict:
                       f"{_q(m['errs'], .9):.0%} | {_q(m['signed'], .5):+.0%} | {m['cover']:.0%} | "
                       f"{m['open']:.0%} | {m['ms']:.1f} ms |", flush=True)
     print()
+    for name, trace, nodes in scenes(args) if args.jct_rules else ():
+        for mode in [m for m in args.modes if "@" in m]:
+            cfg, opts = _config("FIFO + EASY")
+            sim = Simulator(_with_estimates(trace, mode.partition("@")[0], args.seed), nodes, {}, cfg,
+                            options=replace(opts, estimates="predicted-declared", seed=args.seed))
+            sim.runtime_model = RuntimeModel(estimate_rule=mode.partition("@")[2])
+            print(f"JCT {name} FIFO + EASY {mode}: {summarize(sim.run())['jct']['mean']:,.0f} s")
     none = [(k, m) for k, m in results.items() if k[2] == "none" and m["errs"]]
     worst_med = max(((_q(m["errs"], .5), k) for k, m in none), default=(math.nan, None))
     worst_cov = min(((m["cover"], k) for k, m in none), default=(math.nan, None))
@@ -401,7 +412,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--only", default="", help="only the scenes whose name contains this")
     ap.add_argument("--presets", default=",".join(COMPARISON), help="--part jct: the presets to compare")
     ap.add_argument("--policies", default="las-easy,default policy,FIFO + EASY")
-    ap.add_argument("--modes", default="none,noisy,exact")
+    ap.add_argument("--modes", default="none,noisy,exact",
+                    help="estimate modes, each none, noisy or exact, optionally @learn, @trust or @cap")
+    ap.add_argument("--jct-rules", action="store_true", help="with @RULE modes: also each rule's average JCT")
     ap.add_argument("--plot", default=None, help="write the calibration plot (PNG) here")
     ap.add_argument("--arrivals-h", type=float, default=0.0,
                     help="forecast expecting the arrivals of the last H hours to come again (0: none)")
