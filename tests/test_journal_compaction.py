@@ -252,3 +252,38 @@ def test_the_policy_refuses_an_unknown_journal_key_and_defaults_to_ninety_days()
         load_policy_from_dict(data, "policy")
     assert [e[0] for e in info.value.errors] == ["journal.retentoin"]
     assert load_policy_from_dict(local_policy(), "p").journal.retention == 90 * DAY
+
+
+def test_tokens_dead_for_longer_than_the_retention_leave_the_journal(make):
+    # Job tokens come one per job: those revoked or expired past the retention are forgotten by compaction, so that
+    # a restart does not replay them; a live token, and the parent of a token still known, stay.
+    from raylane.auth import ANONYMOUS
+
+    h = make(retention="1d")
+    gate = h.cs.gate
+    auth = lambda tok: h.cs.gate.store.authenticate(tok, h.clock())  # noqa: E731  (the gate's check, auth on or off)
+    id_of = lambda user: next(t.id for t in h.cs.gate.store.tokens.values() if t.user == user)  # noqa: E731
+    live = gate.add_token(user="carol", teams=["team-a"], role="member", created_by="test")
+    dead = [gate.add_token(user=f"u{i}", teams=["team-a"], role="member", created_by="test", ttl_s=60.0)
+            for i in range(50)]
+    gate.add_token(user="dan", teams=["team-a"], role="member", created_by="test")
+    parent_id = id_of("dan")
+    gate.revoke(parent_id, by=ANONYMOUS)
+    child = gate.add_token(user="erin", teams=["team-a"], role="member", created_by="test", parent=parent_id)
+    h.cs.journal.commit()
+    rows = lambda: sum(1 for e in h.cs.journal.replay() if e.kind == "token")  # noqa: E731
+    before = rows()
+    h.clock.advance(0.5 * DAY)
+    h.cs.compactor.run()
+    assert rows() == before  # dead for less than the retention: kept
+    h.clock.advance(1 * DAY)
+    h.cs.compactor.run()
+    assert rows() <= before - 50 and len(h.cs.gate.store.tokens) == 3
+    h.restart()
+    assert auth(live).user == "carol"
+    for tok in dead[:3]:
+        with pytest.raises(Exception):
+            auth(tok)
+    assert parent_id in h.cs.gate.store.tokens  # the parent of a token still known stays
+    with pytest.raises(Exception):
+        auth(child)  # its parent is revoked: so is it

@@ -140,9 +140,12 @@ class Compactor:
     ``JournalSpec`` now; ``before``: called first (the cost ledger reads what it has not yet: ``_cost_sync``)."""
 
     def __init__(self, journal: Journal, records: Records, runtimes: Callable[[], RuntimeBook], pipes,
-                 spec: Callable[[], Any], clock: Callable[[], float], before: Optional[Callable[[], None]] = None):
+                 spec: Callable[[], Any], clock: Callable[[], float], before: Optional[Callable[[], None]] = None,
+                 gate=None):
         self.journal, self.records, self.runtimes, self.pipes = journal, records, runtimes, pipes
         self.spec, self.clock, self.before = spec, clock, before
+        # The gate, whose tokens dead for longer than the retention compaction forgets (None: none).
+        self.gate = gate
         self.runs = 0  # compactions done by this one
         self._busy = False
 
@@ -177,8 +180,12 @@ class Compactor:
                 self.before()
             moving = self.archivable(now, spec.compact_batch if limit == -1 else limit)
             book = self.runtimes()
+            dead = self.gate.dead_tokens(now - spec.retention) if self.gate is not None else []
             self.journal.compact(workloads=moving, snapshots={RUNTIMES: snapshot_runtimes(book, moving)},
-                                 archive_before=now - spec.retention, audit_before=now - spec.audit_retention)
+                                 archive_before=now - spec.retention, audit_before=now - spec.audit_retention,
+                                 dead_tokens=dead)
+            if dead:
+                self.gate.forget_tokens(dead)
             self.records.drop(moving)
             book.forget(moving)
             self.runs += 1

@@ -213,6 +213,27 @@ class Gate:
             if rec is not None:
                 rec.expires = d["expires"] if rec.expires is None else min(rec.expires, d["expires"])
 
+    def dead_tokens(self, before: float) -> List[str]:
+        """Ids of the tokens that stopped working (revoked or expired) before ``before`` and are no other token's
+        parent: what journal compaction may forget (an unknown token is refused as an expired one is)."""
+        parents = {t.parent for t in self.store.tokens.values() if t.parent}
+        out = []
+        for tid, t in self.store.tokens.items():
+            ends = [x for x in (t.revoked, t.expires) if x is not None]
+            if ends and min(ends) < before and tid not in parents:
+                out.append(tid)
+        return out
+
+    def forget_tokens(self, ids) -> None:
+        """Drop tokens compaction removed from the journal (``dead_tokens``), and their job scopes."""
+        for tid in ids:
+            self.store.tokens.pop(tid, None)
+            scope = self.scopes.pop(tid, None)
+            if scope is not None:
+                for wid in scope.members:
+                    if self._scope_of.get(wid) == tid:
+                        del self._scope_of[wid]
+
     def _token_entry(self, **data) -> None:
         self.apply(self.journal.append(Kind.TOKEN, TOKENS, **data))
 

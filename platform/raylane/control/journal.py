@@ -33,7 +33,7 @@ import sqlite3
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 log = logging.getLogger("raylane.control")
 
@@ -285,12 +285,13 @@ class Journal:
 
     # ------------------------------------------------------------------------------------------- compaction
     def compact(self, *, workloads: Dict[str, float], snapshots: Dict[str, bytes], archive_before: float,
-                audit_before: float) -> int:
+                audit_before: float, dead_tokens: Sequence[str] = ()) -> int:
         """One compaction, in one transaction (nothing of it is kept unless all of it is): move the entries of
         ``workloads`` (id -> when it ended) to the archive; move the audit entries of the tail to the audit archive;
         write ``snapshots`` (name -> data) at the last seq; drop archived workloads that ended before
-        ``archive_before`` and audit chunks whose newest entry is older than ``audit_before``. Commits what is
-        pending first. Returns the seq the snapshots were taken at."""
+        ``archive_before`` and audit chunks whose newest entry is older than ``audit_before``, and every entry of
+        ``dead_tokens`` (``Gate.dead_tokens``). Commits what is pending first. Returns the seq the snapshots were
+        taken at."""
         self.commit()
         self._db.execute("BEGIN IMMEDIATE")
         try:
@@ -299,6 +300,7 @@ class Journal:
             self._archive_audit(seq)
             self._write_snapshots(seq, snapshots)
             self._expire(archive_before, audit_before)
+            self._forget_tokens(dead_tokens)
             self._db.execute("COMMIT")
         except BaseException:
             if self._db.in_transaction:
@@ -336,6 +338,14 @@ class Journal:
     def _expire(self, archive_before: float, audit_before: float) -> None:
         self._db.execute("DELETE FROM archive WHERE ended_at < ?", (archive_before,))
         self._db.execute("DELETE FROM audit_chunks WHERE last_ts < ?", (audit_before,))
+
+    def _forget_tokens(self, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        dead = set(ids)
+        rows = self._db.execute("SELECT seq, data FROM journal WHERE kind = ?", (Kind.TOKEN.value,)).fetchall()
+        gone = [(seq,) for seq, data in rows if json.loads(data).get("id") in dead]
+        self._db.executemany("DELETE FROM journal WHERE seq = ?", gone)
 
     def close(self) -> None:
         """Commit what is pending and close (again: nothing)."""

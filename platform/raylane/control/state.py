@@ -190,7 +190,7 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         self._cost_sync()
         # Compaction after a commit, every policy.journal.compact_every entries (raylane.control.archive).
         self.compactor = Compactor(journal, self.records, lambda: self.runtimes, lambda: self.pipes,
-                                   lambda: self.policy.journal, clock, before=self._cost_sync)
+                                   lambda: self.policy.journal, clock, before=self._cost_sync, gate=self.gate)
         journal.after_commit = self.compactor
         self._cost_exported_at = self._started
         self._month_spend: Optional[tuple] = None  # (month start, prices, team -> spend this month)
