@@ -46,8 +46,9 @@ For the control plane: ``forecast(cs.state, now, stopping_ends={r.id: r.stop_dea
 if r.stop_deadline is not None})``: the live ``ClusterState`` already holds the node book's cordons and drains
 (unschedulable nodes), and the records know when each stopping lease's grace period runs out.
 
-Not modelled: arrivals after ``now`` (an ETA moves later when more urgent work arrives, earlier when leases end
-before their estimates); decisions that time alone brings between two lease ends (a lease passing its minimum
+Not modelled unless asked: arrivals after ``now`` (an ETA moves later when more urgent work arrives, earlier when
+leases end before their estimates; ``arrivals=`` plays expected ones, ``expected_arrivals``, which docs/eta.md
+measured and the control plane does not use); decisions that time alone brings between two lease ends (a lease passing its minimum
 runtime or hysteresis is seen at the next step); the speed of a resized elastic gang (it keeps its expected end).
 """
 from __future__ import annotations
