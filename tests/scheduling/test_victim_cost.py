@@ -79,7 +79,7 @@ def test_victims_chosen(case, cost):
 
 def test_the_default_is_lost_work():
     assert SchedulerConfig().victim_cost == VICTIM_COSTS.default == "lost_work"
-    assert VICTIM_COSTS.names() == ["lost_work", "recency"]
+    assert VICTIM_COSTS.names() == ["lost_work", "recency", "remaining"]
 
 
 def test_an_unknown_victim_cost_names_the_value_and_the_known_ones():
@@ -103,5 +103,34 @@ def test_policy_file_rejects_an_unknown_victim_cost_naming_field_value_and_allow
     with pytest.raises(ValidationError) as exc:
         load_policy_from_dict(_policy(victim_cost="newest", preemption="often"), "p")
     text = str(exc.value)
-    assert "scheduler.victim_cost" in text and "newest" in text and "one of lost_work, recency" in text
+    assert "scheduler.victim_cost" in text and "newest" in text and "one of lost_work, recency, remaining" in text
     assert "scheduler.preemption" in text  # every error of the file at once
+
+
+def test_remaining_stops_what_is_predicted_to_end_last():
+    # Two pretrain leases: one started at 500 and is predicted to end 18 minutes from now, the other started at 0
+    # and has 5 hours to go: under `remaining` the long one goes (the short one ends soon anyway); under lost_work
+    # the one that loses less (the later start).
+    from dataclasses import replace
+
+    from raylane.runtimes import Basis, RuntimeDist
+
+    def learned(b, runtime):
+        return replace(b.obj(), predicted=RuntimeDist((Basis("user-name", "k", (runtime,) * 3),)))
+
+    soon = learned(wl("soon").cls(PRETRAIN).gpus(4), 1600.0)
+    late = learned(wl("late").cls(PRETRAIN).gpus(4), 19000.0)
+    unknown = wl("unknown").cls(PRETRAIN).gpus(4)
+    for cost, expected in (("remaining", ("late",)), ("lost_work", ("soon",))):
+        out = decide(nodes(1), [team("nlp", gpu=8)],
+                     [running(late, on=["n1"], since=0), running(soon, on=["n1"], since=500)],
+                     [wl("f").cls(PROD).gpus(4)], now=NOW, ordering="priority", preemption="default",
+                     backfill="easy", victim_cost=cost)
+        (pre,) = list(out.preempted)
+        assert out.preempted[pre] == expected, cost
+    # A lease with no prediction goes after the predicted ones of its class.
+    out = decide(nodes(1), [team("nlp", gpu=8)],
+                 [running(unknown, on=["n1"], since=0), running(soon, on=["n1"], since=500)],
+                 [wl("f").cls(PROD).gpus(4)], now=NOW, ordering="priority", preemption="default", backfill="easy",
+                 victim_cost="remaining")
+    assert list(out.preempted.values()) == [("soon",)]

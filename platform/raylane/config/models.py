@@ -254,7 +254,8 @@ class SchedulerSpec(_Model):
     ordering: OrderingName = _SCHED.ordering
     backfill: BackfillName = _SCHED.backfill
     preemption: PreemptionName = _SCHED.preemption
-    # How victims of equal class priority are priced: lost_work (GPU-seconds since the last checkpoint) or recency.
+    # How victims of equal class priority are priced: lost_work (GPU-seconds since the last checkpoint), recency or
+    # remaining (the longest predicted remaining time first).
     victim_cost: VictimCostName = _SCHED.victim_cost
     admission: AdmissionName = _SCHED.admission
     max_admissions_per_cycle: int = Field(default=_SCHED.max_admissions_per_cycle, ge=1)

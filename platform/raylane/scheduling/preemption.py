@@ -23,7 +23,9 @@ preemptor under the ordering policy: LAS demotion, SRTF; but none (re)started to
 Cost of a victim, smallest first (``VICTIM_COSTS``, chosen by the config's ``victim_cost``): class priority, then,
 under ``lost_work`` (the default), the GPU-seconds of work since its last checkpoint, or since its start when it has
 none (what a stop loses: a lease that just checkpointed is the cheap one), then the most recently started; under
-``recency`` (Kueue's order, the baseline it is measured against) the most recently started, checkpoints ignored.
+``recency`` (Kueue's order, the baseline it is measured against) the most recently started, checkpoints ignored;
+under ``remaining`` the longest predicted remaining time first (runtimes learned from history), then as
+``lost_work``.
 Cheaper than any of them: a workload admitted earlier in the same cycle (*fresh*), which has not started; the cycle
 gives its place back (``Displaced``) instead of stopping it next cycle. The cost orders the ``default`` policy's
 candidates and, for every policy, which victims ``find_victims`` gives back (the most expensive first), so the set
@@ -333,6 +335,20 @@ class Recency:
 
     def key(self, lease, now):
         return (lease.workload.cls.priority, -lease.start_time, lease.id)
+
+
+@VICTIM_COSTS.register("remaining")
+class Remaining:
+    """Class priority, then the longest predicted remaining time first (``Workload.predicted``, given the service it
+    has had by ``now``: what would end last goes, as shortest-remaining-first would have it), then as ``lost_work``.
+    A lease with no prediction ranks after every predicted one of its class, by ``lost_work``."""
+
+    def key(self, lease, now):
+        w = lease.workload
+        gpus = max(w.gang.per_worker.gpu * w.gang.workers, 1e-3)
+        p = w.predicted
+        left = -p.remaining(w.ran_s + max(0.0, now - lease.start_time)) if p is not None else 0.0
+        return (w.cls.priority, left, lease.progress_at_risk_s(now) * gpus, -lease.start_time, lease.id)
 
 
 def victim_cost(lease: Lease, now: float, kind: str = "lost_work") -> Tuple:

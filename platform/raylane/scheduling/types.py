@@ -375,8 +375,8 @@ class SchedulerConfig:
     backfill: str = "easy"
     preemption: str = "default"
     # How victims of equal class priority are priced (``raylane.scheduling.preemption.VICTIM_COSTS``): ``lost_work``
-    # (the GPU-seconds since each one's last checkpoint, or its start) or ``recency`` (Kueue's: the most recently
-    # started first, checkpoints ignored).
+    # (the GPU-seconds since each one's last checkpoint, or its start), ``recency`` (Kueue's: the most recently
+    # started first, checkpoints ignored) or ``remaining`` (the longest predicted remaining time first).
     victim_cost: str = "lost_work"
     # Upper bound on admissions in one cycle, so a cycle stays short; the rest wait for the next cycle.
     max_admissions_per_cycle: int = 64
