@@ -258,17 +258,27 @@ def speed(args) -> None:
 
 @dataclass
 class Taken:
-    """The forecasts taken during one replay, per method: job id -> (submit, forecast start or None)."""
+    """The forecasts taken during one replay, per method: job id -> (submit, forecast start or None).
+    ``forecast(state, now, batch, method)``: what is taken (default: ``fc.forecast``'s starts); ``history``: every
+    workload as it first arrived, in submit order (what a forecast of arrivals reads)."""
 
     forecast_kw: Dict
     sampled: set
     methods: Sequence[str] = ("replay",)
-    got: Dict[str, Dict[str, Tuple[float, Optional[float]]]] = field(default_factory=dict)
+    got: Dict[str, Dict[str, Tuple[float, Optional[object]]]] = field(default_factory=dict)
     batch: List[str] = field(default_factory=list)
     batch_t: float = -math.inf
     seen: set = field(default_factory=set)
     calls: int = 0
     cpu_s: Dict[str, float] = field(default_factory=dict)
+    forecast: Optional[Callable] = None
+    history: List[Workload] = field(default_factory=list)
+
+    def take(self, state, now: float, batch: List[str], method: str) -> Dict[str, object]:
+        if self.forecast is not None:
+            return self.forecast(state, now, batch, method)
+        etas = fc.forecast(state, now, only=batch, method=method, **self.forecast_kw)
+        return {wid: etas[wid].start for wid in batch}
 
 
 @contextmanager
@@ -285,16 +295,17 @@ def tapped(taken: Taken):
             batch, taken.batch = taken.batch, []
             for method in taken.methods:
                 c = time.process_time()
-                etas = fc.forecast(self, taken.batch_t, only=batch, method=method, **taken.forecast_kw)
+                taken_now = taken.take(self, taken.batch_t, batch, method)
                 taken.cpu_s[method] = taken.cpu_s.get(method, 0.0) + time.process_time() - c
                 got = taken.got.setdefault(method, {})
                 for wid in batch:
-                    got[wid] = (taken.batch_t, etas[wid].start)
+                    got[wid] = (taken.batch_t, taken_now.get(wid))
             taken.calls += 1
 
         def enqueue(self, w: Workload) -> None:
             if w.id not in taken.seen:
                 taken.seen.add(w.id)
+                taken.history.append(w)
                 if w.submit_time > taken.batch_t:
                     self._flush()
                 if w.id in taken.sampled:

@@ -32,13 +32,11 @@ import bisect
 import math
 import random
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import raylane.forecast as fc
-import raylane.sim.engine as engine
 from raylane.config.loader import load_policy
 from raylane.runtimes import RuntimeModel
 from raylane.scheduling.types import SchedulerConfig, Workload
@@ -46,6 +44,7 @@ from raylane.sim import COMPARISON, SimOptions, Simulator, apply_preset, cluster
 from raylane.sim import summarize
 from raylane.sim.cluster import load_cluster
 from raylane.sim.generate import MIXES, generate
+from tests.bench.bench_eta import tapped
 
 ROOT = Path(__file__).resolve().parents[2]
 PHILLY = ROOT / "examples" / "traces" / "philly.csv.gz"
@@ -141,60 +140,20 @@ def predictor(args) -> None:
 # -------------------------------------------------------------------------------------------------------- eta
 
 
-@contextmanager
-def tapped(sampled: set, got: Dict[str, Tuple[float, Optional[fc.Eta]]], kw: Dict, window_s: float = 0.0):
-    """Have the simulator's ``ClusterState`` forecast each sampled job as it arrives (after the instant's ends and
-    arrivals, before its first cycle), as ``bench_eta.tapped`` does, with ``forecast_interval``."""
-    real = engine.ClusterState
-    batch: List[str] = []
-    at = [-math.inf]
-    seen: set = set()
-    cpu = [0.0, 0]
-    history: List[Workload] = []  # every arrival so far, in submit order
-    submits: List[float] = []
+def _taker(kw: Dict, window_s: float):
+    """A ``bench_eta.Taken`` whose forecasts are ``forecast_interval``'s ETAs (with the expected arrivals of the
+    last ``window_s``, when > 0): ``bench_eta.tapped`` takes them as the sampled jobs arrive."""
+    from tests.bench.bench_eta import Taken
 
-    class Tapped(real):
-        def _flush(self) -> None:
-            if not batch:
-                return
-            c = time.process_time()
-            more = {}
-            if window_s > 0:
-                i = bisect.bisect_left(submits, at[0] - window_s)
-                more = dict(arrivals=fc.expected_arrivals(history[i:], at[0], window_s))
-            etas = fc.forecast_interval(self, at[0], only=list(batch), **kw, **more)
-            cpu[0] += time.process_time() - c
-            cpu[1] += 1
-            for wid in batch:
-                got[wid] = (at[0], etas.get(wid))
-            batch.clear()
+    def take(state, now, batch, method):
+        more = {}
+        if window_s > 0:
+            i = bisect.bisect_left([w.submit_time for w in taken.history], now - window_s)
+            more = dict(arrivals=fc.expected_arrivals(taken.history[i:], now, window_s))
+        return fc.forecast_interval(state, now, only=list(batch), method=method, **kw, **more)
 
-        def enqueue(self, w: Workload) -> None:
-            if w.id not in seen:
-                seen.add(w.id)
-                history.append(w)
-                submits.append(w.submit_time)
-                if w.submit_time > at[0]:
-                    self._flush()
-                if w.id in sampled:
-                    batch.append(w.id)
-                    at[0] = w.submit_time
-            super().enqueue(w)
-
-        def finish(self, workload_id: str, now: float):
-            if now > at[0]:
-                self._flush()
-            return super().finish(workload_id, now)
-
-        def snapshot(self, limit=None):
-            self._flush()
-            return super().snapshot(limit)
-
-    engine.ClusterState = Tapped
-    try:
-        yield cpu
-    finally:
-        engine.ClusterState = real
+    taken = Taken(kw, set(), ("replay",), forecast=take)
+    return taken
 
 
 def eta_scene(trace, nodes, policy: str, mode: str, args) -> Dict:
@@ -206,13 +165,15 @@ def eta_scene(trace, nodes, policy: str, mode: str, args) -> Dict:
     if rule:
         sim.runtime_model = RuntimeModel(estimate_rule=rule)
     every = max(1, len(sim.jobs) // args.samples)
-    sampled = {job.id for job in sim.jobs[::every]}
-    got: Dict[str, Tuple[float, Optional[fc.Eta]]] = {}
     kw = dict(horizon_s=args.horizon_h * 3600, max_examined=opts.max_examined)
+    taken = _taker(kw, args.arrivals_h * 3600)
+    taken.sampled = {job.id for job in sim.jobs[::every]}
     t0 = time.perf_counter()
-    with tapped(sampled, got, kw, args.arrivals_h * 3600) as cpu:
+    with tapped(taken):
         r = sim.run()
     wall = time.perf_counter() - t0
+    got: Dict[str, Tuple[float, Optional[fc.Eta]]] = taken.got.get("replay", {})
+    cpu = [taken.cpu_s.get("replay", 0.0), taken.calls]
     start = {job.id: r.first_start[k] for k, job in enumerate(r.jobs)}
     errs, signed, inside, open_ = [], [], 0, 0
     for wid, (submit, eta) in got.items():
