@@ -7,17 +7,14 @@ FIFO among its like. With the ``ordering`` preemption policy it ranks running wo
 """
 import math
 
+from raylane.scheduling.ordering._srtf import remaining_s
 from raylane.scheduling.ordering.base import ORDERINGS
 
 
 def predicted_service(w, attained_gpu_s: float) -> float:
     """GPU-seconds ``w`` is predicted to still need, given ``attained_gpu_s`` of service (inf: nothing says)."""
-    gpus = w.gang.total.gpu
-    if w.predicted is not None:
-        return gpus * w.predicted.remaining(attained_gpu_s / gpus if gpus > 0 else 0.0)
-    if w.runtime_estimate_s is None:
-        return math.inf
-    return gpus * max(0.0, w.runtime_estimate_s - (attained_gpu_s / gpus if gpus > 0 else 0.0))
+    left = remaining_s(w, attained_gpu_s)  # SRTF's remaining seconds, at the gang's size
+    return left if left == math.inf else w.gang.total.gpu * left
 
 
 @ORDERINGS.register("qssf")
