@@ -68,14 +68,20 @@ def _features(h):
     return features_of(rec)
 
 
-def test_queue_etas_carry_an_interval_and_what_they_rest_on(h):
-    # Three runs of 10, 20 and 40 minutes; a fourth runs now on the whole cluster, a fifth waits behind it.
+def _running_after_history(h) -> str:
+    """Runs of pretrain-x of 10, 20 and 40 minutes, then one more on the whole cluster, running for a minute now."""
     for s in (600, 1200, 2400):
         _run(h, "pretrain-x", s)
-    running = h.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
+    wid = h.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
     h.tick()
-    h.call("report", workload_id=running, kind="running")
+    h.call("report", workload_id=wid, kind="running")
     h.clock.advance(60)
+    return wid
+
+
+def test_queue_etas_carry_an_interval_and_what_they_rest_on(h):
+    # Three runs of 10, 20 and 40 minutes; a fourth runs now on the whole cluster, a fifth waits behind it.
+    _running_after_history(h)
     waiting = h.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
     h.tick()
     etas = h.cs.etas()
@@ -108,12 +114,7 @@ def test_the_eta_cell_shows_the_interval(start, low, high, text):
 def test_explain_says_when_a_running_workload_is_expected_to_end_and_why(h):
     from raylane.cli_cluster import end_text
 
-    for s in (600, 1200, 2400):
-        _run(h, "pretrain-x", s)
-    wid = h.call("submit", spec=spec("pretrain-x", "team-a", "pretrain", workers=2, gpu=2))["id"]
-    h.tick()
-    h.call("report", workload_id=wid, kind="running")
-    h.clock.advance(60)
+    wid = _running_after_history(h)
     out = h.call("explain", workload_id=wid)
     now = h.clock()
     assert out["predicted_end"] == pytest.approx(now + 1200 - 60)
