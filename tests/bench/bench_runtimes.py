@@ -148,7 +148,7 @@ def _taker(kw: Dict, window_s: float):
     def take(state, now, batch, method):
         more = {}
         if window_s > 0:
-            i = bisect.bisect_left([w.submit_time for w in taken.history], now - window_s)
+            i = bisect.bisect_left(taken.history, now - window_s, key=lambda w: w.submit_time)
             more = dict(arrivals=fc.expected_arrivals(taken.history[i:], now, window_s))
         return fc.forecast_interval(state, now, only=list(batch), method=method, **kw, **more)
 
