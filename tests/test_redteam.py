@@ -1,7 +1,8 @@
 """Issue 44's red-team findings, replayed on a live cluster (one shared by the module): each attack is refused and
 leaves an audit row. From a Ray driver holding the control actor's handle: Ray's ``__ray_call__`` minting an operator
 token, ``__ray_terminate__`` stopping the control plane, ``ray.kill`` stopping it for good; and a job token read from
-wherever Ray keeps it, used to cancel its user's other workload and to submit again. The gate's scope rules are
+wherever Ray keeps it, used to cancel its user's other workload and to submit again; a call whose pickled
+arguments would run code in the control actor as Ray unpickles them. The gate's scope rules are
 tested without Ray in tests/test_gate.py ("job scopes")."""
 from __future__ import annotations
 
@@ -46,13 +47,21 @@ def test_ray_call_cannot_mint_an_operator_token(ops):
     def mint(self):
         return self.shell.cs.gate.add_token(user="mallory", teams=[], role="operator", created_by="mallory")
 
+    # A function defined by the caller is pickled by value: the guard refuses it before __ray_call__ is reached.
     with pytest.raises(Exception) as err:
         ray.get(handle.__ray_call__.remote(mint), timeout=60)
-    assert "__ray_call__: refused" in str(err.value)
+    assert "refused to unpickle ray.cloudpickle.cloudpickle._make_function" in str(err.value)
     assert not [t for t in ops.token_list(True) if t["user"] == "mallory"]
+    row = wait_for(lambda: [r for r in audit_of(ops, "unpickle") if "_make_function" in r["reason"]],
+                   what="the guard's audit row")[-1]
+    assert (row["outcome"], row["target"], row["user"]) == ("refused", "@control", None)
+    # A callable the guard lets through (a plain type, pickled by name) meets __ray_call__'s own refusal.
+    with pytest.raises(Exception) as err:
+        ray.get(handle.__ray_call__.remote(set), timeout=60)
+    assert "__ray_call__: refused" in str(err.value)
     row = audit_of(ops, "__ray_call__")[-1]
     assert (row["outcome"], row["target"], row["user"]) == ("refused", "@control", None)
-    assert "mint" in row["reason"]
+    assert "set" in row["reason"]
 
 
 def test_ray_terminate_does_not_stop_the_control_plane(ops):
@@ -63,6 +72,30 @@ def test_ray_terminate_does_not_stop_the_control_plane(ops):
     time.sleep(1.0)
     assert ops.info()["auth"] is True  # still answering, the same process
     assert audit_of(ops, "__ray_terminate__")[-1]["outcome"] == "refused"
+
+
+class _Mint:
+    """An argument whose unpickling would mint an operator token inside whatever process unpickles it."""
+
+    def __reduce__(self):
+        code = ("import gc; from raylane.control.gate import Gate; "
+                "[g.add_token(user='mallory-pickle', teams=[], role='operator', created_by='mallory') "
+                "for g in gc.get_objects() if isinstance(g, Gate)]")
+        return (exec, (code,))
+
+
+def test_crafted_pickled_arguments_run_nothing_in_the_control_plane(ops, bob):
+    handle = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+    for call in (lambda: handle.request.remote(_Mint(), "whoami", {}),          # as the credential
+                 lambda: handle.request.remote(None, "status", {"x": _Mint()})):  # inside the arguments
+        with pytest.raises(Exception) as err:
+            ray.get(call(), timeout=60)
+        assert "refused to unpickle builtins.exec" in str(err.value)
+    assert not [t for t in ops.token_list(True) if t["user"] == "mallory-pickle"]
+    rows = wait_for(lambda: [r for r in audit_of(ops, "unpickle") if "builtins.exec" in r["reason"]],
+                    what="the refusal's audit row")
+    assert all((r["outcome"], r["target"], r["user"]) == ("refused", "@control", None) for r in rows)
+    assert bob.whoami()["user"] == "bob"  # plain calls still come through
 
 
 def test_a_stolen_job_token_acts_on_its_own_workload_only_and_dies_with_it(ops, bob):

@@ -26,8 +26,11 @@ replaced here, on the class and on the subclass Ray makes, by methods that refus
 roles and the journal change only through ``request()``. What the actor cannot refuse is ``ray.kill(handle)``
 (the GCS ends the process): ``ControlWatch``, a second detached actor, starts the control plane again from its
 journal when it is gone, and the restarted actor journals an audit row saying so. Ray deserializes every task's
-arguments with pickle before the method runs, so a caller that crafts them can still run code in this process: see
-docs/security.md ("Code inside the cluster") for what that leaves open and what closes it.
+arguments with pickle before the method runs: a caller that crafted them (an object whose ``__reduce__`` names a
+function) would run code here without any method. The first thing the actor does is guard that
+(``raylane.control.unpickle``): in this process Ray's pickles resolve plain data types and exception classes only,
+anything else is refused before it is called and audited. What that leaves open (the GCS's key-value store, the
+journal file): docs/security.md ("Code inside the cluster").
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from raylane.control import api
 from raylane.control import effects as fx
-from raylane.control import ends
+from raylane.control import ends, unpickle
 from raylane.control.journal import Journal
 from raylane.control.host import Host
 from raylane.control.waits import TooManyRequestsError, Waits
@@ -214,6 +217,7 @@ class ControlActor(metaclass=Sealed):
                  admit_timeout_s: float = 30.0, auth: Optional[Dict[str, Any]] = None,
                  cancel_grace_s: float = ends.CANCEL_GRACE_S, cluster: Optional[Dict[str, Any]] = None):
         """``auth``, ``cluster``: see ``ControlState``."""
+        unpickle.install()  # from here on, a call's pickled arguments are plain data or refused
         restarted = _restart_cause(auth)
         if auth is not None:
             auth = {k: v for k, v in auth.items() if k != "restarted_by"}
@@ -433,6 +437,7 @@ class ControlShell:
             self._wake.clear()
             full = time.time() - last_full >= self.tick_s
             try:
+                unpickle.drain(self.audit)
                 self.cs.tick(full=full)
                 self.cs.journal.commit()
                 self._carry_out()
@@ -468,6 +473,7 @@ class ControlWatch(metaclass=Sealed):
     def __init__(self, start: Dict[str, Any], every_s: float = WATCH_S):
         import threading
 
+        unpickle.install()
         # A thread running a module function: every method of an actor class is callable through its handle.
         self.starts = [0]
         threading.Thread(target=_watch_loop, args=(start, every_s, self.starts), name="raylane-control-watch",
