@@ -123,6 +123,8 @@ def test_a_compaction_moves_ended_workloads_out_of_memory_and_a_restart_rebuilds
     assert sizes["live_entries"] < live_before / 2
     assert not set(ended) & set(live_ids(h)) and set(live) <= set(live_ids(h))
     assert state_of(h, ids) == before  # read back from the archive by id
+    assert not set(ended) & set(h.cs._ledger.workloads)  # the cost ledger forgot them too ...
+    assert h.call("cost") == cost  # ... and reads them back from the archive for a report
 
     h.restart()
     assert not set(ended) & set(live_ids(h))
@@ -164,7 +166,7 @@ class Died(BaseException):
     """The process dies here (not an Exception: nothing catches it)."""
 
 
-STEPS = ["_archive_workloads", "_archive_audit", "_write_snapshots", "_expire"]
+STEPS = ["_archive_workloads", "_archive_chunks", "_write_snapshots", "_expire"]
 
 
 @pytest.mark.parametrize("step", STEPS + ["after_commit"])
@@ -287,3 +289,55 @@ def test_tokens_dead_for_longer_than_the_retention_leave_the_journal(make):
     assert parent_id in h.cs.gate.store.tokens  # the parent of a token still known stays
     with pytest.raises(Exception):
         auth(child)  # its parent is revoked: so is it
+
+
+def test_node_entries_leave_the_tail_with_a_snapshot_of_the_node_book(make):
+    """A year of node churn and failing probes costs a restart nothing: a compaction moves the node book's entries
+    to the node archive with a snapshot of the book and of the cost ledger's node presence; a restart loads the
+    snapshot. Nodes lost before the retention are forgotten; history (cost, the simulator) still reads the rest."""
+    from tests.controltest import node_id
+
+    h = make(retention="30d")
+    nodes = [h.host.add_node(f"churn-{i}", gpus=4, node_type="a100") for i in range(6)]
+    h.tick()
+    h.host.kill_node("churn-0")  # lost long ago: past the retention when compacted
+    h.tick()
+    h.clock.advance(40 * DAY)
+    h.host.kill_node("churn-1")  # lost lately: kept
+    h.tick()
+    h.call("node_cordon", node=nodes[2][:10], reason="firmware")
+    for _ in range(30):  # a flaky probe: every failure is journaled
+        h.probed({nodes[3]: (False, "nvidia-smi timed out")})
+        h.clock.advance(30)
+    finish(h, "after", 5)
+    h.clock.advance(2 * 3600)
+    h.tick()
+    before = {"live": h.call("node_list"), "all": h.call("node_list", include_lost=True)}
+    cost = h.call("cost", since=h.clock() - 5 * DAY)
+    node_rows = sum(1 for e in h.cs.journal.replay() if e.kind == "node")
+    assert node_rows >= 40
+
+    h.cs.compactor.run()
+    assert not [e for e in h.cs.journal.replay() if e.kind == "node"]  # the tail holds none
+    assert h.cs.journal.sizes()["node_chunks"] >= 1
+    assert len(list(h.cs.journal.entries_of_kind("node"))) == node_rows  # history reads them
+    h.restart()
+    after = {"live": h.call("node_list"), "all": h.call("node_list", include_lost=True)}
+    assert after["live"] == before["live"]
+    assert [n["id"] for n in after["all"]] == [n["id"] for n in before["all"] if n["id"] != node_id("churn-0")]
+    assert next(n for n in after["live"] if n["id"] == nodes[2])["state"] == "cordoned"
+    assert h.call("cost", since=h.clock() - 5 * DAY) == cost
+    # Entries after the snapshot apply on top of it; the next compaction carries them over.
+    h.call("node_uncordon", node=nodes[2][:10])
+    h.cs.compactor.run()
+    h.restart()
+    assert next(n for n in h.call("node_list") if n["id"] == nodes[2])["state"] == "ready"
+    sim = trace_from_journal(h.path, load_policy_from_dict(local_policy(), "p"))
+    assert {n.id for n in sim.nodes} >= set(nodes[2:])
+    # Past the retention, the node archive's chunks expire; the snapshot still gives the simulator the nodes.
+    h.clock.advance(40 * DAY)
+    h.cs.compactor.run()
+    assert h.cs.journal.sizes()["node_chunks"] <= 1  # only the chunk of the uncordon, a compaction ago
+    sim = trace_from_journal(h.path, load_policy_from_dict(local_policy(), "p"))
+    assert {n.id for n in sim.nodes} >= set(nodes[2:])
+    assert all(n.capacity.gpu == 4 for n in sim.nodes if n.id in nodes[2:])

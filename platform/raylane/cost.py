@@ -295,6 +295,38 @@ class Ledger:
         self.seq = e.seq
         self._take(e)
 
+    def node_spans(self, forget_before: float) -> List[List[Any]]:
+        """Every node's presence as data (``load_node_spans`` takes it back), without the spans that ended before
+        ``forget_before``: what a compaction keeps of the node entries it archives."""
+        return [[sp.node, sp.node_type, sp.gpus, sp.start, sp.end, sp.spot]
+                for spans in self.nodes.values() for sp in spans if sp.end is None or sp.end >= forget_before]
+
+    def load_node_spans(self, data: Iterable[List[Any]]) -> None:
+        """Node presence from a compaction's snapshot (``node_spans``), before the live tail is fed."""
+        for node, node_type, gpus, start, end, spot in data:
+            self.nodes.setdefault(node, []).append(NodeSpan(node, node_type, float(gpus), float(start),
+                                                            None if end is None else float(end), bool(spot)))
+
+    def forget(self, workloads: Iterable[str], nodes_before: Optional[float] = None) -> None:
+        """Drop ``workloads`` (archived: ended, no open lease) from memory, and the node spans that ended before
+        ``nodes_before``: what a long-running control plane holds stays bounded (the compaction calls this). A
+        later report reads the archived workloads its window needs again (``history``)."""
+        gone = set(workloads)
+        if gone:
+            for wid in gone:
+                self.workloads.pop(wid, None)
+                self.runs.pop(wid, None)
+            self.leases = [sp for sp in self.leases if sp.workload not in gone]
+            if self._history is not None:
+                self._history_all, self._history_from = False, None
+        if nodes_before is not None:
+            for node in list(self.nodes):
+                kept = [sp for sp in self.nodes[node] if sp.end is None or sp.end >= nodes_before]
+                if kept:
+                    self.nodes[node] = kept
+                else:
+                    del self.nodes[node]
+
     def _read_history(self, since: Optional[float]) -> None:
         """The archived workloads that ended at or after ``since`` (None: all), those not known yet."""
         if self._history_all or (since is not None and self._history_from is not None and since >= self._history_from):

@@ -5,10 +5,12 @@ sqlite transaction per compaction). ``Compactor`` runs after a commit once ``Jou
 appended since the last compaction (at most ``JournalSpec.compact_batch`` workloads each time: bounded work inline):
 
 1. take the ended workloads that may leave memory (``archivable``),
-2. snapshot the runtime model as it stands with them forgotten (``snapshot_runtimes``),
-3. have the journal move their entries and the tail's audit entries to the archive, write the snapshot and drop
+2. snapshot the runtime model as it stands with them forgotten (``snapshot_runtimes``), and the node book with the
+   cost ledger's node presence (``snapshot_nodes``: nodes lost before the retention are left out),
+3. have the journal move their entries and the tail's audit and node entries to the archive, write the snapshots and drop
    what passed its retention (``Journal.compact``: all or nothing),
-4. only then drop them from memory (``Records.drop``, ``RuntimeBook.forget``).
+4. only then drop them from memory (``Records.drop``, ``RuntimeBook.forget``, ``Ledger.forget``: the cost ledger reads
+   them back from the archive when a report's window needs them).
 
 A crash before 3 commits leaves the journal as it was (a restart replays it all, as before); after, the restart
 reads the snapshot and the live tail. ``Records`` is the state machine's dict of records: the live ones in memory,
@@ -23,6 +25,7 @@ Words
 """
 from __future__ import annotations
 
+import json
 import pickle
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterable, Optional
@@ -32,9 +35,11 @@ from raylane.control.journal import Entry, Journal, Kind
 from raylane.control.learned import RuntimeBook
 from raylane.control.records import Record
 
-__all__ = ["Compactor", "Records", "record_from_entries", "load_runtimes", "RUNTIMES", "RUNTIMES_FORMAT"]
+__all__ = ["Compactor", "Records", "record_from_entries", "load_runtimes", "load_nodes", "RUNTIMES", "RUNTIMES_FORMAT",
+           "NODES"]
 
 RUNTIMES = "runtimes"  # the snapshot's name in the journal
+NODES = "nodes"  # the node book's and the cost ledger's node presence, as JSON (``snapshot_nodes``)
 RUNTIMES_FORMAT = b"raylane.runtimes.v1\n"  # the first bytes of the snapshot: a pickled RuntimeBook of this release
 
 
@@ -123,6 +128,19 @@ def load_runtimes(journal: Journal) -> Optional[RuntimeBook]:
     return book if isinstance(book, RuntimeBook) else None
 
 
+def snapshot_nodes(book, ledger, now: float, forget_before: float) -> bytes:
+    """The node book and the ledger's node presence as a restart loads them (``load_nodes``); nodes lost, and
+    spans ended, before ``forget_before`` are left out."""
+    return json.dumps({"book": book.snapshot(now, forget_before),
+                       "spans": ledger.node_spans(forget_before) if ledger is not None else []}).encode()
+
+
+def load_nodes(journal: Journal) -> Optional[Dict[str, Any]]:
+    """``{"book": ..., "spans": ...}`` of the last compaction (``snapshot_nodes``); None when there is none."""
+    snap = journal.snapshot(NODES)
+    return None if snap is None else json.loads(snap[1])
+
+
 def relearn(journal: Journal, book: RuntimeBook) -> None:
     """Feed ``book`` every archived workload, in the order they ended (no usable snapshot)."""
     archived = []
@@ -141,9 +159,11 @@ class Compactor:
 
     def __init__(self, journal: Journal, records: Records, runtimes: Callable[[], RuntimeBook], pipes,
                  spec: Callable[[], Any], clock: Callable[[], float], before: Optional[Callable[[], None]] = None,
-                 gate=None):
+                 gate=None, nodes: Optional[Callable[[], Any]] = None, ledger: Optional[Callable[[], Any]] = None):
         self.journal, self.records, self.runtimes, self.pipes = journal, records, runtimes, pipes
         self.spec, self.clock, self.before = spec, clock, before
+        # The node book and the cost ledger (None: node entries stay in the tail).
+        self.nodes, self.ledger = nodes, ledger
         # The gate, whose tokens dead for longer than the retention compaction forgets (None: none).
         self.gate = gate
         self.runs = 0  # compactions done by this one
@@ -181,13 +201,19 @@ class Compactor:
             moving = self.archivable(now, spec.compact_batch if limit == -1 else limit)
             book = self.runtimes()
             dead = self.gate.dead_tokens(now - spec.retention) if self.gate is not None else []
-            self.journal.compact(workloads=moving, snapshots={RUNTIMES: snapshot_runtimes(book, moving)},
-                                 archive_before=now - spec.retention, audit_before=now - spec.audit_retention,
-                                 dead_tokens=dead)
+            snapshots = {RUNTIMES: snapshot_runtimes(book, moving)}
+            if self.nodes is not None:
+                snapshots[NODES] = snapshot_nodes(self.nodes(), self.ledger() if self.ledger else None, now,
+                                                  now - spec.retention)
+            self.journal.compact(workloads=moving, snapshots=snapshots, archive_before=now - spec.retention,
+                                 audit_before=now - spec.audit_retention, dead_tokens=dead,
+                                 archive_nodes=self.nodes is not None)
             if dead:
                 self.gate.forget_tokens(dead)
             self.records.drop(moving)
             book.forget(moving)
+            if self.ledger is not None:
+                self.ledger().forget(moving, nodes_before=now - spec.retention)
             self.runs += 1
             return len(moving)
         finally:

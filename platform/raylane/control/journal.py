@@ -16,6 +16,10 @@ inside one sqlite transaction, so that a crash at any step leaves the journal as
   workload: ``pack``), kept until ``ended_at`` passes the retention.
 - *audit archive*: audit entries moved out of the tail in chunks (``audit_chunks``), kept until the newest entry of
   a chunk passes the audit retention.
+- *node archive*: the node book's entries (kind ``node``) moved out of the tail in chunks (``node_chunks``) when a
+  snapshot of the book is written with them (``compact(archive_nodes=True)``), kept until the newest entry of a
+  chunk passes the retention: history (``raylane sim --from-journal``, ``entries_of_kind``) reads them, a restart
+  loads the snapshot instead.
 - *snapshot*: named blobs written with the compaction that made them (``snapshot`` table): the state a restart
   loads instead of replaying what was archived (the runtime model), with the ``seq`` it was taken at.
 
@@ -127,7 +131,11 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS audit_chunks (first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL,"
     " first_ts REAL NOT NULL, last_ts REAL NOT NULL, entries BLOB NOT NULL)",
     "CREATE TABLE IF NOT EXISTS snapshot (name TEXT PRIMARY KEY, seq INTEGER NOT NULL, data BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS node_chunks (first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL,"
+    " first_ts REAL NOT NULL, last_ts REAL NOT NULL, entries BLOB NOT NULL)",
 )
+# Kinds archived in chunks, and their tables.
+CHUNKED = {"audit": "audit_chunks", "node": "node_chunks"}
 AUDIT_CHUNK = 512  # audit entries per archived chunk
 
 
@@ -216,8 +224,8 @@ class Journal:
             "SELECT seq, ts, kind, workload_id, data FROM journal WHERE kind = ? AND ts >= ? ORDER BY seq",
             (kind, since),
         )]
-        if kind == Kind.AUDIT.value:
-            old = [e for e in self._audit_archived(since) if e.ts >= since]
+        if kind in CHUNKED:
+            old = [e for e in self._chunked(kind, since) if e.ts >= since]
         else:
             old = sorted((e for e in self.archived_entries(since) if e.kind == kind and e.ts >= since), key=_seq)
         yield from heapq.merge(old, live, key=_seq) if old else live
@@ -258,11 +266,11 @@ class Journal:
         for wid, blob in self._db.execute("SELECT workload_id, entries FROM archive ORDER BY last_seq").fetchall():
             yield wid, _unpack_entries(wid, blob)
 
-    def _audit_archived(self, since: float) -> List[Entry]:
+    def _chunked(self, kind: str, since: float) -> List[Entry]:
         out: List[Entry] = []
-        for (blob,) in self._db.execute("SELECT entries FROM audit_chunks WHERE last_ts >= ? ORDER BY first_seq",
+        for (blob,) in self._db.execute(f"SELECT entries FROM {CHUNKED[kind]} WHERE last_ts >= ? ORDER BY first_seq",
                                         (since,)).fetchall():
-            out += [Entry(s, ts, Kind.AUDIT.value, wid, d) for s, ts, wid, d in json.loads(unpack(blob))]
+            out += [Entry(s, ts, kind, wid, d) for s, ts, wid, d in json.loads(unpack(blob))]
         return out
 
     def snapshot(self, name: str) -> Optional[Tuple[int, bytes]]:
@@ -277,6 +285,7 @@ class Journal:
         files = [self.path, self.path + "-wal"]
         return {"live_entries": one("SELECT count(*) FROM journal"), "archived_workloads": one(
             "SELECT count(*) FROM archive"), "audit_chunks": one("SELECT count(*) FROM audit_chunks"),
+                "node_chunks": one("SELECT count(*) FROM node_chunks"),
                 "bytes": sum(os.path.getsize(f) for f in files if os.path.exists(f))}
 
     def last_seq(self) -> int:
@@ -285,19 +294,22 @@ class Journal:
 
     # ------------------------------------------------------------------------------------------- compaction
     def compact(self, *, workloads: Dict[str, float], snapshots: Dict[str, bytes], archive_before: float,
-                audit_before: float, dead_tokens: Sequence[str] = ()) -> int:
+                audit_before: float, dead_tokens: Sequence[str] = (), archive_nodes: bool = False) -> int:
         """One compaction, in one transaction (nothing of it is kept unless all of it is): move the entries of
         ``workloads`` (id -> when it ended) to the archive; move the audit entries of the tail to the audit archive;
         write ``snapshots`` (name -> data) at the last seq; drop archived workloads that ended before
         ``archive_before`` and audit chunks whose newest entry is older than ``audit_before``, and every entry of
-        ``dead_tokens`` (``Gate.dead_tokens``). Commits what is pending first. Returns the seq the snapshots were
-        taken at."""
+        ``dead_tokens`` (``Gate.dead_tokens``); ``archive_nodes``: move the tail's node entries to the node archive
+        too (the caller's ``snapshots`` hold the node book they built). Node chunks expire with ``archive_before``.
+        Commits what is pending first. Returns the seq the snapshots were taken at."""
         self.commit()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             seq = self.last_seq()
             self._archive_workloads(workloads)
-            self._archive_audit(seq)
+            self._archive_chunks(Kind.AUDIT.value, seq)
+            if archive_nodes:
+                self._archive_chunks(Kind.NODE.value, seq)
             self._write_snapshots(seq, snapshots)
             self._expire(archive_before, audit_before)
             self._forget_tokens(dead_tokens)
@@ -320,16 +332,16 @@ class Journal:
                              (wid, rows[0][0], rows[-1][0], ended_at, _pack_rows(rows)))
             self._db.execute("DELETE FROM journal WHERE workload_id = ? AND kind != ?", (wid, audit))
 
-    def _archive_audit(self, upto: int) -> None:
+    def _archive_chunks(self, kind: str, upto: int) -> None:
         rows = self._db.execute("SELECT seq, ts, workload_id, data FROM journal WHERE kind = ? AND seq <= ?"
-                                " ORDER BY seq", (Kind.AUDIT.value, upto)).fetchall()
+                                " ORDER BY seq", (kind, upto)).fetchall()
         for i in range(0, len(rows), AUDIT_CHUNK):
             chunk = rows[i:i + AUDIT_CHUNK]
             text = "[" + ",".join(f"[{s},{ts!r},{json.dumps(w)},{d}]" for s, ts, w, d in chunk) + "]"
-            self._db.execute("INSERT INTO audit_chunks VALUES (?, ?, ?, ?, ?)",
+            self._db.execute(f"INSERT INTO {CHUNKED[kind]} VALUES (?, ?, ?, ?, ?)",
                              (chunk[0][0], chunk[-1][0], min(r[1] for r in chunk), max(r[1] for r in chunk),
                               pack(text)))
-        self._db.execute("DELETE FROM journal WHERE kind = ? AND seq <= ?", (Kind.AUDIT.value, upto))
+        self._db.execute("DELETE FROM journal WHERE kind = ? AND seq <= ?", (kind, upto))
 
     def _write_snapshots(self, seq: int, snapshots: Dict[str, bytes]) -> None:
         for name, data in snapshots.items():
@@ -338,6 +350,7 @@ class Journal:
     def _expire(self, archive_before: float, audit_before: float) -> None:
         self._db.execute("DELETE FROM archive WHERE ended_at < ?", (archive_before,))
         self._db.execute("DELETE FROM audit_chunks WHERE last_ts < ?", (audit_before,))
+        self._db.execute("DELETE FROM node_chunks WHERE last_ts < ?", (archive_before,))
 
     def _forget_tokens(self, ids: Sequence[str]) -> None:
         if not ids:
@@ -370,8 +383,9 @@ def read_history(db: sqlite3.Connection) -> Iterator[Entry]:
     if "archive" in tables:
         for wid, blob in db.execute("SELECT workload_id, entries FROM archive"):
             old += _unpack_entries(wid, blob)
-    if "audit_chunks" in tables:
-        for (blob,) in db.execute("SELECT entries FROM audit_chunks"):
-            old += [Entry(s, ts, Kind.AUDIT.value, wid, d) for s, ts, wid, d in json.loads(unpack(blob))]
+    for kind, table in CHUNKED.items():
+        if table in tables:
+            for (blob,) in db.execute(f"SELECT entries FROM {table}"):
+                old += [Entry(s, ts, kind, wid, d) for s, ts, wid, d in json.loads(unpack(blob))]
     old.sort(key=_seq)
     yield from heapq.merge(old, live, key=_seq)

@@ -6,7 +6,9 @@ last probe, and the gang failures attributed to it. It changes by applying journ
 exception is a passing probe that ends no run of failures, which is not journaled (a probe every 30 s per node would
 fill the journal) and only updates the last probe shown (``note_probe``). Its decisions
 (``on_probe``, ``on_gang_failure``, ``on_ray_draining``) are pure: they return the events to journal; the actor
-journals them, applies them, and acts (placement stops, running gangs are preempted).
+journals them, applies them, and acts (placement stops, running gangs are preempted). A compaction snapshots the
+book (``snapshot``; ``raylane.control.archive``) and moves its entries to the node archive: a restart loads the
+snapshot (``load``) and applies the entries since.
 
 States (Kubernetes' words, as operators know them):
 - ``ready``: schedulable.
@@ -81,6 +83,8 @@ class NodeStatus:
     probe_fails: int = 0  # consecutive
     # (time, workload id) of gang failures attributed to this node since it was last made ready
     failures: List[tuple] = field(default_factory=list)
+    # what its last ``joined`` entry said of it besides the above (cpus, memory_gib, features, spot, ...)
+    joined: Dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> Dict[str, Any]:
         return {"id": self.id, "node_type": self.node_type, "gpus_total": self.gpus, "address": self.address,
@@ -97,6 +101,15 @@ class HealthRules:
     probe_failures: int = 2
     gang_failures: int = 3
     gang_failure_window_s: float = 3600.0
+
+
+def _restored(d: Dict[str, Any]) -> NodeStatus:
+    return NodeStatus(d["id"], node_type=d.get("node_type", ""), gpus=float(d.get("gpus") or 0.0),
+                      address=d.get("address", ""), state=NodeState(d["state"]), reason=d.get("reason", ""),
+                      since=float(d.get("since") or 0.0), by=d.get("by", ""), probe_ok=d.get("probe_ok"),
+                      probe_at=d.get("probe_at"), probe_message=d.get("probe_message", ""),
+                      probe_fails=int(d.get("probe_fails") or 0), failures=[tuple(f) for f in d.get("failures", [])],
+                      joined=dict(d.get("joined") or {}))
 
 
 class NodeBook:
@@ -116,6 +129,8 @@ class NodeBook:
                 setattr(st, k, d[k])
         if d.get("gpus") is not None:
             st.gpus = float(d["gpus"])
+        if event == "joined":
+            st.joined = {k: v for k, v in d.items() if k not in ("node", "event", "node_type", "address", "gpus")}
         if event in ("probe_failed", "probe_ok"):
             st.probe_ok, st.probe_at, st.probe_message = event == "probe_ok", e.ts, d.get("reason", "")
             st.probe_fails = 0 if event == "probe_ok" else st.probe_fails + 1
@@ -130,6 +145,25 @@ class NodeBook:
         st.reason = d.get("reason", "")
         if new is NodeState.READY:
             st.failures, st.probe_fails = [], 0
+
+    # ------------------------------------------------------------------------------------------ snapshots
+    def snapshot(self, now: float, forget_lost_before: float) -> List[Dict[str, Any]]:
+        """The book as data (``load`` takes it back): every node but those lost before ``forget_lost_before``
+        (lost is final: nothing is decided about them again), their gang failures cut to the window."""
+        out = []
+        for st in self.nodes.values():
+            if st.state is NodeState.LOST and st.since < forget_lost_before:
+                continue
+            failures = [list(f) for f in st.failures if now - f[0] <= self.rules.gang_failure_window_s]
+            out.append({"id": st.id, "node_type": st.node_type, "gpus": st.gpus, "address": st.address,
+                        "state": st.state.value, "reason": st.reason, "since": st.since, "by": st.by,
+                        "probe_ok": st.probe_ok, "probe_at": st.probe_at, "probe_message": st.probe_message,
+                        "probe_fails": st.probe_fails, "failures": failures, "joined": dict(st.joined)})
+        return out
+
+    def load(self, data: Iterable[Dict[str, Any]]) -> None:
+        """Start from a snapshot (``snapshot``) instead of the entries it was taken from."""
+        self.nodes = {d["id"]: _restored(d) for d in data}
 
     def note_probe(self, node_id: str, ok: bool, message: str, at: float) -> None:
         """The last probe's result, as shown by ``node list`` (its journaled events were applied already)."""

@@ -34,7 +34,7 @@ from raylane import metrics
 from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
 from raylane.auth import Principal
 from raylane.control import api
-from raylane.control.archive import Compactor, Records, load_runtimes, relearn
+from raylane.control.archive import Compactor, Records, load_nodes, load_runtimes, relearn
 from raylane.control import checkpoints as ckrefs
 from raylane.control.checkpoints import ref_key
 from raylane.control import effects as fx
@@ -187,10 +187,13 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         # Cost accounting (raylane.cost): a ledger that follows the journal; the counters export what accrued
         # since the last export, from this start on.
         self._ledger = Ledger(history=self.journal.archived_entries)  # archived workloads: read when asked for
+        if self._nodes_snapshot is not None:  # node presence the last compaction archived the entries of
+            self._ledger.load_node_spans(self._nodes_snapshot["spans"])
         self._cost_sync()
         # Compaction after a commit, every policy.journal.compact_every entries (raylane.control.archive).
         self.compactor = Compactor(journal, self.records, lambda: self.runtimes, lambda: self.pipes,
-                                   lambda: self.policy.journal, clock, before=self._cost_sync, gate=self.gate)
+                                   lambda: self.policy.journal, clock, before=self._cost_sync, gate=self.gate,
+                                   nodes=lambda: self.nodes, ledger=lambda: self._ledger)
         journal.after_commit = self.compactor
         self._cost_exported_at = self._started
         self._month_spend: Optional[tuple] = None  # (month start, prices, team -> spend this month)
@@ -220,6 +223,9 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
             self.runtimes = book
         else:
             relearn(self.journal, self.runtimes)
+        self._nodes_snapshot = load_nodes(self.journal)  # the node book as the last compaction left it
+        if self._nodes_snapshot is not None:
+            self.nodes.load(self._nodes_snapshot["book"])
         for e in self.journal.replay():
             if e.kind == Kind.TOKEN:
                 self.gate.apply(e)

@@ -105,6 +105,22 @@ def read_entries(path: str) -> Iterator[Entry]:
     yield from rows
 
 
+def read_nodes_snapshot(path: str) -> List[Dict[str, Any]]:
+    """The node book of the journal's last compaction (``raylane.control.archive.snapshot_nodes``), read-only; []
+    when it has none."""
+    import json
+
+    p = os.path.abspath(os.path.expanduser(path))
+    db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT data FROM snapshot WHERE name = 'nodes'").fetchone()
+    except sqlite3.DatabaseError:  # a journal from before compaction: no snapshot table
+        row = None
+    finally:
+        db.close()
+    return json.loads(bytes(row[0]))["book"] if row else []
+
+
 @dataclass
 class _Life:
     spec: Dict[str, Any]
@@ -180,6 +196,13 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
         elif e.kind in _ENDS:
             life.stop(e.ts, kept_all=True)
             life.ended = True
+    for st in read_nodes_snapshot(path):
+        # A node whose `joined` entry passed the retention: the last compaction's node book still knows it.
+        if st.get("state") != "lost" and st["id"] not in nodes:
+            j = st.get("joined") or {}
+            nodes[st["id"]] = (Resources(float(st.get("gpus") or 0.0), float(j.get("cpus") or 0.0),
+                                         float(j.get("memory_gib") or 0.0)),
+                               st.get("node_type") or "", frozenset(j.get("features") or ()))
     if policy is None:
         if last_policy is None:
             raise ValidationError(f"journal {path}", [(
