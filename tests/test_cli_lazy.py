@@ -46,7 +46,7 @@ def test_the_queue_command_imports_neither_the_simulator_nor_the_policy_models_n
     loaded = set(out.stdout.split())
     assert "raylane.cli_cluster" in loaded and "raylane.control.client" in loaded
     heavy = ("raylane.sim", "raylane.planning", "raylane.config.models", "raylane.control.state",
-             "raylane.scheduling", "raylane.forecast_plan", "raylane.cli_config", "raylane.cli_plan")
+             "raylane.scheduling", "raylane.forecast", "raylane.cli_config", "raylane.cli_plan")
     assert not loaded & set(heavy), sorted(loaded & set(heavy))
 
 

@@ -107,16 +107,42 @@ def test_example_specs_are_valid_against_the_local_policy(spec_file, local_polic
 @pytest.mark.parametrize(
     "text, seconds",
     [(90, 90), (2.5, 2.5), ("90", 90), ("90s", 90), ("10m", 600), ("2h", 7200), ("1d", 86400), ("1h30m", 5400),
-     ("1.5h", 5400), ("500ms", 0.5), (" 5m ", 300), ("0", 0), (0, 0)],
+     ("1.5h", 5400), ("500ms", 0.5), (" 5m ", 300), ("0", 0), (0, 0),
+     # one grammar for specs and flags: weeks, parts concatenated in any unit, spaces between parts ignored
+     ("2w", 14 * 86400), ("1w2d", 9 * 86400), ("1.5w", 10.5 * 86400), ("1d12h", 129600), ("90m30s", 5430),
+     ("1h 30m", 5400), ("30 m", 1800), ("1m500ms", 60.5)],
 )
 def test_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["-5s", -1, "5x", "", "m", "10 minutes", "1h-5m", True, None, [1], math.inf, "nan"])
+@pytest.mark.parametrize("text", ["-5s", -1, "5x", "", "m", "10 minutes", "1h-5m", True, None, [1], math.inf, "nan",
+                                  "w", "2W", "1y", "h1", "2w-1d", "1h30", "5mss"])
 def test_bad_durations(text):
     with pytest.raises(ValueError, match="a duration"):
         parse_duration(text)
+
+
+def test_one_duration_grammar_for_specs_policies_and_flags():
+    import typer
+
+    from raylane import cli_auth
+    from raylane.config import fields, models
+    from raylane.sim import outages
+
+    # Every caller reads durations with the same parser (re-exported where callers have always found it).
+    assert models.parse_duration is fields.parse_duration is outages.parse_duration
+    for text, seconds in (("2w", 14 * 86400), ("1h30m", 5400), ("90", 90), ("1w2d", 9 * 86400)):
+        assert cli_auth.parse_duration(text, "--since") == pytest.approx(seconds)
+    assert cli_auth.parse_duration(None, "--ttl") is None
+    # A flag's duration must be positive; its error names the flag, the value and what is allowed.
+    for bad in ("soon", "0", "0s", "-1h"):
+        with pytest.raises(typer.Exit):
+            cli_auth.parse_duration(bad, "--ttl")
+    got = CliRunner().invoke(app, ["audit", "--since", "2x"])
+    said = " ".join(got.output.split())  # the console wraps long lines
+    assert got.exit_code == 1
+    assert "--since: got '2x'" in said and cli_auth.DURATION_FLAG_ALLOWED in said, got.output
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import raylane.forecast as fc
+import raylane.forecast.replay as fc_replay
 from raylane.control import state_views
 from tests.controltest import Harness
 from tests.raytest import local_policy, spec
@@ -24,13 +25,13 @@ def h(tmp_path):
 def methods(monkeypatch):
     """The forecast methods ``etas()`` asked for, in order (the forecast itself runs unchanged)."""
     asked = []
-    real = fc.forecast
+    real = fc_replay.forecast  # replaced where forecast_interval looks it up
 
     def recorded(*args, **kw):
         asked.append(kw.get("method", "replay"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(fc, "forecast", recorded)
+    monkeypatch.setattr(fc_replay, "forecast", recorded)
     monkeypatch.setattr(state_views, "ETA_REPLAY_MAX_PENDING", 3)
     return asked
 
@@ -305,7 +306,7 @@ def test_a_high_end_past_the_horizon_counts_as_the_horizon(h, monkeypatch):
     # horizon: a start and a low end, no high end.
     from dataclasses import replace
 
-    from raylane.forecast_types import DEFAULT_HORIZON_S
+    from raylane.forecast.types import DEFAULT_HORIZON_S
 
     real = fc.forecast_interval
     monkeypatch.setattr(fc, "forecast_interval", lambda *a, **kw: {

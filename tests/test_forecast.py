@@ -215,7 +215,7 @@ def test_bad_arguments_are_all_named():
 def test_a_reason_shared_by_many_is_read_once_and_each_gets_its_wait(monkeypatch):
     """A cycle hands one reason object to every workload of a shape it told the same: the forecast reads each once per
     cycle, and every one of those workloads still gets the wait, with its own start."""
-    import raylane.forecast as fc
+    import raylane.forecast.replay as fc  # where forecast() looks up _wait_of and cycle
 
     st = make_state(nodes(2), (team("nlp", gpu=8, borrow=0),), [running(wl("a").gpus(8).est(1000), on=["n1"])],
                     [wl(f"b{i}").gpus(8).est(500).at(i) for i in range(4)], ordering="fifo")

@@ -1,4 +1,4 @@
-"""Queue ETA by reservation plan (raylane.forecast_plan, ``forecast(method="plan")``): exact small cases, from
+"""Queue ETA by reservation plan (raylane.forecast.plan, ``forecast(method="plan")``): exact small cases, from
 tables, on the pure core (no Ray).
 
 Each case builds a ``ClusterState`` with the scheduling tests' builders, plans it at ``now`` and checks each
@@ -13,7 +13,7 @@ import bisect
 import pytest
 
 from raylane.forecast import CapacityWait, QuotaWait, describe, forecast
-from raylane.forecast_plan import plan
+from raylane.forecast.plan import plan
 from raylane.scheduling import LeaseState
 
 from tests.scheduling.builders import PRETRAIN, PROD, node, nodes, obj, running, team, wl
@@ -143,7 +143,7 @@ def test_the_plan_agrees_with_the_replay_where_no_preemption_decides(case):
 def test_past_the_easy_limit_the_plan_is_conservative(monkeypatch):
     # The EASY case again, planned conservatively: m holds the room b frees at 500, and s, which would run into it,
     # goes after the head.
-    import raylane.forecast_plan as forecast_plan
+    import raylane.forecast.plan as forecast_plan
 
     monkeypatch.setattr(forecast_plan, "EASY_MAX_PENDING", 2)
     case = next(c for c in CASES if c.name.startswith("EASY:"))
@@ -223,7 +223,7 @@ SHARED = MIXED + [wl(f"q{i}").gpus(0.25 * (1 + i % 2)).est(500 + 300 * i).at(100
 def test_the_holes_kept_as_reservations_are_made_are_those_of_the_profiles(pending, easy_max, monkeypatch):
     # The plan cuts holes as it books (``_cut``) instead of working them out again: after a whole plan, every unit's
     # holes at every level, and the length classes, must be what its profile gives from scratch.
-    import raylane.forecast_plan as fp
+    import raylane.forecast.plan as fp
 
     monkeypatch.setattr(fp, "EASY_MAX_PENDING", easy_max)
     st = build(Case("mixed", nodes(4), [running(wl("a").gpus(4).est(1000), on=["n1"]),
@@ -256,7 +256,7 @@ def _holes_of(p, level):
 def test_a_static_ordering_walks_the_merged_queues_as_the_head_keys_do():
     # Where the head key is the queue key, the walk merges the team queues by it (``_Order.merged``): the same
     # order as the heap of head keys, re-keyed after each workload, that fair share needs.
-    import raylane.forecast_plan as fp
+    import raylane.forecast.plan as fp
     from tests.bench.bench_eta import speed_scene
 
     st, now = speed_scene(seed=3, nodes=12, pending=1300, teams=4)

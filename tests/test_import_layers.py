@@ -1,10 +1,18 @@
-"""Raylane's subpackages import one another in layers, with no cycle.
+"""Raylane's subpackages import one another in layers, with no cycle; and so do the modules inside each subpackage.
 
 A unit is a top-level module or subpackage of ``raylane`` (``raylane.config``, ``raylane.control``,
 ``raylane.cli_cluster``). Unit A imports unit B when any file of A has an ``import`` or ``from ... import`` of B
 anywhere, inside functions too (relative imports resolved). The graph of those edges must have no strongly connected
 component of more than one unit: a cycle means two layers that cannot be read, tested or changed apart, and an
 import inside a function only hides it. The check reads the source with ``ast`` and needs no Ray.
+
+The same holds one level down, file by file (``test_no_import_cycle_inside_a_subpackage``): within each subpackage
+(``raylane.config``, ``raylane.sim``, ``raylane.scheduling.ordering``, ...), the nodes are its direct members (each
+module, each subpackage as a whole, and its ``__init__``), and member A imports member B when a file of A imports
+B or something of B, anywhere in the file: inside functions, and inside ``if TYPE_CHECKING:`` blocks too (they are
+not skipped: a type that one side needs of the other belongs in a module both import, or in a Protocol). ``from
+raylane.sim import engine`` names the module ``engine``, not the package's ``__init__``. The top level (``raylane``
+itself) is the first check's.
 """
 from __future__ import annotations
 
@@ -15,9 +23,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "raylane"
 
 
-def _module_name(path: Path) -> tuple[str, bool]:
-    """The dotted name of a file under ``PACKAGE`` and whether it is a package's ``__init__``."""
-    parts = ["raylane", *path.relative_to(PACKAGE).with_suffix("").parts]
+def _module_name(path: Path, package: Path = PACKAGE) -> tuple[str, bool]:
+    """The dotted name of a file under ``package`` and whether it is a package's ``__init__``."""
+    parts = ["raylane", *path.relative_to(package).with_suffix("").parts]
     if parts[-1] == "__init__":
         return ".".join(parts[:-1]), True
     return ".".join(parts), False
@@ -47,7 +55,7 @@ def import_graph(package: Path = PACKAGE) -> dict[tuple[str, str], set[str]]:
              if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
     edges: dict[tuple[str, str], set[str]] = defaultdict(set)
     for path in sorted(package.rglob("*.py")):
-        module, is_package = _module_name(path)
+        module, is_package = _module_name(path, package)
         source = _unit(module)
         if source is None:
             continue
@@ -99,6 +107,53 @@ def strongly_connected(nodes: set[str], edges) -> list[set[str]]:
     return found
 
 
+def _modules(package: Path = PACKAGE) -> dict[str, tuple[Path, bool]]:
+    """Every module under ``package`` by dotted name: its file and whether it is a package's ``__init__``."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        module, is_package = _module_name(path, package)
+        out[module] = (path, is_package)
+    return out
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, modules) -> list[str]:
+    """The modules one import node loads by name: ``from P import x`` names ``P.x`` when that is a module, else
+    ``P`` (``x`` is then a name defined in ``P``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    prefix = _imported(node, module, is_package)[0]
+    return [f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in modules else prefix for alias in node.names]
+
+
+def _member(package: str, module: str) -> str | None:
+    """The direct member of ``package`` that ``module`` lies in (``__init__`` for the package itself), or None."""
+    if module == package:
+        return "__init__"
+    if module.startswith(package + "."):
+        return module[len(package) + 1:].split(".")[0]
+    return None
+
+
+def member_graphs(package: Path = PACKAGE) -> dict[str, dict[tuple[str, str], set[str]]]:
+    """Per subpackage (dotted name), the edges between its direct members, each with the files that make it."""
+    modules = _modules(package)
+    subpackages = [m for m, (_, is_package) in modules.items() if is_package and m != "raylane"]
+    graphs: dict[str, dict[tuple[str, str], set[str]]] = {sub: defaultdict(set) for sub in subpackages}
+    for module, (path, is_package) in modules.items():
+        found = [target for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+                 if isinstance(node, (ast.Import, ast.ImportFrom))
+                 for target in _targets(node, module, is_package, modules)]
+        for sub in subpackages:
+            source = _member(sub, module)
+            if source is None:
+                continue
+            for target in found:
+                member = _member(sub, target)
+                if member is not None and member != source:
+                    graphs[sub][(source, member)].add(str(path.relative_to(package)))
+    return graphs
+
+
 def test_tarjan_finds_a_cycle_and_leaves_a_chain_alone():
     assert strongly_connected({"a", "b", "c"}, {("a", "b"), ("b", "c")}) == []
     assert strongly_connected({"a", "b", "c", "d"}, {("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [
@@ -128,3 +183,31 @@ def test_no_import_cycle_among_raylane_units():
             if a in component and b in component:
                 report.append(f"  {a} -> {b}: {', '.join(sorted(files))}")
     assert not cycles, "\n".join(report)
+
+
+def test_members_are_found_by_module_not_by_package():
+    modules = {"raylane.sim": None, "raylane.sim.engine": None, "raylane.sim.types": None}
+
+    def targets(code: str, module: str, is_package: bool = False) -> list[str]:
+        return _targets(ast.parse(code).body[0], module, is_package, modules)
+
+    assert targets("from raylane.sim import engine, Simulator", "raylane.sim.cli") == [
+        "raylane.sim.engine", "raylane.sim"]
+    assert targets("from .types import SimResult", "raylane.sim.replay") == ["raylane.sim.types"]
+    assert [_member("raylane.sim", m) for m in ("raylane.sim", "raylane.sim.types", "raylane.simx", "raylane")] == [
+        "__init__", "types", None, None]
+    assert _member("raylane.scheduling", "raylane.scheduling.ordering.las") == "ordering"
+
+
+def test_no_import_cycle_inside_a_subpackage():
+    graphs = member_graphs()
+    assert "raylane.config" in graphs and graphs["raylane.config"], "no import found inside raylane.config"
+    report = []
+    for sub, edges in sorted(graphs.items()):
+        nodes = {member for edge in edges for member in edge}
+        for component in strongly_connected(nodes, edges):
+            report.append(f"cycle in {sub} among " + ", ".join(sorted(component)) + ":")
+            for (a, b), files in sorted(edges.items()):
+                if a in component and b in component:
+                    report.append(f"  {a} -> {b}: {', '.join(sorted(files))}")
+    assert not report, "\n".join(report)

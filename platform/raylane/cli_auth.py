@@ -7,7 +7,6 @@ else (and audits the refusal). A token is printed once, when it is created or ro
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -21,20 +20,27 @@ from raylane.render import cell, markup_safe
 token_app = typer.Typer(help="API tokens: create, list, rotate, revoke (operators); use one (anyone).",
                         no_args_is_help=True)
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DURATION_FLAG_ALLOWED = "a positive duration such as 90s, 30m, 12h, 30d, 2w or 1h30m"
 
 
 def parse_duration(text: Optional[str], field: str) -> Optional[float]:
-    """'90s', '30m', '12h', '30d', '2w' -> seconds; None stays None."""
+    """'90s', '30m', '12h', '30d', '2w', '1h30m' -> seconds (the grammar of ``raylane.config.fields``, that of specs
+    and policies); None stays None. Anything else, or zero, is an error naming the flag, the value and what is
+    allowed."""
+    # Imported here: ``raylane token`` and ``raylane audit`` load the config package only when a flag needs it.
+    from raylane.config.fields import parse_duration as seconds_of
+
     if text is None:
         return None
-    m = _DURATION.match(text)
-    if m is None or float(m.group(1)) <= 0:
-        err.print(f"[red]error:[/red] {field}: got {markup_safe(repr(text))}; a positive duration such as 90s, 30m, "
-                  f"12h, 30d or 2w", highlight=False)
+    try:
+        value = seconds_of(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        err.print(f"[red]error:[/red] {field}: got {markup_safe(repr(text))}; {DURATION_FLAG_ALLOWED}",
+                  highlight=False)
         raise typer.Exit(1)
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    return value
 
 
 def _when(ts: Optional[float]) -> str:

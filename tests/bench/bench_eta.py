@@ -1,6 +1,6 @@
 """Queue ETA (issue 27 item 4): how fast ``raylane.forecast`` is, and how close its forecasts come in the simulator,
 for both its methods: ``replay`` (the live cycle driven forward) and ``plan`` (a reservation plan,
-``raylane.forecast_plan``).
+``raylane.forecast.plan``).
 
 Part 1, speed (``speed``): one forecast of a live-like state of 100 nodes x 8 GPUs with 1,000 pending, against the
 goal of 50 ms, on two scenes:
@@ -18,7 +18,7 @@ the same state: one live cycle, and one cycle over only the first workload of ea
 forecast ran (what one cycle per step costs at the least: the floor of this way of forecasting). Then the plan on
 the same state: its CPU time for every pending workload and for the first 100, against the goal and as a ratio to
 the replay's, and how far its ETAs are from the replay's (at 1,000 pending the plan is conservative, past
-``forecast_plan.EASY_MAX_PENDING``; what its EASY planning would cost and give there is printed after).
+``raylane.forecast.plan.EASY_MAX_PENDING``; what its EASY planning would cost and give there is printed after).
 
 Part 2, accuracy (``accuracy``): the simulator replays a trace; every sampled job's ETA is forecast at its submit
 (from the simulator's own ``ClusterState``, after the instant's arrivals and lease ends, before its cycle: what the
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import raylane.forecast as fc
-import raylane.forecast_plan as fplan
+import raylane.forecast.plan as fplan
+import raylane.forecast.replay as fc  # fc.cycle is replaced where forecast() looks it up
 import raylane.sim.engine as engine
 from raylane.config.loader import load_policy
 from raylane.scheduling import ClusterState, Gang, Node, Quota, Resources, Team, Workload, cycle

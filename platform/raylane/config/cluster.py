@@ -25,7 +25,8 @@ from pydantic import Field, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core import ValidationError as CoreValidationError
 
-from raylane.config.models import Allowed, Duration, Memory, _Model
+from raylane.config.fields import Allowed, Duration, Memory
+from raylane.config.fields import StrictModel as _Model
 from raylane.scheduling.autoscale import ScaleGroup
 from raylane.scheduling.types import SPOT_LABEL, Node, Resources
 

@@ -4,7 +4,7 @@ Ray Train hands its workers (``ray.train.get_dataset_shard(name)``), and how Tra
 This module owns the schema of those two sections: field names, which fields go with which source, and the checks
 that need only the spec. It reads no files and imports no Ray: whether a path exists or a function imports is
 checked at submit by ``raylane.launchers.datasets`` (run by ``raylane.launchers.check``), which also builds the
-Ray Datasets when the gang starts. It builds on the helpers of ``raylane.config.models`` and is what
+Ray Datasets when the gang starts. It builds on the field types of ``raylane.config.fields`` and is what
 ``WorkloadSpec.datasets`` and ``WorkloadSpec.data_config`` hold.
 
 Words
@@ -28,7 +28,10 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, Wra
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core import ValidationError as CoreValidationError
 
-from raylane.config.models import Allowed, Memory, NonNegative, StrictModel, _err, _matching, _one_of
+from raylane.config.fields import Allowed, Memory, NonNegative, StrictModel
+from raylane.config.fields import error as _err
+from raylane.config.fields import matching as _matching
+from raylane.config.fields import one_of as _one_of
 
 __all__ = [
     "FORMATS",

@@ -7,9 +7,8 @@ decide anything about scheduling: it turns text into ``raylane.scheduling.types`
 Words
 - *policy*: one cluster's scheduler choices, workload classes, teams with quotas, node features and prices.
 - *spec*: one submission: who (team), what kind of work (class, kind), how big (gang), why (run.intent).
-- *duration*: seconds as a number, or a string such as ``90s``, ``10m``, ``2h``, ``1d`` or ``1h30m``.
-- *memory*: GiB as a number, or a string such as ``16Gi``, ``512Mi`` or ``1Ti``.
-- *allowed text*: the human phrase an error shows after the bad value ("one of fifo, priority, ...").
+- *duration*, *memory*, *allowed text*: as in ``raylane.config.fields``, which holds the field types (``Duration``,
+  ``Memory``, ``Name``, ``ResourcesSpec``, ``StrictModel``) and their grammars; they are re-exported here.
 
 Defaults live in one place: the core dataclasses (``SchedulerConfig``, ``WorkloadClass``, ``Team``, ``Quota``,
 ``Gang``) hold them, and the fields below read them from there. The names a policy axis accepts come from the
@@ -25,11 +24,20 @@ import re
 from typing import Annotated, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import pydantic
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WrapValidator,
-                      field_validator, model_validator)
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, WrapValidator, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core import ValidationError as CoreValidationError
 
+# Kind-specific sections live in modules of their own, built on the field types of ``raylane.config.fields``.
+from raylane.config.datasets import DataConfigSpec, DatasetName, DatasetSource, split_name_errors
+# The field types are re-exported here, where callers have always found them.
+from raylane.config.fields import (DURATION_ALLOWED, MEMORY_ALLOWED, NAME_ALLOWED, NAME_MAX, Allowed, Duration,
+                                   Memory, Name, NonNegative, ResourcesSpec, StrictModel, parse_duration,
+                                   parse_memory)
+from raylane.config.fields import error as _err
+from raylane.config.fields import one_of as _one_of
+from raylane.config.serve import ServeSpec
+from raylane.config.sweep import SweepSpec
 from raylane.errors import UnknownNameError, ValidationError
 from raylane.scheduling.admission import ADMISSIONS
 from raylane.scheduling.backfill import BACKFILLS
@@ -49,7 +57,6 @@ from raylane.scheduling.types import (
     UserRule,
     Workload,
     WorkloadClass,
-    gpu_request_error,
 )
 
 __all__ = [
@@ -105,126 +112,8 @@ _TEAM = {f.name: f.default for f in dataclasses.fields(Team) if f.default is not
 _QUOTA = {f.name: f.default for f in dataclasses.fields(Quota) if f.default is not dataclasses.MISSING}
 _COHORT = {f.name: f.default for f in dataclasses.fields(Cohort) if f.default is not dataclasses.MISSING}
 _GANG = {f.name: f.default for f in dataclasses.fields(Gang) if f.default is not dataclasses.MISSING}
-_RES = Resources()
 
-
-@dataclasses.dataclass(frozen=True)
-class Allowed:
-    """``Annotated`` marker: the text an error shows as "what is allowed" for a field of this type."""
-
-    text: str
-
-
-def _err(kind: str, allowed: str) -> PydanticCustomError:
-    # The message is the allowed text itself; braces would be read as template fields by pydantic.
-    return PydanticCustomError(f"raylane_{kind}", allowed.replace("{", "(").replace("}", ")"))
-
-
-def _one_of(names: Tuple[str, ...]) -> Any:
-    allowed = "one of " + ", ".join(names)
-
-    def check(value: str) -> str:
-        if value not in names:
-            raise _err("one_of", allowed)
-        return value
-
-    return Annotated[str, AfterValidator(check), Allowed(allowed)]
-
-
-def _matching(kind: str, pattern: str, allowed: str) -> Any:
-    """A string type that must match ``pattern`` whole; its error is ``allowed``, reported as ``raylane_<kind>``."""
-    regex = re.compile(pattern)
-
-    def check(value: str) -> str:
-        if not regex.fullmatch(value):
-            raise _err(kind, allowed)
-        return value
-
-    return Annotated[str, AfterValidator(check), Allowed(allowed)]
-
-
-# ------------------------------------------------------------------------------------------- scalar types
-
-NAME_MAX = 63
-_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-NAME_ALLOWED = (
-    f"a name of at most {NAME_MAX} lowercase letters, digits and '-', starting and ending with a letter or digit"
-)
-
-
-def _check_name(value: str) -> str:
-    if len(value) > NAME_MAX or not _NAME_RE.fullmatch(value):
-        raise _err("name", NAME_ALLOWED)
-    return value
-
-
-Name = Annotated[str, AfterValidator(_check_name), Allowed(NAME_ALLOWED)]
-
-DURATION_ALLOWED = "a duration: seconds as a number >= 0, or a string like 90s, 10m, 2h, 1d or 1h30m"
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d)")
-
-
-def _number(value: Any) -> Optional[float]:
-    """A finite number from a YAML scalar (bool is not a number here), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, str):
-        try:
-            x = float(value.strip())
-        except ValueError:
-            return None
-        return x if math.isfinite(x) else None
-    return None
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``90``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``, ``"1h30m"``, ``"500ms"``. ValueError otherwise."""
-    x = _number(value)
-    if x is None and isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        parts = list(_DURATION_PART.finditer(text))
-        if text and parts and "".join(p.group(0) for p in parts) == text:
-            x = sum(float(p.group(1)) * _DURATION_UNITS[p.group(2)] for p in parts)
-    if x is None or x < 0:
-        raise ValueError(f"{value!r} is not {DURATION_ALLOWED}")
-    return x
-
-
-MEMORY_ALLOWED = "memory in GiB: a number >= 0, or a string like 16Gi, 512Mi or 1Ti"
-_MEMORY_UNITS = {"ki": 1.0 / (1 << 20), "mi": 1.0 / 1024, "gi": 1.0, "ti": 1024.0}
-_MEMORY_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*([KMGT]i)B?", re.IGNORECASE)
-
-
-def parse_memory(value: Any) -> float:
-    """GiB from ``16``, ``"16Gi"``, ``"16GiB"``, ``"512Mi"``, ``"1Ti"``. ValueError otherwise (``"16G"`` included:
-    decimal units are refused rather than guessed)."""
-    x = _number(value)
-    if x is None and isinstance(value, str):
-        m = _MEMORY_RE.fullmatch(value.strip())
-        if m:
-            x = float(m.group(1)) * _MEMORY_UNITS[m.group(2).lower()]
-    if x is None or x < 0:
-        raise ValueError(f"{value!r} is not {MEMORY_ALLOWED}")
-    return x
-
-
-def _wrap(parse: Callable[[Any], float], kind: str, allowed: str) -> Callable[[Any], float]:
-    def validate(value: Any) -> float:
-        try:
-            return parse(value)
-        except ValueError:
-            raise _err(kind, allowed) from None
-
-    return validate
-
-
-Duration = Annotated[float, BeforeValidator(_wrap(parse_duration, "duration", DURATION_ALLOWED)), Allowed(DURATION_ALLOWED)]
-Memory = Annotated[float, BeforeValidator(_wrap(parse_memory, "memory", MEMORY_ALLOWED)), Allowed(MEMORY_ALLOWED)]
-NonNegative = Annotated[float, Field(ge=0)]
-
+# The field types of each axis's choice (the scalar types, ``Duration``, ``Memory``, ``Name``: raylane.config.fields).
 OrderingName = _one_of(ORDERING_POLICIES)
 BackfillName = _one_of(BACKFILL_POLICIES)
 PreemptionName = _one_of(PREEMPTION_POLICIES)
@@ -235,14 +124,7 @@ KindName = _one_of(WORKLOAD_KINDS)
 OnMaxRuntimeName = _one_of(ON_MAX_RUNTIME)
 ResourceName = _one_of(RESOURCE_NAMES)
 
-
-class StrictModel(BaseModel):
-    """Base of every Raylane config model: unknown fields are errors, numbers are finite, instances immutable."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
-
-
-_Model = StrictModel  # the name raylane.config.cluster imports
+_Model = StrictModel
 
 
 # ------------------------------------------------------------------------------------------------ policy
@@ -651,26 +533,6 @@ def cohort_errors(policy: ClusterPolicy) -> List[Tuple[Tuple[Any, ...], Any, str
 # -------------------------------------------------------------------------------------------------- spec
 
 
-class ResourcesSpec(_Model):
-    """What one worker of a gang needs. ``gpu`` below 1 is a share of one GPU device (0.5: two such workers share a
-    GPU); 1 or more must be a whole number of GPUs (Ray's rule)."""
-
-    gpu: NonNegative = _RES.gpu
-    cpu: NonNegative = _RES.cpu
-    memory: Memory = _RES.memory
-
-    @field_validator("gpu")
-    @classmethod
-    def _gpu_share_or_whole(cls, v: float) -> float:
-        why = gpu_request_error(v)
-        if why is not None:
-            raise _err("gpu_share", f"{why}, like 0.5 or 2 (not {v:g})")
-        return v
-
-    def to_core(self) -> Resources:
-        return Resources(gpu=self.gpu, cpu=self.cpu, memory=self.memory)
-
-
 WORKER_COUNT_ALLOWED = "an integer >= 1"
 WORKERS_ALLOWED = (
     "an integer >= 1 (a fixed gang), or {min: N, max: M} with integers 1 <= N <= M (an elastic gang, for a class "
@@ -811,12 +673,6 @@ class StageOf(_Model):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,80}$")]
     stage: Name
     parent_run_id: Optional[str] = None
-
-
-# Kind-specific sections live in modules of their own, built on the helpers above.
-from raylane.config.serve import ServeSpec  # noqa: E402
-from raylane.config.sweep import SweepSpec  # noqa: E402
-from raylane.config.datasets import DataConfigSpec, DatasetName, DatasetSource, split_name_errors  # noqa: E402
 
 
 class WorkloadSpec(_Model):

@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from pydantic import Field, field_validator, model_validator
 from typing_extensions import Annotated, Literal
 
-from raylane.config.models import Allowed, Duration, Memory, Name, RunMetadata, StrictModel, NAME_MAX
+from raylane.config.fields import NAME_MAX, Allowed, Duration, Memory, Name, StrictModel, parse_duration, parse_memory
+from raylane.config.models import RunMetadata, spec_workers
 from raylane.errors import ValidationError
 from raylane.planning import Network, Pipeline, PlanNode, Stage
 
@@ -67,8 +68,6 @@ class StageSpec(StrictModel):
     @field_validator("duration", mode="before")
     @classmethod
     def _duration(cls, v):
-        from raylane.config.models import parse_duration
-
         try:
             if v is None:
                 return None
@@ -255,8 +254,6 @@ def estimate_s(st: StageSpec, node_type: Optional[str] = None) -> float:
     if d is None:
         if st.workload.get("runtime_estimate") is None:
             raise ValidationError("pipeline stage", [("duration", None, NO_ESTIMATE)])
-        from raylane.config.models import parse_duration
-
         return float(parse_duration(st.workload["runtime_estimate"]))
     if isinstance(d, Mapping):
         if node_type is not None and node_type in d:
@@ -284,8 +281,6 @@ def demand(w: Mapping[str, Any], fits) -> Tuple[float, float, float]:
     holds the whole gang (a gang that spans nodes is planned by where its first worker goes)."""
     g = w.get("gang") or {}
     r = g.get("resources") or {}
-    from raylane.config.models import parse_memory, spec_workers
-
     per = (float(r.get("cpu", 0)), float(parse_memory(r.get("memory", 0))), float(r.get("gpu", 0)))
     n = spec_workers(g.get("workers", 1))
     total = tuple(x * n for x in per)

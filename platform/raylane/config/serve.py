@@ -2,7 +2,7 @@
 the replica count follows the traffic, and the latency the deployment is meant to keep.
 
 This module owns that section's schema and its defaults; it reads no files and decides nothing (the serving driver,
-``raylane.launchers.serve``, acts on it). It builds on ``raylane.config.models``'s helpers (``StrictModel``,
+``raylane.launchers.serve``, acts on it). It builds on ``raylane.config.fields`` (``StrictModel``,
 ``Duration``, ``ResourcesSpec``) and is what ``WorkloadSpec.serve`` holds.
 
 Words
@@ -24,7 +24,8 @@ from typing import Annotated, Any, Dict, Optional
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
-from raylane.config.models import Allowed, Duration, ResourcesSpec, StrictModel, _err
+from raylane.config.fields import Allowed, Duration, ResourcesSpec, StrictModel
+from raylane.config.fields import error as _err
 
 __all__ = ["ServeSpec", "ServeModelSpec", "ReplicaSpec", "AutoscalingSpec"]
 

@@ -2,8 +2,8 @@
 early by which scheduler, judged by which metric, with how many trials and how much per trial.
 
 This module owns that section's schema and its defaults; it reads no files, imports neither Ray nor Optuna, and
-decides nothing (the sweep driver, ``raylane.launchers.tune``, acts on it). It builds on the helpers of
-``raylane.config.models`` and is what ``WorkloadSpec.sweep`` holds.
+decides nothing (the sweep driver, ``raylane.launchers.tune``, acts on it). It builds on the field types of
+``raylane.config.fields`` and is what ``WorkloadSpec.sweep`` holds.
 
 Words
 - *trial*: one training run with one point of the search space, a Ray Tune trial.
@@ -31,7 +31,9 @@ from typing import Annotated, Any, Dict, List, Optional, Union
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
-from raylane.config.models import Allowed, ResourcesSpec, StrictModel, _err, _one_of
+from raylane.config.fields import Allowed, ResourcesSpec, StrictModel
+from raylane.config.fields import error as _err
+from raylane.config.fields import one_of as _one_of
 
 __all__ = [
     "SEARCH_ALGORITHMS",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from raylane.config.models import parse_duration
+from raylane.config.fields import parse_duration
 from raylane.control.records import Record, State
 from raylane.runtimes import RunFeatures, RuntimeDist, RuntimeModel, entry_digest
 

@@ -14,7 +14,7 @@ from raylane.auth import Principal
 from raylane.control import api
 from raylane.control.journal import Kind
 from raylane.control.records import State
-from raylane.forecast_types import DEFAULT_HORIZON_S, expected_end, knows_runtime
+from raylane.forecast.types import DEFAULT_HORIZON_S, expected_end, knows_runtime
 from raylane.scheduling.cohorts import cohort_path, cohort_row, cohort_usage
 from raylane.scheduling.types import LeaseState, Resources
 
@@ -24,7 +24,7 @@ ETA_EVERY_S = 10.0
 # Up to this many pending, the replay (method "replay"): it runs the live cycle forward, so it plays what the live
 # policy does (preemption, quota reclaim, in-quota work first, EASY backfill), but it runs about one cycle per workload
 # it sees start: about 0.1 s of CPU at 100 pending on 100 nodes under the default policy. Beyond, the reservation plan
-# (method "plan", raylane.forecast_plan): EASY planning up to its EASY_MAX_PENDING (400; about 0.1 to 0.3 s there),
+# (method "plan", raylane.forecast.plan): EASY planning up to its EASY_MAX_PENDING (400; about 0.1 to 0.3 s there),
 # conservative backfill beyond (tens of ms for 1,000 pending on 100 nodes), with no preemption: under quotas and
 # preemption its ETAs are further from what the live policy then does (docs/eta.md measures both).
 ETA_REPLAY_MAX_PENDING = 100
@@ -200,7 +200,7 @@ class ViewCalls:
                     high: float = 0.9) -> Dict[str, Any]:
         """What a queue row says of the future. A pending workload's ETA (``eta``): ``eta_start``, ``eta_finish``
         and, where runtimes are learned, ``eta_start_low``, ``eta_start_high`` and ``eta_basis``. A ``lease``'s
-        expected end seen at ``now`` (``forecast_types.expected_end``, the forecast's own rule), where its runtime is
+        expected end seen at ``now`` (``raylane.forecast.types.expected_end``, the forecast's own rule), where its runtime is
         known (an estimate or a learned prediction): ``predicted_end`` and, where learned, ``predicted_end_low`` and
         ``predicted_end_high`` (its end if it runs for the ``low`` and ``high`` quantiles of what it has left, as
         ``forecast_interval``'s) and ``predicted_basis`` (what that rests on). Without ``basis`` (a row of another

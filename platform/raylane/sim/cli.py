@@ -1,7 +1,8 @@
 """``raylane sim``: replay a job trace on a simulated cluster under a policy, and report the figures.
 
-This module owns the command line of the simulator: how a trace, a cluster, a policy, presets and flags combine
-into replays, the table and JSON it prints, the files it writes, the progress bar and Ctrl-C. The policy is taken,
+This module owns the command line of the simulator: its flags, the table and JSON it prints and the files it
+writes. How the flags combine a trace, a cluster, a policy and presets into replays, and the progress bar and
+Ctrl-C while they run, are ``raylane.sim.runs`` (shared with ``sim-autoscale``). The policy is taken,
 in this order, from the policy file (``--policy``, the format of ``policies/*.yaml``), then ``--preset`` (named
 choices on the scheduler axes, ``raylane.sim.presets``), then the single-axis flags (``--ordering`` ...). Without a
 policy file the trace's teams share one cluster with no quotas (admission ``none``).
@@ -17,31 +18,27 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from raylane.config.models import parse_duration
-from raylane.errors import FatalError, ValidationError
+from raylane.errors import FatalError
 from raylane.scheduling.preemption import VICTIM_COSTS
-from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
-from raylane.sim.engine import (DEFAULT_CLASS, ELASTIC_SPEEDUP_ALLOWED, ESTIMATES, SimOptions, SimResult, Simulator,
-                                speedup_table)
-from raylane.sim.generate import MIXES, generate, write_csv
+from raylane.sim.costcompare import register as register_compare
+from raylane.sim.engine import ESTIMATES, SimOptions, SimResult
+from raylane.sim.generate import MIXES
 from raylane.sim.metrics import (CAPACITY_FIGURES, FIGURES, OUTAGE_FIGURES, RUN_LIMIT_FIGURES, USER_FIGURES, get,
                                  summarize)
-from raylane.sim.outages import Outages, load_node_events, parse_outage
-from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
-from raylane.sim.traces import FORMATS, Trace, load_trace
+from raylane.sim.presets import PRESETS
+from raylane.sim.runs import (SimArgs, exit_with_error, hours, journal_of, jsonable, outages_of, parse_flags,
+                              policy_of, run_replays, runs_of, split_list, trace_of)
+from raylane.sim.traces import FORMATS, Trace
 
 __all__ = ["register", "sim", "SimArgs", "app", "run_replays", "comparison_rows"]
 
@@ -51,81 +48,6 @@ _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Ratios in the comparison table are taken against these runs when present.
 REFERENCES = ("srtf-oracle", "fifo")
-
-
-def _fail(exc: Exception) -> None:
-    from raylane.cli_config import print_error
-
-    print_error(exc)
-    raise typer.Exit(1)
-
-
-class _Interrupt:
-    """First Ctrl-C: stop the replay at the next instant and keep its figures. Second: stop at once."""
-
-    def __init__(self):
-        self.requested = False
-        self._old = None
-
-    def __enter__(self):
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread: leave the default (KeyboardInterrupt, also caught by the engine)
-            self._old = None
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        _err.print("\ninterrupted: stopping the replay and keeping the partial figures (Ctrl-C again to abort)")
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-        return False
-
-
-def _hours(s: float) -> str:
-    return f"{s / 3600:.1f}h"
-
-
-def run_replays(
-    trace: Trace,
-    cluster: ClusterSpec,
-    runs: List[Tuple[str, SchedulerConfig, SimOptions]],
-    *,
-    teams: Dict[str, Team],
-    classes: Dict[str, WorkloadClass],
-    default_class: WorkloadClass,
-    show_progress: bool = True,
-) -> List[Tuple[str, SimResult]]:
-    """Replay ``trace`` once per run, with a progress bar; stops after a run that Ctrl-C cut short."""
-    results: List[Tuple[str, SimResult]] = []
-    nodes = cluster.nodes()
-    with _Interrupt() as intr, Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-        TextColumn("{task.fields[jobs]}"), TextColumn("sim {task.fields[clock]}"), TimeElapsedColumn(),
-        console=_err, disable=not show_progress, transient=False,
-    ) as bar:
-        for label, cfg, opts in runs:
-            sim = Simulator(trace, nodes, teams, cfg, classes=classes, default_class=default_class, options=opts,
-                            cluster_name=cluster.name, cluster=cluster if isinstance(cluster, ClusterSpec) else None)
-            task = bar.add_task(label, total=len(sim.jobs) or 1, jobs="", clock="0.0h")
-
-            def progress(now: float, done: int, total: int, task=task) -> None:
-                bar.update(task, completed=done, jobs=f"{done}/{total} jobs", clock=_hours(now))
-
-            result = sim.run(progress=progress, should_stop=lambda: intr.requested)
-            bar.update(task, completed=sum(1 for f in result.finish if f >= 0),
-                       description=label + (" [partial]" if result.partial else ""))
-            results.append((label, result))
-            if result.partial:
-                break
-    return results
-
-
-# ---------------------------------------------------------------------------------------------------- output
 
 
 def _fmt(key: str, v: Any) -> str:
@@ -185,18 +107,8 @@ def render_table(summaries: Dict[str, Dict[str, Any]]) -> Table:
     return table
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float):
-        return None if math.isnan(x) or math.isinf(x) else x
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def report_json(summaries: Dict[str, Dict[str, Any]], meta: Dict[str, Any]) -> Dict[str, Any]:
-    return _jsonable({
+    return jsonable({
         "partial": any(s["partial"] for s in summaries.values()),
         **meta,
         "runs": summaries,
@@ -205,69 +117,6 @@ def report_json(summaries: Dict[str, Dict[str, Any]], meta: Dict[str, Any]) -> D
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
-
-
-def _split(value: Optional[str]) -> List[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
-@dataclass(frozen=True)
-class SimArgs:
-    """The options of ``raylane sim``, one field per flag as ``sim`` names them (its typer signature takes its
-    defaults from here). A field left None leaves the choice to the policy file, the preset or the simulator."""
-
-    trace_path: Optional[Path] = None
-    generate_mix: Optional[str] = None
-    from_journal: Optional[Path] = None
-    jobs: int = 2000
-    load: float = 0.9
-    users: int = 0
-    write_trace: Optional[Path] = None
-    format: Optional[str] = None
-    team_column: Optional[str] = None
-    user_column: Optional[str] = None
-    start: Optional[str] = None
-    end: Optional[str] = None
-    limit: Optional[int] = None
-    cluster: Optional[Path] = None
-    nodes: Optional[int] = None
-    gpus_per_node: int = 8
-    cpus_per_node: float = 0.0
-    memory_per_node: float = 0.0
-    features: Optional[str] = None
-    policy: Optional[Path] = None
-    preset: Optional[List[str]] = None
-    ordering: Optional[str] = None
-    backfill: Optional[str] = None
-    preemption: Optional[str] = None
-    victim_cost: Optional[str] = None
-    admission: Optional[str] = None
-    las_thresholds: Optional[str] = None
-    hysteresis_min_run: Optional[str] = None
-    hysteresis_fraction: Optional[float] = None
-    job_class: Optional[str] = None
-    checkpoint_every: Optional[str] = None
-    estimates: Optional[str] = None
-    noise_sigma: Optional[float] = None
-    seed: int = 0
-    stop_delay: Optional[float] = None
-    tick: Optional[float] = None
-    max_examined: Optional[int] = None
-    placement: Optional[List[str]] = None
-    fail: Optional[List[str]] = None
-    drain: Optional[List[str]] = None
-    node_events: Optional[Path] = None
-    mtbf: Optional[str] = None
-    repair: str = "1h"
-    drain_deadline: str = "0"
-    elastic_speedup: Optional[str] = None
-    resize_overhead: Optional[str] = None
-    idle_timeout: Optional[str] = None
-    spot_reclaim_per_hour: Optional[float] = None
-    out: Optional[Path] = None
-    as_json: bool = False
-    plots: bool = True
-    progress: bool = True
 
 
 _D = SimArgs  # the defaults of ``sim``'s flags
@@ -376,39 +225,27 @@ def sim(
     try:
         _sim(SimArgs(**locals()))
     except FatalError as exc:
-        _fail(exc)
-
-
-@dataclass
-class _Parsed:
-    """What the flags say once checked: the presets to run, the overrides of the policy and of the replay options,
-    the checkpoint interval and the outages (``Outages`` fields)."""
-
-    names: List[str]
-    config: Dict[str, Any]
-    options: Dict[str, Any]
-    checkpoint_s: Optional[float]
-    outages: Dict[str, Any]
+        exit_with_error(exc)
 
 
 def _sim(a: SimArgs) -> None:
     # 1. Check every flag (all errors at once), 2. the cluster, the trace and the outages, 3. the policy,
     # 4. one run per preset and placement, 5. replay them and report.
-    flags = _parse(a)
-    journal = _journal(a) if a.from_journal is not None else None
+    flags = parse_flags(a)
+    journal = journal_of(a) if a.from_journal is not None else None
     if journal is not None and a.cluster is None and a.nodes is None:
         spec = journal.cluster()
     else:
         spec = load_cluster(a.cluster) if a.cluster is not None else cluster_from_flags(
             a.nodes, a.gpus_per_node, cpus_per_node=a.cpus_per_node, memory_per_node=a.memory_per_node,
-            features=_split(a.features))
-    outages = _outages(a, flags, spec, journal.outages if journal is not None else None)
-    trace = journal.trace if journal is not None else _trace(a, spec)
-    base, teams, classes, default_class = _policy(a, trace, flags.checkpoint_s,
+            features=split_list(a.features))
+    outages = outages_of(a, flags, spec, journal.outages if journal is not None else None)
+    trace = journal.trace if journal is not None else trace_of(a, spec)
+    base, teams, classes, default_class = policy_of(a, trace, flags.checkpoint_s,
                                                   journal.policy if journal is not None else None)
-    runs = _runs(a, flags, base, SimOptions(seed=a.seed, outages=outages))
+    runs = runs_of(a, flags, base, SimOptions(seed=a.seed, outages=outages))
     _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
-               f"{trace.gpu_seconds() / 3600:,.0f} GPU-hours over {_hours(trace.span())}; "
+               f"{trace.gpu_seconds() / 3600:,.0f} GPU-hours over {hours(trace.span())}; "
                f"load {trace.gpu_seconds() / max(trace.span() * spec.total_gpus, 1e-9):.2f} on {spec.describe()}",
                markup=False)
     t0 = time.perf_counter()
@@ -417,192 +254,6 @@ def _sim(a: SimArgs) -> None:
     _report(a, trace, spec, results, t0)
     if any(r.partial for _, r in results):
         raise typer.Exit(130)
-
-
-def _parse(a: SimArgs) -> _Parsed:
-    """The flags checked and parsed; ValidationError naming every bad one with what is allowed."""
-    errors = []
-    if a.format is not None and a.format not in FORMATS:
-        errors.append(("--format", a.format, "one of " + ", ".join(FORMATS)))
-    if a.estimates is not None and a.estimates not in ESTIMATES:
-        errors.append(("--estimates", a.estimates, "one of " + ", ".join(ESTIMATES)))
-    if a.cluster is not None and a.nodes is not None or a.cluster is None and a.nodes is None and not a.from_journal:
-        errors.append(("--cluster/--nodes", a.cluster or a.nodes, "exactly one of --cluster FILE or --nodes N (with "
-                                                                  "--from-journal: the journal's nodes by default)"))
-    if sum(x is not None for x in (a.trace_path, a.generate_mix, a.from_journal)) != 1:
-        errors.append(("TRACE/--generate/--from-journal", a.trace_path or a.generate_mix or a.from_journal,
-                       "exactly one of a trace file, --generate MIX or --from-journal JOURNAL"))
-    if a.generate_mix is not None and a.generate_mix not in MIXES:
-        errors.append(("--generate", a.generate_mix, "one of " + ", ".join(MIXES)))
-    if a.generate_mix is not None and a.jobs < 1:
-        errors.append(("--jobs", a.jobs, "an integer >= 1"))
-    if a.users < 0:
-        errors.append(("--users", a.users, "an integer >= 0 (0: no users)"))
-    if a.generate_mix is None and a.users:
-        errors.append(("--users", a.users, "only with --generate"))
-    if a.generate_mix is not None and not (math.isfinite(a.load) and 0 < a.load <= 10):
-        errors.append(("--load", a.load, "a number > 0 and <= 10"))
-    if a.generate_mix is None and a.write_trace is not None:
-        errors.append(("--write-trace", str(a.write_trace), "only with --generate MIX"))
-    config: Dict[str, Any] = {}
-    if a.victim_cost is not None:
-        if a.victim_cost in VICTIM_COSTS:
-            config["victim_cost"] = a.victim_cost
-        else:
-            errors.append(("--victim-cost", a.victim_cost, "one of " + ", ".join(VICTIM_COSTS.names())))
-    if a.hysteresis_min_run is not None:
-        try:
-            config["hysteresis_min_run_s"] = parse_duration(a.hysteresis_min_run)
-        except ValueError:
-            errors.append(("--hysteresis-min-run", a.hysteresis_min_run, "a duration >= 0 like 0, 30m or 1h"))
-    if a.hysteresis_fraction is not None:
-        if not (math.isfinite(a.hysteresis_fraction) and 0 <= a.hysteresis_fraction <= 100):
-            errors.append(("--hysteresis-fraction", a.hysteresis_fraction, "a number >= 0 and <= 100, like 0.5"))
-        else:
-            config["hysteresis_service_fraction"] = a.hysteresis_fraction
-    names: List[str] = []
-    for p in a.preset or []:
-        names += COMPARISON if p == "compare" else [p]
-    for p in names:
-        if p not in PRESETS:
-            errors.append(("--preset", p, "one of " + ", ".join(PRESETS) + ", or compare"))
-    thresholds = None
-    if a.las_thresholds is not None:
-        try:
-            thresholds = tuple(parse_duration(v) for v in _split(a.las_thresholds))
-        except ValueError:
-            errors.append(("--las-thresholds", a.las_thresholds, "comma-separated durations like 1h,10h"))
-    ckpt = None
-    if a.checkpoint_every is not None:
-        try:
-            ckpt = parse_duration(a.checkpoint_every)
-        except ValueError:
-            errors.append(("--checkpoint-every", a.checkpoint_every, "a duration like 300, 5m or 1h"))
-    from raylane.scheduling import PLACEMENTS
-
-    for p in a.placement or []:
-        if p not in PLACEMENTS:
-            errors.append(("--placement", p, "one of " + ", ".join(PLACEMENTS.names())))
-    outage_kw = _outage_flags(a.fail, a.drain, a.mtbf, a.repair, a.drain_deadline, errors)
-    overhead = None
-    if a.resize_overhead is not None:
-        try:
-            overhead = parse_duration(a.resize_overhead)
-        except ValueError:
-            errors.append(("--resize-overhead", a.resize_overhead, "a duration >= 0 like 0, 60 or 2m"))
-    idle = None
-    if a.idle_timeout is not None:
-        try:
-            idle = parse_duration(a.idle_timeout)
-        except ValueError:
-            errors.append(("--idle-timeout", a.idle_timeout, "a duration >= 0 like 300, 5m or 10m"))
-    reclaim = a.spot_reclaim_per_hour
-    if reclaim is not None and not (math.isfinite(reclaim) and reclaim >= 0):
-        errors.append(("--spot-reclaim-per-hour", reclaim, "a number >= 0: reclaims per spot node-hour, like 0.01"))
-    if a.elastic_speedup is not None:
-        try:
-            speedup_table(a.elastic_speedup)
-        except FatalError:
-            errors.append(("--elastic-speedup", a.elastic_speedup, ELASTIC_SPEEDUP_ALLOWED))
-    if errors:
-        raise ValidationError("flags", errors)
-    config = {**{k: v for k, v in dict(ordering=a.ordering, backfill=a.backfill, preemption=a.preemption,
-                                       admission=a.admission, las_thresholds=thresholds).items() if v is not None},
-              **config}
-    options = {k: v for k, v in dict(estimates=a.estimates, noise_sigma=a.noise_sigma, stop_delay_s=a.stop_delay,
-                                     tick_s=a.tick, max_examined=a.max_examined, elastic_speedup=a.elastic_speedup,
-                                     resize_overhead_s=overhead, idle_timeout_s=idle,
-                                     spot_reclaim_per_hour=reclaim).items() if v is not None}
-    return _Parsed(names, config, options, ckpt, outage_kw)
-
-
-def _journal(a: SimArgs):
-    """``--from-journal``: the journal's trace, nodes, outages and (without ``--policy``) its last policy."""
-    from raylane.config.loader import load_policy
-    from raylane.sim.journal import trace_from_journal
-
-    return trace_from_journal(str(a.from_journal), load_policy(a.policy) if a.policy is not None else None)
-
-
-def _outages(a: SimArgs, flags: _Parsed, spec: ClusterSpec, journal: Optional[Outages] = None) -> Outages:
-    """The outages of the flags, of ``--node-events`` and of the journal replayed, checked against the cluster's
-    node ids."""
-    kw = flags.outages
-    if journal is not None:
-        kw["failures"] += list(journal.failures)
-        kw["drains"] += list(journal.drains)
-    if a.node_events is not None:
-        more_failures, more_drains = load_node_events(a.node_events)
-        kw["failures"] += more_failures
-        kw["drains"] += more_drains
-    outages = Outages(**{k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()})
-    outages.check_nodes(n.id for n in spec.nodes())
-    return outages
-
-
-def _trace(a: SimArgs, spec: ClusterSpec) -> Trace:
-    """The trace file's jobs in the window, or a generated mix sized against ``spec`` (also written, if asked)."""
-    if a.generate_mix is not None:
-        trace = generate(a.generate_mix, seed=a.seed, jobs=a.jobs, cluster_gpus=spec.total_gpus, load=a.load,
-                         users=a.users)
-        if a.write_trace is not None:
-            write_csv(trace, a.write_trace)
-            _err.print(f"wrote the generated trace to {a.write_trace}", markup=False)
-    else:
-        trace = load_trace(a.trace_path, format=a.format, team_column=a.team_column, user_column=a.user_column,
-                           start=a.start, end=a.end, limit=a.limit)
-    if not trace.jobs:
-        raise ValidationError(str(a.trace_path), [("(rows)", 0, "at least one job in the chosen window")])
-    return trace
-
-
-def _policy(a: SimArgs, trace: Trace, checkpoint_s: Optional[float], journal_policy=None):
-    """(scheduler config, teams, classes, default class) from ``--policy`` (or the replayed journal's policy), or one
-    shared cluster with no quotas; ``--class`` and ``--checkpoint-every`` applied."""
-    teams: Dict[str, Team] = {}
-    classes: Dict[str, WorkloadClass] = {}
-    default_class = DEFAULT_CLASS
-    if a.policy is not None or journal_policy is not None:
-        from raylane.config.loader import load_policy, load_policy_from_dict
-
-        pol = load_policy(a.policy) if a.policy is not None else load_policy_from_dict(journal_policy,
-                                                                                       "the journal's policy")
-        base = pol.to_scheduler_config()
-        teams = pol.core_teams()
-        classes = {name: pol.workload_class(name) for name in pol.classes}
-        missing = [t for t in trace.teams if t not in teams]
-        if missing:
-            _err.print(f"note: {len(missing)} trace team(s) not in {a.policy} run with no quota: "
-                       + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""), markup=False)
-        if a.job_class is not None:
-            default_class = pol.workload_class(a.job_class)
-    else:
-        base = SchedulerConfig(admission="none")
-        if a.job_class is not None:
-            raise ValidationError("flags", [("--class", a.job_class, "a class of the --policy file (no policy given)")])
-    if checkpoint_s is not None:
-        default_class = replace(default_class, checkpoint_interval_s=checkpoint_s)
-        classes = {k: replace(c, checkpoint_interval_s=checkpoint_s) for k, c in classes.items()}
-    return base, teams, classes, default_class
-
-
-def _runs(a: SimArgs, flags: _Parsed, base: SchedulerConfig,
-          base_opts: SimOptions) -> List[Tuple[str, SchedulerConfig, SimOptions]]:
-    """One (label, config, options) per preset (or the policy alone) and per ``--placement``; the policy names
-    checked."""
-    runs: List[Tuple[str, SchedulerConfig, SimOptions]] = []
-    for name in flags.names or [None]:
-        for place in a.placement or [None]:
-            cfg, opts = (base, base_opts) if name is None else apply_preset(get_preset(name), base, base_opts)
-            cfg, opts = replace(cfg, **flags.config), replace(opts, **flags.options)
-            label = name or (f"{cfg.ordering}/{cfg.backfill}/{cfg.preemption}" if a.policy is None else a.policy.stem)
-            if place is not None:
-                opts = replace(opts, placement=place)
-                if len(a.placement) > 1:
-                    label += f" {place}"
-            runs.append((label, cfg, opts))
-    _check_names(runs)
-    return runs
 
 
 def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str, SimResult]], t0: float) -> None:
@@ -651,53 +302,11 @@ def _print_run_lines(label: str, r: SimResult, s: Dict[str, Any]) -> None:
                    f"({worst['preemptions'] / worst['runtime_h']:.2f}/h)", markup=False)
 
 
-def _outage_flags(fail, drain, mtbf, repair, drain_deadline, errors: list) -> Dict[str, Any]:
-    """The outage flags as ``Outages`` fields; each bad flag appended to ``errors``."""
-    kw: Dict[str, Any] = {"failures": [], "drains": []}
-    for kind, values in (("fail", fail), ("drain", drain)):
-        for v in values or []:
-            try:
-                kw["failures" if kind == "fail" else "drains"].append(parse_outage(kind, v))
-            except ValidationError as exc:
-                errors.extend(exc.errors)
-    for flag, key, value, none_ok in (("--mtbf", "mtbf_s", mtbf, False), ("--repair", "repair_s", repair, False),
-                                      ("--drain-deadline", "drain_deadline_s", drain_deadline, True)):
-        if value is None:
-            continue
-        if none_ok and value.strip().lower() == "none":
-            kw[key] = None
-            continue
-        try:
-            kw[key] = parse_duration(value)
-        except ValueError:
-            errors.append((flag, value, "a duration like 90, 30m, 2h or 30d" + (", or none" if none_ok else "")))
-            continue
-        if key == "mtbf_s" and kw[key] <= 0:
-            errors.append((flag, value, "a duration > 0"))
-    return kw
-
-
-def _check_names(runs) -> None:
-    from raylane.scheduling import ADMISSIONS, BACKFILLS, ORDERINGS, PREEMPTIONS
-
-    errors = []
-    for label, cfg, _ in runs:
-        for axis, reg in (("ordering", ORDERINGS), ("backfill", BACKFILLS), ("preemption", PREEMPTIONS),
-                          ("admission", ADMISSIONS)):
-            name = getattr(cfg, axis)
-            if name not in reg:
-                errors.append((f"{label}: {axis}", name, "one of " + ", ".join(reg.names())))
-    if errors:
-        raise ValidationError("policy", errors)
-
-
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("sim")(sim)
 
 
 def register(parent: typer.Typer) -> None:
     """Attach ``sim`` and ``sim-autoscale`` (``raylane.sim.costcompare``) to the ``raylane`` command line."""
-    from raylane.sim.costcompare import register as register_compare
-
     parent.command("sim")(sim)
     register_compare(parent)

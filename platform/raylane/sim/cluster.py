@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raylane.config.cluster import COUNT_ALLOWED, ClusterFile, NodeGroup
 from raylane.config.loader import MISSING, pydantic_errors, read_yaml
-from raylane.config.models import Duration, Memory, Name
+from raylane.config.fields import Duration, Memory, Name
 from raylane.errors import ValidationError
 from raylane.scheduling.autoscale import ScaleGroup
 from raylane.scheduling.types import Node, Resources

@@ -10,7 +10,7 @@ the ratios of the submit window's cost and of the average JCT to the fixed run, 
 at most ``GOAL_COST`` of the fixed cluster's for an average JCT at most ``GOAL_JCT`` times its, every job
 finished). It also prints the trace's *peak*: the most GPUs
 its jobs would hold at once if each ran from its submit for its duration, the size a fixed cluster needs so that
-no job waits for GPUs (up to how they pack). The replays are ``raylane sim``'s (``raylane.sim.cli``); the cost
+no job waits for GPUs (up to how they pack). The replays are ``raylane sim``'s (``raylane.sim.runs``); the cost
 figures are ``raylane.sim.metrics.capacity``.
 """
 from __future__ import annotations
@@ -27,12 +27,12 @@ from rich.table import Table
 
 from raylane.errors import FatalError, ValidationError
 from raylane.scheduling.types import SchedulerConfig
-from raylane.sim.cli import SimArgs, _fail, _jsonable, _trace, run_replays
 from raylane.sim.cluster import ClusterSpec, load_cluster
 from raylane.sim.engine import DEFAULT_CLASS, SimOptions, SimResult
 from raylane.sim.generate import MIXES
 from raylane.sim.metrics import summarize
 from raylane.sim.presets import PRESETS, apply_preset, get_preset
+from raylane.sim.runs import SimArgs, exit_with_error, jsonable, parse_flags, run_replays, trace_of
 from raylane.sim.traces import Trace
 
 __all__ = ["GOAL_COST", "GOAL_JCT", "peak_gpus", "compare_rows", "sim_autoscale", "register"]
@@ -159,12 +159,10 @@ def sim_autoscale(
                          spot_reclaim_per_hour=spot_reclaim_per_hour, out=out, as_json=as_json),
                  fixed, autoscaled, preset)
     except FatalError as exc:
-        _fail(exc)
+        exit_with_error(exc)
 
 
 def _compare(a: SimArgs, fixed_path: Path, autoscaled_paths: List[Path], preset: str) -> None:
-    from raylane.sim.cli import _parse
-
     errors = []
     if (a.trace_path is None) == (a.generate_mix is None):
         errors.append(("TRACE/--generate", a.trace_path or a.generate_mix, "exactly one of a trace file or "
@@ -173,10 +171,10 @@ def _compare(a: SimArgs, fixed_path: Path, autoscaled_paths: List[Path], preset:
         errors.append(("--preset", preset, "one of " + ", ".join(PRESETS)))
     if errors:
         raise ValidationError("flags", errors)
-    flags = _parse(SimArgs(**{**a.__dict__, "nodes": 1}))  # the shared flags, checked as raylane sim checks them
+    flags = parse_flags(SimArgs(**{**a.__dict__, "nodes": 1}))  # the shared flags, checked as raylane sim checks them
     clusters = _clusters(fixed_path, autoscaled_paths)
     fixed = clusters[0][1]
-    trace = _trace(a, fixed)
+    trace = trace_of(a, fixed)
     cfg, opts = apply_preset(get_preset(preset), SchedulerConfig(admission="none"), SimOptions(seed=a.seed))
     from dataclasses import replace
 
@@ -194,7 +192,7 @@ def _compare(a: SimArgs, fixed_path: Path, autoscaled_paths: List[Path], preset:
             break
     summaries = [(label, summarize(r)) for label, r in results]
     rows = compare_rows(summaries)
-    report = _jsonable({"trace": trace.source, "jobs": len(trace.jobs), "peak_gpus": peak, "preset": preset,
+    report = jsonable({"trace": trace.source, "jobs": len(trace.jobs), "peak_gpus": peak, "preset": preset,
                         "goal": {"cost": GOAL_COST, "jct": GOAL_JCT}, "rows": rows})
     if a.as_json:
         _out.print_json(json.dumps(report))

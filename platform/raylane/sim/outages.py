@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple, Union
 
-from raylane.config.models import parse_duration
+from raylane.config.fields import parse_duration
 from raylane.errors import NotFoundError, ValidationError
 
 __all__ = ["NodeFailure", "NodeDrain", "Outages", "parse_outage", "load_node_events", "next_failure", "node_rng",

@@ -25,7 +25,7 @@ import heapq
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from raylane.runtimes import RunFeatures
 from raylane.scheduling import lifecycle, runlimit
@@ -37,10 +37,7 @@ from raylane.sim.autoscaled import REARM, REMOVE, Fleet
 from raylane.sim.outages import next_failure, node_rng
 from raylane.sim.stranded import StrandedShapes
 from raylane.sim.traces import Speedup, TraceJob
-from raylane.sim.types import CAUSES, DEFAULT_TICK_S, SimResult, SimulationError
-
-if TYPE_CHECKING:
-    from raylane.sim.engine import Simulator
+from raylane.sim.types import CAUSES, DEFAULT_TICK_S, ReplayInputs, SimResult, SimulationError
 
 __all__ = ["Jobs", "Replay"]
 
@@ -97,7 +94,7 @@ class Replay:
     """The world of one replay of ``sim``'s jobs on ``state``, deciding with ``cycle`` (the core's, as the engine
     names it). ``Simulator.run`` steps it: ``next_instant``, ``apply_instant``, ``settle``, ``sample``; ``result``."""
 
-    def __init__(self, sim: "Simulator", state: ClusterState, cycle: Callable):
+    def __init__(self, sim: ReplayInputs, state: ClusterState, cycle: Callable):
         opts, cfg = sim.options, sim.config
         self.sim, self.state, self.cycle, self.opts = sim, state, cycle, opts
         self.model = sim.runtime_model

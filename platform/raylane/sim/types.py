@@ -1,5 +1,6 @@
 """The simulator's words for a replay's inputs and outputs: its options (``SimOptions``), its result
-(``SimResult``), its error, the default class of trace jobs and the speedup curves of elastic jobs.
+(``SimResult``), its error, the default class of trace jobs and the speedup curves of elastic jobs, and what a
+replay reads of the simulator that runs it (``ReplayInputs``, which ``raylane.sim.engine.Simulator`` provides).
 
 ``raylane.sim.engine`` re-exports every name here; the words themselves (*work*, *estimate*, *service*, *tick*,
 *outage*, *elastic job*, *resize*) are defined in its docstring.
@@ -8,18 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from raylane.errors import FatalError
+from raylane.runtimes import RuntimeModel
 from raylane.scheduling import PLACEMENTS
 from raylane.scheduling.cycle import MAX_EXAMINED
-from raylane.scheduling.types import SchedulerConfig, Team, WorkloadClass
+from raylane.scheduling.types import Node, SchedulerConfig, Team, Workload, WorkloadClass
+from raylane.sim.cluster import ClusterSpec
 from raylane.sim.outages import Outages
-from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, TraceJob, parse_speedup
+from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, Trace, TraceJob, parse_speedup
 
 __all__ = ["ESTIMATES", "DEFAULT_CLASS", "DEFAULT_RESIZE_OVERHEAD_S", "DEFAULT_TICK_S", "CAUSES",
            "DEFAULT_STARTUP_S", "DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPOT_RECLAIM_PER_HOUR", "ELASTIC_SPEEDUP_ALLOWED",
-           "SimOptions", "SimResult", "SimulationError", "speedup_table"]
+           "SimOptions", "SimResult", "SimulationError", "speedup_table", "ReplayInputs"]
 
 ESTIMATES = ("none", "exact", "noisy", "declared", "predicted", "predicted-declared")
 
@@ -177,3 +180,23 @@ class SimResult:
     # leaves the run-limit section out). Their requeues and lost work are those of cause ``run_limit``.
     run_limit_stops: Optional[int] = None
 
+
+class ReplayInputs(Protocol):
+    """What one replay (``raylane.sim.replay.Replay``) reads of the simulator that runs it, never changes:
+    ``raylane.sim.engine.Simulator`` provides it. Typed here so that the replay needs no import of the engine that
+    imports it. ``jobs``, ``workloads`` and ``curves`` are indexed alike (the trace's jobs that can run); ``cluster``
+    is the cluster file when its groups are elastic, else None."""
+
+    trace: Trace
+    nodes: List[Node]
+    cluster: Optional[ClusterSpec]
+    config: SchedulerConfig
+    options: SimOptions
+    runtime_model: Optional[RuntimeModel]
+    cluster_name: str
+    teams: Dict[str, Team]
+    total_gpus: float
+    jobs: List[TraceJob]
+    workloads: List[Workload]
+    rejected: List[Tuple[TraceJob, str]]
+    curves: List[Speedup]

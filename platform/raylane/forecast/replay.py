@@ -6,9 +6,9 @@ the same ``cycle`` the control plane runs over the copy in simulated time, booki
 each of those instants the queue is decided in its order under the same quotas, placement, backfill and preemption
 policies; nodes keep their schedulability (a cordoned or draining node stays out of service throughout). The state
 it is given is never changed. ``describe(eta, now)`` says in one line what a workload waits for, for
-``raylane explain``. ``forecast(..., method="plan")`` hands the same question to ``raylane.forecast_plan``: a
+``raylane explain``. ``forecast(..., method="plan")`` hands the same question to ``raylane.forecast.plan``: a
 reservation plan (conservative backfill, as ``squeue --start``), much faster, with no preemption planned; the
-answer's types, and the runtime rules both share, are in ``raylane.forecast_types``.
+answer's types, and the runtime rules both share, are in ``raylane.forecast.types``.
 
 Pure, like ``raylane.scheduling``: no Ray, no clock (``now`` is an argument), no randomness; it imports only the
 scheduling core and the standard library.
@@ -60,7 +60,8 @@ import time
 from dataclasses import replace
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from raylane.forecast_types import (
+from raylane.forecast.plan import plan
+from raylane.forecast.types import (
     DEFAULT_HORIZON_S,
     CapacityWait,
     Eta,
@@ -71,8 +72,7 @@ from raylane.forecast_types import (
     expected_end,
     knows_runtime,
 )
-from raylane.forecast_types import remaining_runtime as _runtime
-from raylane.forecast_plan import plan
+from raylane.forecast.types import remaining_runtime as _runtime
 from raylane.scheduling import ADMISSIONS, ClusterState, LeaseState, QuotaLedger, cycle, lifecycle
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.types import (
@@ -94,7 +94,7 @@ __all__ = ["Eta", "CapacityWait", "QuotaWait", "QueueWait", "PreemptionWait", "W
            "expected_end", "expected_arrivals", "forecast_interval", "DEFAULT_HORIZON_S", "MAX_WAITS", "METHODS"]
 
 # How a forecast may be computed (``forecast``'s ``method``): the live cycle replayed step by step, or a reservation
-# plan (``raylane.forecast_plan``).
+# plan (``raylane.forecast.plan``).
 METHODS = ("replay", "plan")
 
 # At most this many phases in ``Eta.waits_for``: the first ones and the last (what finally lets it in).
@@ -129,7 +129,7 @@ def forecast(
     """The ETA of every pending workload of ``state`` (of those in ``only``, when given), seen at ``now``.
 
     ``method``: one of ``METHODS``: "replay" (this module: the live cycle driven forward, one cycle per step) or
-    "plan" (``raylane.forecast_plan``: a reservation plan, as Slurm's ``squeue --start``; some hundred times
+    "plan" (``raylane.forecast.plan``: a reservation plan, as Slurm's ``squeue --start``; some hundred times
     faster, no preemption planned; ``docs/eta.md`` compares them). ``resolution``, ``min_step_s``,
     ``max_examined`` and ``lookahead`` are the replay's own and are not read by the plan.
 

@@ -1,7 +1,7 @@
 """What a queue ETA is, whichever way it is computed: ``Eta``, the phases of a wait (``CapacityWait``, ``QuotaWait``,
 ``QueueWait``, ``PreemptionWait``) and the runtime rules both forecasting methods share (``expected_end``,
-``remaining_runtime``). ``raylane.forecast`` (the replay) and ``raylane.forecast_plan`` (the reservation plan) return
-these; ``raylane.forecast`` re-exports them, with ``describe``, which renders one.
+``remaining_runtime``). ``raylane.forecast.replay`` (the replay) and ``raylane.forecast.plan`` (the reservation
+plan) return these; ``raylane.forecast`` re-exports them, with ``describe``, which renders one.
 
 Words
 - *expected end* of a lease: its start plus what is left of its runtime estimate (the estimate less the service it

@@ -18,7 +18,7 @@ The state it is given is never changed.
 
 Pure, like ``raylane.scheduling``: no Ray, no clock (``now`` is an argument), no randomness; it imports only the
 scheduling core (and its device rules, ``scheduling.capacity``), the shared ETA types
-(``raylane.forecast_types``) and the standard library.
+(``raylane.forecast.types``) and the standard library.
 
 Words
 - *ready*: the earliest a workload may start: ``now``, or, for the workload of a terminating lease, when that lease
@@ -26,7 +26,7 @@ Words
   place, with the service it had, as the control plane requeues it.
 - *profile*: a node's free GPUs as a step function of time from ``now``: ``times[i]`` starts segment ``i``, whose
   free GPUs are ``free[i]``; the last segment runs on for ever. It starts from what is free now and gets back each
-  running lease's GPUs at its expected end (``forecast_types.expected_end``); a reservation takes its GPUs over its
+  running lease's GPUs at its expected end (``types.expected_end``); a reservation takes its GPUs over its
   interval. A team's quota has one such profile per resource it has a quota for (what it holds), and, for a flat
   policy whose lending pool can bind, so does the pool.
 - *hole* at a *level* L: a maximal interval in which a node has at least L GPUs free. Per level (each per-worker GPU
@@ -60,7 +60,7 @@ from dataclasses import replace
 from itertools import compress, repeat
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from raylane.forecast_types import (
+from raylane.forecast.types import (
     DEFAULT_HORIZON_S,
     CapacityWait,
     Eta,
