@@ -40,6 +40,9 @@ ALLOWED: FrozenSet[Tuple[str, str]] = frozenset({
     ("copyreg", "_reconstructor"), ("_codecs", "encode"), ("decimal", "Decimal"), ("uuid", "UUID"),
     # What Ray's own calls from this process return: a placement group's ``ready()`` answers with the group.
     ("ray.util.placement_group", "PlacementGroup"), ("ray._raylet", "PlacementGroupID"),
+    # References, rebuilt from ids (no code of the caller's): a gang's worker handles (``register_workers``).
+    ("ray._private.serialization", "_actor_handle_deserializer"),
+    ("ray._private.serialization", "_object_ref_deserializer"),
 })
 
 # Modules whose exception classes (and only those) a pickle may name: how a failed call's error travels.
