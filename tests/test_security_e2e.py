@@ -201,9 +201,9 @@ def _submit(env, client, *, token, name, steps=20):
     path = env["tmp"] / f"{name}.json"
     path.write_text(json.dumps(s))
     runtime_env = with_credential({"env_vars": job_env(env), "working_dir": str(DIGITS)}, token)
-    job = submit_ray_job(env["client"], entrypoint=f"{sys.executable} -m raylane.run --spec-json "
-                                                   f"{shlex.quote(json.dumps(s))} --storage-path {env['storage']} "
-                                                   f"--tracking-uri {env['uri']}",
+    # A spec file, as tests/jobtest.py submits them (JSON is YAML): never the spec on the command line.
+    job = submit_ray_job(env["client"], entrypoint=f"{sys.executable} -m raylane.run {shlex.quote(str(path))} "
+                                                   f"--storage-path {env['storage']} --tracking-uri {env['uri']}",
                          runtime_env=runtime_env)
     env["jobs"].append(job)
     return job

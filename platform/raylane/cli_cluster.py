@@ -147,7 +147,9 @@ def down():
 
 
 def submit(
-    spec: Path = typer.Argument(..., help="Workload spec (YAML)."),
+    spec_arg: Optional[str] = typer.Argument(None, metavar="SPEC", help="Workload spec (YAML); not with --script."),
+    script_args: Optional[List[str]] = typer.Argument(None, metavar="[-- ARGS]", show_default=False,
+                                                      help="With --script: the script's own arguments, after --."),
     wait: bool = typer.Option(False, help="Wait until admitted."),
     reserve_only: bool = typer.Option(False, "--reserve-only",
                                       help="Only reserve the gang's resources (no Ray job, no driver)."),
@@ -158,6 +160,13 @@ def submit(
         Path("."), "--working-dir", exists=True, file_okay=False,
         help="The project's folder: the spec's code is checked from it and it is uploaded as the job's working "
              "directory, as `ray job submit --working-dir` does (files its .gitignore names are left out)."),
+    script: Optional[Path] = typer.Option(None, "--script", help="Run this Ray Train script unchanged (script "
+                                          "mode): each trainer.fit() in it is queued as a workload of --team and "
+                                          "--class. A file in --working-dir; its arguments follow `--`."),
+    team: Optional[str] = typer.Option(None, "--team", help="With --script: the team its workloads queue under."),
+    class_name: Optional[str] = typer.Option(None, "--class", help="With --script: the class of its workloads."),
+    name: Optional[str] = typer.Option(None, "--name", help="With --script: the workloads' name (default: the "
+                                       "trainer's RunConfig name, else the script's stem)."),
 ):
     """Submit a workload: a Ray job running `python -m raylane.run` (as `ray job submit` would), or a bare
     reservation with --reserve-only. Prints the workload id, its state and queue position.
@@ -170,6 +179,16 @@ def submit(
     from raylane.config.loader import read_yaml
     from raylane.launchers.check import check_spec_dict
 
+    if script is not None:  # script mode: the script's arguments are every positional after `--`
+        args = ([spec_arg] if spec_arg is not None else []) + list(script_args or [])
+        _submit_script(script, args, team=team, class_name=class_name, name=name, working_dir=working_dir,
+                       python=python, reserve_only=reserve_only)
+        return
+    if spec_arg is None or script_args or team or class_name or name:
+        err.print("[red]error:[/red] give a spec file, or --script with --team and --class (and the script's "
+                  "arguments after --)", highlight=False)
+        raise typer.Exit(1)
+    spec = Path(spec_arg)
     code_check = None
     wd = str(working_dir)
     try:  # the cluster's policy is checked by the control plane; everything else here, before submitting
@@ -270,6 +289,58 @@ def submit(
         pos = f" at position {rec['position']}" if rec.get("position") else ""
         reason = f": {rec['reason']}" if rec.get("reason") else ""
         console.print(cell(f"{rec['id']}: {rec['state']}{pos}{reason}"), highlight=False)
+
+
+def script_entrypoint(python: str, script: str, args: List[str], *, team: str, class_name: str,
+                      name: Optional[str] = None) -> str:
+    """The job's command line for a script (``python -m raylane.run --team T --class C SCRIPT ARGS``), quoted."""
+    named = ["--name", name] if name else []
+    return " ".join(shlex.quote(a) for a in [python, "-m", "raylane.run", "--team", team, "--class", class_name,
+                                             *named, script, *args])
+
+
+def _submit_script(script: Path, args: List[str], *, team: Optional[str], class_name: Optional[str],
+                   name: Optional[str], working_dir: Path, python: str, reserve_only: bool) -> None:
+    """``raylane submit --script``: a Ray job running the script in script mode (``raylane.script``) from the
+    uploaded working directory, with a job token of its own as every job gets. Its workloads are queued by its
+    driver, one per ``fit()``, so nothing is queued here."""
+    missing = [(f, v, why) for f, v, why in (
+        ("--team", team, "the team the script's workloads queue under"),
+        ("--class", class_name, "the class of the script's workloads"),
+    ) if not v]
+    if reserve_only:
+        missing.append(("--reserve-only", True, "not with --script (the script's driver queues its own workloads)"))
+    wd = working_dir.resolve()
+    path = script if script.is_absolute() else (wd / script)
+    path = path.resolve()
+    if not path.is_file() or wd not in path.parents:
+        missing.append(("--script", str(script), f"a Python file in --working-dir {working_dir} (it is uploaded "
+                                                 "with it)"))
+    with _errors():
+        if missing:
+            raise ValidationError("raylane submit", missing)
+        rel = path.relative_to(wd).as_posix()
+        from ray.job_submission import JobSubmissionClient
+
+        from raylane import localcluster
+        from raylane.jobs import submit_job, with_credential
+
+        h = connect()
+        h.class_info(class_name)  # an unknown class is named here, before a job starts
+        client = JobSubmissionClient(localcluster.dashboard(), headers=localcluster.auth_headers())
+        job_token = h.job_token(note=f"ray job for script {rel}") if h.credential else None
+        job_id = submit_job(
+            client,
+            entrypoint=script_entrypoint(python, rel, args, team=team, class_name=class_name, name=name),
+            runtime_env=with_credential({"working_dir": str(working_dir), "env_vars": {
+                "RAY_JOB_STOP_WAIT_TIME_S": "60",
+                **{k: v for k, v in os.environ.items() if k in ("RAYLANE_MLFLOW_URI", "MLFLOW_TRACKING_URI")}}},
+                job_token),
+            metadata={"raylane.script": rel},
+        )
+        console.print(cell(f"ray job {job_id} submitted: {rel} in script mode; each trainer.fit() in it queues as a "
+                           f"workload of team {team}, class {class_name} (`raylane queue` lists them)"),
+                      highlight=False)
 
 
 def _workload_of_job(h, client, job_id, timeout: float = 120.0):

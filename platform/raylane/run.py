@@ -2,6 +2,10 @@
 ``raylane.pipelines.driver``), run as a plain Ray job.
 
     ray job submit --working-dir ./my-project -- python -m raylane.run spec.yaml
+    ray job submit --working-dir ./my-project -- python -m raylane.run --team T --class C train.py ARGS...
+
+The second form is script mode (``raylane.script``): the user's own Ray Train script runs unchanged as the driver,
+and each trainer ``fit()`` it calls becomes a workload of team T and class C, driven as below.
 
 The driver checks the spec's code before anything queues (``raylane.launchers.check``: the entrypoint or command
 is there, fits the kind, the config fits the entrypoint's declared schema, the datasets are there), then hands the
@@ -22,7 +26,7 @@ One MLflow run follows the logical workload across all of that (``raylane.tracki
 """
 from __future__ import annotations
 
-import json
+import argparse
 import logging
 import sys
 from typing import Any, Callable, Dict, Optional
@@ -97,27 +101,43 @@ def spec_of(workload_id: str) -> Dict[str, Any]:
     return spec
 
 
-def main(argv=None) -> int:
-    import argparse
-
-    from raylane.config.loader import read_yaml
-    from raylane.control.records import State
-    from raylane.errors import FatalError
-
+def _parser(*, script: bool):
+    """The driver's options; ``script``: what follows the script is its own arguments, passed unread."""
     p = argparse.ArgumentParser(prog="python -m raylane.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("spec", nargs="?", help="workload spec (YAML)")
-    p.add_argument("--spec-json", default=None, help="the spec itself, as JSON (shown to everyone in `ray job list`: "
-                                                     "on a shared cluster give a file, or let `raylane submit` send it)")
+    p.add_argument("spec", nargs="?", help="workload spec (YAML); with --team and --class, the script to run")
+    if script:
+        p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                       help="script mode: the script's own arguments, passed unread")
+    p.add_argument("--team", default=None, help="script mode: the team every fit() of the script is queued under")
+    p.add_argument("--class", dest="class_name", default=None, help="script mode: the class of its workloads")
+    p.add_argument("--name", default=None, help="script mode: the workloads' name (default: the trainer's "
+                                                "RunConfig name, else the script's stem)")
     p.add_argument("--storage-path", default=None, help="where checkpoints go (default ~/.raylane/runs)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite ~/.raylane/mlflow.db)")
     p.add_argument("--workload-id", default=None, help="drive this workload, queued already with this job's id "
                                                        "(what `raylane submit` passes)")
+    return p
+
+
+def main(argv=None) -> int:
+    from raylane.config.loader import read_yaml
+    from raylane.control.records import State
+    from raylane.errors import FatalError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = _parser(script=True)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
+    if args.team is not None or args.class_name is not None or args.name is not None:
+        if not (args.team and args.class_name and args.spec):
+            p.error("script mode needs --team, --class and the script: --team T --class C SCRIPT [ARGS...]")
+        if args.workload_id:
+            p.error("--workload-id drives a queued spec; script mode queues each fit() itself")
+        return _run_script(args)
+    p = _parser(script=False)  # a spec's driver: its options may follow the spec
+    args = p.parse_args(argv)
     try:
-        if args.spec_json:
-            data = json.loads(args.spec_json)
-        elif args.spec:
+        if args.spec:
             data, _ = read_yaml(args.spec, "spec file")
         elif args.workload_id:
             data = spec_of(args.workload_id)
@@ -126,7 +146,7 @@ def main(argv=None) -> int:
 
             data = job_spec()
             if data is None:
-                p.error("give a spec file, --workload-id or --spec-json")
+                p.error("give a spec file, --workload-id, or a script with --team and --class")
         if isinstance(data, dict) and data.get("kind") == "pipeline":  # raylane.pipelines
             from raylane.pipelines.driver import run_pipeline
 
@@ -139,6 +159,19 @@ def main(argv=None) -> int:
         return 1
     say(f"{rec['id']}: {rec['state']} (preemptions {rec['preemptions']}, restarts {rec['restarts']})")
     return 0 if rec["state"] == State.SUCCEEDED else 1
+
+
+def _run_script(args) -> int:
+    """Script mode (``raylane.script.runner``): the script's exit status; 1 if the platform refused it."""
+    from raylane.errors import FatalError
+    from raylane.script.runner import run_script
+
+    try:
+        return run_script(args.spec, args.script_args, team=args.team, class_name=args.class_name, name=args.name,
+                          storage_path=args.storage_path, tracking_uri=args.tracking_uri)
+    except FatalError as exc:  # refused before or at a fit(): the script's own traceback is not the point
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

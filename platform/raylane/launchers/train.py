@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
@@ -33,12 +34,28 @@ from raylane.train import LoopOptions, StopPoll, UserLoop  # noqa: F401 - StopPo
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".raylane", "runs")
 
 
+@dataclass(frozen=True)
+class UserTrainer:
+    """What a user's own trainer brings to every attempt of its workload (script mode, ``raylane.script.trainer``):
+    its loop config, datasets and ``DataConfig``, and the parts of its ``RunConfig`` that do not fight the
+    launcher's (checkpoint retention, callbacks after the launcher's own, the workers' runtime env). Its name,
+    storage and failure settings are the workload's; its ScalingConfig became the spec's gang."""
+
+    train_loop_config: Optional[Dict[str, Any]] = None
+    datasets: Optional[Dict[str, Any]] = None
+    dataset_config: Any = None
+    checkpoint_config: Any = None
+    callbacks: Sequence[Any] = ()
+    worker_runtime_env: Any = None
+
+
 def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence[str], storage_path: str,
                   train_loop_config: Dict[str, Any], loop: UserLoop, control, resume_step: int = 0,
-                  data: Optional[TrainData] = None) -> TorchTrainer:
+                  data: Optional[TrainData] = None, user: Optional[UserTrainer] = None) -> TorchTrainer:
     """A ``TorchTrainer`` running ``loop`` (the user's entrypoint under ``raylane.train``) on the nodes of the lease.
     ``resume_step``: the workload's step when this attempt starts (a step-less loop's reports count from it).
-    ``data``: the spec's datasets and their ``DataConfig`` (``raylane.launchers.datasets.build``), or None."""
+    ``data``: the spec's datasets and their ``DataConfig`` (``raylane.launchers.datasets.build``), or None.
+    ``user``: the pieces of a user's own trainer kept (script mode); its datasets when the spec has none."""
     gang = spec["gang"]
     res = gang.get("resources", {})
     per_worker: Dict[str, float] = {"CPU": float(res.get("cpu", 1) or 0)}
@@ -65,10 +82,15 @@ def build_trainer(*, workload_id: str, spec: Dict[str, Any], placement: Sequence
         # e.g. pinned to a node that has just died) and node preemptions alike: Train would retry a start on a
         # dead node forever. The driver decides (raylane.run), with the control actor's view of the lease.
         failure_config=FailureConfig(max_failures=0, controller_failure_limit=0, max_preemption_failures=0),
-        checkpoint_config=CheckpointConfig(num_to_keep=3),
+        checkpoint_config=(user.checkpoint_config if user is not None and user.checkpoint_config is not None
+                           else CheckpointConfig(num_to_keep=3)),
         callbacks=[RegisterWorkers(workload_id, control),
-                   RecordCheckpoints(workload_id, control, first_index=resume_step)],
+                   RecordCheckpoints(workload_id, control, first_index=resume_step),
+                   *(user.callbacks if user is not None else ())],
+        worker_runtime_env=user.worker_runtime_env if user is not None else None,
     )
+    if data is None and user is not None and (user.datasets or user.dataset_config is not None):
+        data = TrainData(datasets=user.datasets or None, data_config=user.dataset_config)
     return TorchTrainer(
         loop,
         train_loop_config=train_loop_config,
@@ -98,13 +120,16 @@ def latest_checkpoint(storage_path: str, workload_id: str) -> Optional[str]:
 def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
                  tracking_uri: Optional[str] = None, poll_s: float = 2.0,
                  train_fn: Optional[Callable] = None, workload_id: Optional[str] = None,
-                 run_starter=None) -> Dict[str, Any]:
+                 run_starter=None, user: Optional[UserTrainer] = None,
+                 on_attempt: Optional[Callable[[Any, Optional[BaseException]], None]] = None) -> Dict[str, Any]:
     """The training launcher (``raylane.launchers``): register, wait, run the gang through preemptions, forced
     stops and retries, and return the final record. ``train_fn`` runs a function object instead of the spec's
     entrypoint (Python API). ``workload_id``: drive that workload, already submitted (a pipeline's stage).
     ``run_starter``: a ``raylane.runstart.RunStarter`` already preparing the MLflow run in a child process (the
     driver's start-up does this, so that MLflow is off the way to the first step); without it the run is started
-    here."""
+    here. ``user``: what a user's own trainer brings (``UserTrainer``, script mode). ``on_attempt(result, error)``:
+    told how each attempt's ``fit()`` ended (its ``ray.train.Result``, or what it raised), before the launcher
+    decides what follows."""
     from raylane.launchers.driver import registered
 
     fault = (spec.get("config") or {}).get("fault")
@@ -121,7 +146,8 @@ def run_training(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, sto
     try:
         return registered(ctl, spec, job_id, lambda wid: _drive(ctl, wid, spec, target=target,
                                                                  storage_path=storage_path, tracking_uri=tracking_uri,
-                                                                 poll_s=poll_s, run_starter=run_starter),
+                                                                 poll_s=poll_s, run_starter=run_starter,
+                                                                 user=user, on_attempt=on_attempt),
                           workload_id=workload_id)
     finally:
         if run_starter is not None:
@@ -188,7 +214,8 @@ class _Run:
                           tracking_uri=self.uri if self.run_id else self._asked_uri, cost_of=self.ctl.run_cost)
 
 
-def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_starter=None) -> Dict[str, Any]:
+def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_starter=None,
+           user: Optional[UserTrainer] = None, on_attempt=None) -> Dict[str, Any]:
     """Wait for each admission, run one attempt of the gang on it, and decide from how it ended (``_after``):
     another attempt (resized, preempted, a lost node, a failure within the retry budget) or the workload's end."""
     from raylane.control.client import State
@@ -216,6 +243,8 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             loop_cfg.update(_resolved_init(ctl, wid, loop_cfg))
         except FatalError as exc:  # the checkpoint it starts from can never exist: no attempt will do better
             return fail_now(ctl, run.tracker, wid, f"{exc}")
+        if user is not None and user.train_loop_config:  # the user's own config, as its trainer had it
+            loop_cfg = {**user.train_loop_config, **loop_cfg}
         run.start_if_answered()
         started_at = rec.get("step") or 0
         loop = UserLoop(target, LoopOptions(workload_id=wid, run_id=run.run_id, tracking_uri=run.uri,
@@ -228,7 +257,7 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             return fail_now(ctl, run.tracker, wid, f"{exc}")
         trainer = build_trainer(workload_id=wid, spec=spec, placement=rec["placement"], storage_path=storage_path,
                                 train_loop_config=loop_cfg, loop=loop, control=ctl, resume_step=started_at,
-                                data=data)
+                                data=data, user=user)
         workers, started = len(rec["placement"]), time.time()
         error: Optional[BaseException] = None
         result = None
@@ -236,6 +265,8 @@ def _drive(ctl, wid, spec, *, target, storage_path, tracking_uri, poll_s, run_st
             result = trainer.fit()
         except Exception as exc:  # noqa: BLE001 - classified below: forced stop, cancel, or a crash to retry
             error = exc
+        if on_attempt is not None:
+            on_attempt(result, error)
         if workers != last_workers:  # every start of an elastic gang at a new size; a fixed gang's once
             # Logged once the attempt has ended, at the step it started from: the driver's first use of its tracker
             # imports MLflow (about 2 s of CPU here), which must not delay the gang's first step.
