@@ -616,6 +616,7 @@ WRONG: Dict[Any, List[Any]] = {
     "role": [1, None, [], 2.5],
     "ttl_s": [0, -5, 367 * 86400, float("nan"), float("inf"), [], "x"],
     ("job_token", "ttl_s"): [0, -5, 8 * 86400, float("nan"), [], "x"],
+    "script": ["yes", 1, 0, "true", [], None],
     "token_id": ["", "ABCDEFGHIJKL", "short", "x" * 13, 1, None, "abcdefghijk!"],
     "since": [-1, 1e12, float("nan"), "x", []],
     "until": [-1, 1e12, float("nan"), "x", []],

@@ -367,3 +367,45 @@ def test_the_users_loop_config_and_run_config_parts_are_kept_and_ray_defaults_ar
     assert plain.run_config.storage_path == DEFAULT_STORAGE_PATH  # Ray's default: not the user's choice
     assert _user_parts(plain).checkpoint_config is None
     assert _storage_of(_ctx(storage_path="/platform/runs"), plain) == "/platform/runs"
+
+
+def test_a_scripts_job_token_submits_each_fit_and_is_retired_when_its_ray_job_ends(tmp_path):
+    """``raylane submit --script`` asks for a script's job token (``JobToken.script``): it submits a workload per
+    ``fit()`` (train or tune, its team only), outlives the end of one fit's workload, and is retired once its
+    workloads have ended and so has their Ray job (the control plane's job watch). Ray-free: the state machine."""
+    from raylane.control import gate as gate_mod
+    from raylane.control.state import JOB_WATCH_S
+    from raylane.errors import PermissionDeniedError
+    from tests.controltest import Harness
+    from tests.raytest import local_policy, spec
+
+    h = Harness(str(tmp_path / "journal.db"), local_policy(pretrain={"min_runtime": 0}), auth={"enabled": True})
+    try:
+        bob = h.cs.gate.add_token(user="bob", teams=["team-b"], role="member", created_by="test")
+        tok = h.call("job_token", bob, note="script", script=True)["token"]
+        plain = h.call("job_token", bob, note="one workload")["token"]
+        h.host.jobs = {"raysubmit_script": "RUNNING"}
+        first = h.call("submit", tok, spec=spec("fit-1", "team-b", "pretrain"), job_id="raysubmit_script")["id"]
+        h.call("submit", plain, spec=spec("one", "team-b", "pretrain"))
+        with pytest.raises(PermissionDeniedError, match="submits once"):  # a plain job token: one workload
+            h.call("submit", plain, spec=spec("two", "team-b", "pretrain"))
+        with pytest.raises(PermissionDeniedError):  # a script's: its team only
+            h.call("submit", tok, spec=spec("elsewhere", "team-a", "pretrain"))
+        h.tick()
+        h.call("report", tok, workload_id=first, kind="running", job_id="raysubmit_script")
+        h.call("release", tok, workload_id=first, outcome="finished", state="SUCCEEDED")
+        h.clock.advance(JOB_WATCH_S + 1)
+        h.tick()  # its job still runs: the script goes on to its next fit()
+        tid = tok.split("_")[1]
+        assert h.cs.gate.scopes[tid].retired is None
+        second = h.call("submit", tok, spec=spec("fit-2", "team-b", "pretrain"), job_id="raysubmit_script")["id"]
+        h.call("cancel", tok, workload_id=second)
+        h.host.jobs["raysubmit_script"] = "SUCCEEDED"  # the script exits
+        h.clock.advance(JOB_WATCH_S + 1)
+        h.tick()
+        assert h.cs.gate.scopes[tid].retired is not None
+        assert h.cs.gate.store.tokens[tid].expires <= h.clock() + gate_mod.AFTER_END_S
+        with pytest.raises(PermissionDeniedError, match="its workloads have ended"):
+            h.call("submit", tok, spec=spec("fit-3", "team-b", "pretrain"))
+    finally:
+        h.close()

@@ -97,6 +97,7 @@ class TokenRecord:
     created_by: str = ""
     parent: Optional[str] = None  # a job token's parent token: revoking the parent revokes it
     note: str = ""
+    scope: str = ""  # a job token's: "" (one workload) or "script" (a script's workloads: raylane.control.gate)
 
     def public(self, now: float) -> Dict[str, object]:
         return {"id": self.id, "user": self.user, "teams": list(self.teams), "role": self.role.value,

@@ -328,7 +328,7 @@ def _submit_script(script: Path, args: List[str], *, team: Optional[str], class_
         h = connect()
         h.class_info(class_name)  # an unknown class is named here, before a job starts
         client = JobSubmissionClient(localcluster.dashboard(), headers=localcluster.auth_headers())
-        job_token = h.job_token(note=f"ray job for script {rel}") if h.credential else None
+        job_token = h.job_token(note=f"ray job for script {rel}", script=True) if h.credential else None
         job_id = submit_job(
             client,
             entrypoint=script_entrypoint(python, rel, args, team=team, class_name=class_name, name=name),

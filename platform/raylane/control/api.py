@@ -302,6 +302,8 @@ class JobToken(Request):
 
     ttl_s: Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)] = 86400.0
     note: Annotated[StrictStr, Field(max_length=200)] = ""
+    # For a script's job (``raylane submit --script``): it submits each of the script's workloads (one per fit()).
+    script: StrictBool = False
     audited: ClassVar[bool] = True
 
 

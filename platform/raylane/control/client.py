@@ -252,10 +252,11 @@ class ControlClient:
         role = role.value if isinstance(role, auth.Role) else role
         return self._call("token_create", user=user, teams=list(teams), role=role, ttl_s=ttl_s, note=note)
 
-    def job_token(self, ttl_s: float = 7 * 86400.0, note: str = "") -> Optional[str]:
+    def job_token(self, ttl_s: float = 7 * 86400.0, note: str = "", script: bool = False) -> Optional[str]:
         """A token for one Ray job with the caller's rights, expiring after ``ttl_s`` and with the caller's token;
-        None when the control plane runs without authentication."""
-        return self._call("job_token", ttl_s=ttl_s, note=note)["token"]
+        None when the control plane runs without authentication. ``script``: for a script's job (one workload per
+        ``fit()``, ``raylane.script``)."""
+        return self._call("job_token", ttl_s=ttl_s, note=note, **({"script": True} if script else {}))["token"]
 
     def token_rotate(self, token_id: str) -> Dict[str, Any]:
         return self._call("token_rotate", token_id=token_id)

@@ -56,6 +56,10 @@ SUMMARY_FIELDS = ("id", "team", "class", "kind", "state", "reason", "reason_data
 AFTER_END_S = 60.0
 # The kinds whose driver submits more than one workload (a sweep's slots, a serving app's replica leases).
 MULTI_SUBMIT_KINDS = ("tune", "serve")
+# A script's job token (``JobToken.script``; raylane.script): it submits a workload for each fit() of the script, of
+# these kinds and its first submit's team, and is retired once its workloads have ended and so has their Ray job.
+SCRIPT_SCOPE = "script"
+SCRIPT_KINDS = ("train", "tune")
 # What a job token may do only on the workloads of its scope.
 SCOPED_ACTIONS = (Action.CANCEL, Action.RELEASE, Action.REPORT, Action.READ)
 # Identical refusals within this many seconds of the first share its audit row (Refusals).
@@ -169,8 +173,11 @@ class JobScope:
     retired: Optional[float] = None
 
     def may_submit(self, team: Any, kind: Any) -> bool:
-        return (self.retired is None and self.kind in MULTI_SUBMIT_KINDS and team == self.team
-                and (kind or "train") == self.kind)
+        if self.retired is not None or team != self.team:
+            return False
+        if self.kind == SCRIPT_SCOPE:
+            return (kind or "train") in SCRIPT_KINDS
+        return self.kind in MULTI_SUBMIT_KINDS and (kind or "train") == self.kind
 
 
 class Gate:
@@ -195,7 +202,7 @@ class Gate:
             self.store.tokens[d["id"]] = TokenRecord(
                 id=d["id"], user=d["user"], teams=tuple(d["teams"]), role=Role(d["role"]), salt=d["salt"],
                 digest=d["digest"], created=e.ts, expires=d.get("expires"), created_by=d.get("created_by", ""),
-                parent=d.get("parent"), note=d.get("note", ""))
+                parent=d.get("parent"), note=d.get("note", ""), scope=d.get("scope", ""))
         elif d["op"] in ("revoked", "rotated"):
             rec = self.store.tokens.get(d["id"])
             if rec is not None and rec.revoked is None:
@@ -239,7 +246,7 @@ class Gate:
 
     def add_token(self, *, user: str, teams, role, created_by: str, ttl_s: Optional[float] = None,
                   parent: Optional[str] = None, note: str = "", token: Optional[tuple] = None,
-                  now: Optional[float] = None) -> str:
+                  now: Optional[float] = None, scope: str = "") -> str:
         """Create a token and journal its digest; returns the token (its only copy). ``token``: a (token, id, salt,
         digest) made elsewhere (``bootstrap``)."""
         now = self.clock() if now is None else now
@@ -249,7 +256,7 @@ class Gate:
         tok, tid, salt, dig = token or auth.new_token()
         self._token_entry(op="created", id=tid, user=user, teams=list(teams), role=role.value, salt=salt,
                           digest=dig, expires=(now + ttl_s) if ttl_s else None, created_by=created_by,
-                          parent=parent, note=note)
+                          parent=parent, note=note, **({"scope": scope} if scope else {}))
         return tok
 
     def bootstrap(self, user: str, token_id: str, salt: str, digest: str) -> None:
@@ -357,6 +364,9 @@ class Gate:
         but a job token: nothing to do."""
         if not (p.job and self.enabled):
             return
+        rec = self.store.tokens.get(p.token_id)
+        if rec is not None and rec.scope == SCRIPT_SCOPE and kind != "pipeline":
+            kind = SCRIPT_SCOPE  # the scope's kind: what its further submits may be (SCRIPT_KINDS)
         self.apply(self.journal.append(Kind.TOKEN, TOKENS, ts=now, op="bound", id=p.token_id,
                                        workloads=list(workloads), team=team if isinstance(team, str) else "",
                                        workload_kind=kind if isinstance(kind, str) else "train"))
@@ -368,8 +378,19 @@ class Gate:
         scope = self.scopes.get(tid) if tid is not None else None
         if scope is None or scope.retired is not None or any(live(w) for w in scope.members):
             return
+        if scope.kind == SCRIPT_SCOPE:  # its script may fit() again: retired when its job ends (script_scopes)
+            return
+        self.retire(tid, now, f"{wid} ended: the job token's workloads are over")
+
+    def retire(self, tid: str, now: float, reason: str) -> None:
+        """Journal job token ``tid`` retired: it expires ``AFTER_END_S`` from now."""
         self.apply(self.journal.append(Kind.TOKEN, TOKENS, ts=now, op="retired", id=tid, expires=now + AFTER_END_S,
-                                       reason=f"{wid} ended: the job token's workloads are over"))
+                                       reason=reason))
+
+    def script_scopes(self) -> List[JobScope]:
+        """The scopes of scripts' job tokens not retired: the control plane retires one once its workloads have
+        ended and so has their Ray job (``ControlState._watch_jobs``)."""
+        return [s for s in self.scopes.values() if s.kind == SCRIPT_SCOPE and s.retired is None]
 
     def record(self, principal: Optional[Principal], call: str, target: Optional[str], outcome: str,
                reason: str = "", *, now: Optional[float] = None, credential: Optional[str] = None) -> None:

@@ -959,7 +959,8 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         live = [r for r in self.records.values() if r.job_id and not r.state.terminal]
         pipes = [r for r in self.pipes.active() if r.job_id]
         ended = [self.records[wid] for wid in sorted(self._ends - self._closing)]
-        if not live and not pipes and not ended:
+        scripts = [s for s in self.gate.script_scopes() if all(self._over(w) for w in s.members)]
+        if not live and not pipes and not ended and not scripts:
             return
         # One listing of Ray's jobs per watch, not a request per workload: a queue of thousands of `raylane submit`
         # workloads each has a job.
@@ -988,10 +989,20 @@ class ControlState(NodeCalls, ViewCalls, AdminCalls, PipelineCalls, ScaleCalls,
         for rec in ended:
             job = _listed_state(table, rec.job_id)[0] if rec.job_id else None
             self._after_end(ends.after_end(rec, job, now))
+        for scope in scripts:  # a script's job token: retired once its workloads and their Ray job are over
+            jobs = {self.records[w].job_id for w in scope.members if w in self.records and self.records[w].job_id}
+            states = [_listed_state(table, j)[0] for j in sorted(jobs)]
+            if all(s is not ends.JobState.LIVE for s in states):
+                self.gate.retire(scope.token_id, now, "its script's workloads have ended, and so has their Ray job "
+                                                      f"({', '.join(sorted(jobs)) or 'none'})")
         for run in pipes:  # a pipeline whose driver's job ended: no one runs its stages any more
             job, status = _listed_state(table, run.job_id)
             if job is not ends.JobState.LIVE and job is not None:
                 self._cancel_pipeline_stages(run, f"its driver's Ray job {run.job_id} ended ({status})")
+
+    def _over(self, wid: str) -> bool:
+        rec = self.records.get(wid)
+        return rec is None or rec.state.terminal
 
     def _after_end(self, action: Optional[ends.Action]) -> None:
         """Carry out what ``ends.after_end`` decided for an ended workload."""

@@ -11,6 +11,7 @@ from raylane import metrics
 from raylane.auth import Principal
 from raylane.config.loader import load_policy_from_dict, load_spec_from_dict
 from raylane.control import api
+from raylane.control.gate import SCRIPT_SCOPE
 from raylane.control.journal import Kind
 from raylane.cost import GROUPS as COST_GROUPS, KINDS as COST_KINDS, month_start
 from raylane.errors import PermissionDeniedError, ValidationError
@@ -65,7 +66,8 @@ class AdminCalls:
         if p.job:
             raise PermissionDeniedError(f"job-token: refused for {p.user}: a job token cannot create tokens")
         token = self.gate.add_token(user=p.user, teams=p.teams, role=p.role, created_by=p.user, ttl_s=req.ttl_s,
-                                    parent=p.token_id, note=req.note or "job token")
+                                    parent=p.token_id, note=req.note or "job token",
+                                    scope=SCRIPT_SCOPE if req.script else "")
         return self._token_reply(token)
 
     def _api_token_rotate(self, p: Principal, req: api.TokenRotate) -> Dict[str, Any]:
