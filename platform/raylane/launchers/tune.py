@@ -22,6 +22,12 @@ actor grants under the team's quota.
    ``raylane.sweeps.conventions.TrialResultError``, or ``SweepFailed`` naming what Tune or Ray raised), never a
    bare traceback of Tune's loop.
 
+Steps 2-5 are ``drive_sweep``, the one driver of every sweep: a ``SweepPlan`` says what it needs to know (name,
+class, slot specs, trials, metric, budget, where the experiment lives) and a ``fit`` callable runs Tune within the
+grant. ``run_sweep`` makes the plan from a spec (``spec_plan``) and builds the Tuner from its ``sweep:`` section;
+script mode (``raylane.script.tuner``) makes it from a user's own ``Tuner`` and keeps their search algorithm and
+scheduler, wrapped in the same quota plug-ins.
+
 A driver that dies leaves the Tune experiment (``<storage>/<sweep name>``) and ``raylane_sweep.json`` in it: the
 next driver for the same spec name cancels the dead driver's slots, submits new ones, waits until it holds a slot
 for each trial that was unfinished (Tune restarts those at once) and resumes the experiment with ``Tuner.restore``:
@@ -45,7 +51,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from raylane.config.loader import load_spec_from_dict
 from raylane.config.models import NAME_MAX
@@ -55,7 +61,8 @@ from raylane.control.records import TERMINAL, State
 from raylane.errors import FatalError, RaylaneError, RetryableError, ValidationError
 from raylane.ids import new_id
 
-__all__ = ["run_sweep", "SlotManager", "STATE_FILE", "slot_specs", "SweepFailed", "sweep_failure"]
+__all__ = ["run_sweep", "drive_sweep", "SweepPlan", "SweepRun", "spec_plan", "SlotManager", "STATE_FILE", "slot_specs",
+           "SweepFailed", "sweep_failure"]
 
 log = logging.getLogger("raylane.sweep")
 
@@ -446,39 +453,117 @@ def _short(x: Any) -> str:
 # ------------------------------------------------------------------------------------------------ driver
 
 
+@dataclass
+class SweepPlan:
+    """What the sweep driver needs to know of a sweep, however it was described: a spec's ``sweep:`` section
+    (``run_sweep``) or the ``Tuner`` of a user's script (``raylane.script.tuner``). Both run through ``drive_sweep``.
+
+    ``spec``: the spec recorded on the MLflow parent run (team, class, ``run`` metadata); ``params``: the parent's
+    ``sweep.*`` params; ``budget_max``: every trial's last step in the time attribute, None when unknown (no
+    "stopped early" and no compute saved are then claimed); ``sweep_id``: None lets ``drive_sweep`` resume the
+    experiment at ``exp_dir`` if there is one (a spec's sweep), a given id always starts afresh (a script's)."""
+
+    name: str
+    class_: str
+    spec: Dict[str, Any]
+    params: Dict[str, Any]
+    slot_specs: List[Dict[str, Any]]
+    trials: int
+    metric: str
+    mode: str
+    exp_dir: Path
+    budget_max: Optional[int] = None
+    gpus_per_trial: float = 0.0
+    report_every: int = 1
+    time_attr: Optional[str] = None
+    sweep_id: Optional[str] = None
+
+    @property
+    def concurrency(self) -> int:
+        return len(self.slot_specs)
+
+
+@dataclass
+class SweepRun:
+    """One driver's live sweep, handed to the ``fit`` callable of ``drive_sweep``: its state, grant, MLflow parent
+    run, and whether it resumes an earlier driver's experiment."""
+
+    plan: SweepPlan
+    state: SweepState
+    grant: Any
+    tracker: Any
+    resumed: bool
+
+    def tracking(self):
+        """The Tune callback that keeps one MLflow child run per trial under the parent run."""
+        from raylane.sweeps.tracking import SweepTracking
+
+        p = self.plan
+        return SweepTracking(
+            sweep_id=self.state.sweep_id, parent_run_id=self.tracker.run_id, uri=self.tracker.tracking_uri,
+            name=p.name, experiment_id=self.tracker.client.get_run(self.tracker.run_id).info.experiment_id,
+            gpus_per_trial=p.gpus_per_trial, budget_max=p.budget_max, report_every=p.report_every,
+            time_attr=p.time_attr)
+
+
+def spec_plan(parsed, storage_path: Optional[str] = None) -> SweepPlan:
+    """The plan of a parsed ``kind: tune`` spec."""
+    from raylane.launchers.train import DEFAULT_STORAGE
+    from raylane.tracking import _flatten, _param_value
+
+    sweep = parsed.sweep
+    data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return SweepPlan(
+        name=parsed.name, class_=parsed.class_, spec=data,
+        params={f"sweep.{k}": _param_value(v) for k, v in _flatten(data["sweep"])},
+        slot_specs=slot_specs(parsed), trials=int(sweep.trials), metric=sweep.metric, mode=sweep.mode,
+        exp_dir=Path(storage_path or DEFAULT_STORAGE).expanduser().resolve() / parsed.name,
+        budget_max=sweep.budget.max, gpus_per_trial=sweep.resources.gpu, report_every=sweep.budget.report_every,
+        time_attr=sweep.time_attr)
+
+
 def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storage_path: Optional[str] = None,
               tracking_uri: Optional[str] = None, poll_s: float = 0.5, verbose: int = 1) -> Dict[str, Any]:
     """Run the sweep ``spec`` to the end under the control actor ``ctl``; returns its record (``id``, ``state``,
     ``preemptions``, ``restarts``, ``trials``, ``best``, ``gpu_seconds``, ``slots``...). See the module docstring."""
-    from raylane.launchers.train import DEFAULT_STORAGE
-    from raylane.sweeps import quota
     from raylane.sweeps.trainables import check_trainable
+
+    # 1. Refuse a sweep whose trials could not start, before anything queues.
+    parsed = _parse(spec)
+    check_trainable(parsed.config, parsed.sweep)
+    plan = spec_plan(parsed, storage_path)
+    return drive_sweep(plan, lambda run: _fit(ctl, parsed, run, verbose, poll_s), ctl=ctl, job_id=job_id,
+                       tracking_uri=tracking_uri, poll_s=poll_s)
+
+
+def drive_sweep(plan: SweepPlan, fit: Callable[[SweepRun], Any], *, ctl, job_id: Optional[str] = None,
+                tracking_uri: Optional[str] = None, poll_s: float = 0.5) -> Dict[str, Any]:
+    """Run one sweep to the end: the slots, the grant, the MLflow runs and the end, around ``fit(run)``, which runs
+    Tune within ``run.grant`` and returns its ``ResultGrid``. Returns the sweep's record (``results``: that grid);
+    a failure gives the slots back, ends the trials' runs and raises ``sweep_failure``'s ``RaylaneError``."""
+    from raylane.sweeps import quota
 
     # Every report is a checkpoint, so Tune snapshots its state often (good for resuming); do not warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # 1. Refuse a sweep whose trials could not start, before anything queues.
-    parsed = _parse(spec)
-    sweep = parsed.sweep
-    check_trainable(parsed.config, sweep)
+    exp_dir = plan.exp_dir
     # 2. A new sweep, or the one a dead driver left behind (its slots are given back).
-    exp_dir = Path(storage_path or DEFAULT_STORAGE).expanduser().resolve() / parsed.name
-    state, resumed = _sweep_state(ctl, parsed.name, exp_dir)
+    state, resumed = _sweep_state(ctl, plan)
     # 3. The MLflow parent run, keyed by the sweep id.
-    tracker = _parent_run(parsed, state, exp_dir, resumed, tracking_uri)
+    tracker = _parent_run(plan, state, resumed, tracking_uri)
     tracker.cost_of = ctl.run_cost  # every slot of every driver names the parent run: the sweep's cost
     # 4. The slots, and the thread that turns their states into the grant.
-    grant = quota.register(state.sweep_id, quota.Grant(sweep.concurrency))
-    manager = _submit_slots(ctl, parsed, state, exp_dir, grant, tracker, job_id, resumed, poll_s)
+    grant = quota.register(state.sweep_id, quota.Grant(plan.concurrency))
+    manager = _submit_slots(ctl, plan, state, grant, tracker, job_id, resumed, poll_s)
     # 5. Tune, within the grant; any end gives the slots back and leaves the experiment resumable.
     previous_handler = _install_signals(grant)
     results, error = None, None
     manager.start()
     try:
-        results = _fit(ctl, parsed, state, exp_dir, grant, tracker, resumed, verbose, poll_s)
+        results = fit(SweepRun(plan, state, grant, tracker, resumed))
         errored = sum(r.error is not None for r in results)
         # Tune also returns when interrupted (SIGINT): trials left unfinished mean the sweep did not end.
         views = grant.trials()
-        unfinished = sum(v.status in quota.UNFINISHED for v in views.values()) + max(0, sweep.trials - len(views))
+        unfinished = sum(v.status in quota.UNFINISHED for v in views.values()) + max(0, plan.trials - len(views))
         outcome = (EndState.CANCELLED if grant.stop_requested or unfinished
                    else EndState.FAILED if errored == len(results) else EndState.SUCCEEDED)
     except BaseException as exc:  # noqa: BLE001 - re-raised below, once the slots are back
@@ -490,7 +575,7 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
         _restore_signals(previous_handler)
     # 6. The trials' runs, the outcome on the parent run (best trial, compute saved), and the sweep's record.
     try:
-        summary = _close_books(tracker, state, sweep, outcome, error)
+        summary = _close_books(tracker, state, plan, outcome, error)
     except Exception as exc:  # noqa: BLE001 - the sweep's own error, if any, is what the user must see
         if error is None:
             raise
@@ -505,13 +590,13 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise error
         raise sweep_failure(state.sweep_id, error) from None
-    _say(f"sweep {state.sweep_id}: {outcome.value}: best {sweep.metric} {summary['best_metric']} (trial "
+    _say(f"sweep {state.sweep_id}: {outcome.value}: best {plan.metric} {summary['best_metric']} (trial "
          f"{summary['best_trial_id']}); GPU-seconds {summary['gpu_seconds_used']:.1f}, "
          f"{summary['gpu_seconds_saved']:.1f} saved against the full budget")
     return {
         "id": state.sweep_id, "state": outcome.value, "preemptions": state.preemptions, "restarts": state.restarts,
         "slots": [s.wid for s in manager.slots], "trials": summary["trials"], "best": {
-            "trial_id": summary["best_trial_id"], sweep.metric: summary["best_metric"],
+            "trial_id": summary["best_trial_id"], plan.metric: summary["best_metric"],
             "config": summary["best_config"]},
         "gpu_seconds": {k: summary[k] for k in ("gpu_seconds_used", "gpu_seconds_full_budget", "gpu_seconds_saved")},
         "trained_steps": summary["trained_steps"], "full_budget_steps": summary["full_budget_steps"],
@@ -521,7 +606,7 @@ def run_sweep(spec: Dict[str, Any], *, ctl, job_id: Optional[str] = None, storag
     }
 
 
-def _close_books(tracker, state: SweepState, sweep, outcome: EndState, error: Optional[BaseException]):
+def _close_books(tracker, state: SweepState, plan: SweepPlan, outcome: EndState, error: Optional[BaseException]):
     """End the trials' MLflow runs Tune left open, write the outcome on the parent run and end it; the summary."""
     from raylane.sweeps.tracking import end_open_trials, summarize
 
@@ -533,8 +618,8 @@ def _close_books(tracker, state: SweepState, sweep, outcome: EndState, error: Op
     if left:
         log.info("sweep %s: %d trial run(s) ended %s with the sweep", state.sweep_id, len(left), status)
     summary = summarize(client, experiment_id=experiment_id, sweep_id=state.sweep_id, parent_run_id=tracker.run_id,
-                        metric=sweep.metric, mode=sweep.mode, budget_max=sweep.budget.max)
-    detail = (f"{summary['trials']} trials; best {sweep.metric} {summary['best_metric']} "
+                        metric=plan.metric, mode=plan.mode, budget_max=plan.budget_max)
+    detail = (f"{summary['trials']} trials; best {plan.metric} {summary['best_metric']} "
               f"(trial {summary['best_trial_id']}); GPU-seconds used {summary['gpu_seconds_used']:.1f} of "
               f"{summary['gpu_seconds_full_budget']:.1f} for the full budget")
     if error is not None and not isinstance(error, (KeyboardInterrupt, SystemExit)):
@@ -544,15 +629,17 @@ def _close_books(tracker, state: SweepState, sweep, outcome: EndState, error: Op
     return summary
 
 
-def _sweep_state(ctl, name: str, exp_dir: Path):
-    """The sweep's state: new (a fresh sweep id), or the one of the experiment at ``exp_dir``, whose last driver's
-    slots are cancelled (they hold quota no one uses)."""
+def _sweep_state(ctl, plan: SweepPlan):
+    """The sweep's state: new (``plan.sweep_id``, else a fresh id), or the one of the experiment at
+    ``plan.exp_dir``, whose last driver's slots are cancelled (they hold quota no one uses)."""
     from ray.tune import Tuner
 
-    resumed = Tuner.can_restore(str(exp_dir))
-    state = SweepState.load(exp_dir / STATE_FILE) if resumed else None
+    if plan.sweep_id is not None:
+        return SweepState(sweep_id=plan.sweep_id), False
+    resumed = Tuner.can_restore(str(plan.exp_dir))
+    state = SweepState.load(plan.exp_dir / STATE_FILE) if resumed else None
     if state is None:
-        return SweepState(sweep_id=new_id(name, kind="sweep")), resumed
+        return SweepState(sweep_id=new_id(plan.name, kind="sweep")), resumed
     state.restarts += 1
     for wid in state.slots:
         try:
@@ -563,60 +650,54 @@ def _sweep_state(ctl, name: str, exp_dir: Path):
     return state, resumed
 
 
-def _parent_run(parsed, state: SweepState, exp_dir: Path, resumed: bool, tracking_uri: Optional[str]):
-    from raylane.tracking import RunTracker, _flatten, _param_value
+def _parent_run(plan: SweepPlan, state: SweepState, resumed: bool, tracking_uri: Optional[str]):
+    from raylane.tracking import RunTracker
 
-    data = parsed.model_dump(by_alias=True, mode="json", exclude_none=True)
-    tracker = RunTracker(workload_id=state.sweep_id, spec=data, tracking_uri=tracking_uri)
+    tracker = RunTracker(workload_id=state.sweep_id, spec=plan.spec, tracking_uri=tracking_uri)
     tracker.start()
-    tracker.log_params({f"sweep.{k}": _param_value(v) for k, v in _flatten(data["sweep"])})
+    tracker.log_params(plan.params)
     if resumed:
-        tracker.event("restarted", f"driver {state.restarts} resumes the sweep from {exp_dir}")
+        tracker.event("restarted", f"driver {state.restarts} resumes the sweep from {plan.exp_dir}")
     return tracker
 
 
-def _submit_slots(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, job_id, resumed: bool,
+def _submit_slots(ctl, plan: SweepPlan, state: SweepState, grant, tracker, job_id, resumed: bool,
                   poll_s: float) -> "SlotManager":
-    sweep = parsed.sweep
     slots = []
-    for slot_spec in slot_specs(parsed):
+    for slot_spec in plan.slot_specs:
         slots.append(Slot(len(slots), ctl.submit(slot_spec, job_id=job_id)["id"]))
     state.slots = [s.wid for s in slots]
-    state.save(exp_dir / STATE_FILE)
+    state_path = plan.exp_dir / STATE_FILE
+    state.save(state_path)
     for s in slots:
         ctl.event(s.wid, mlflow_run_id=tracker.run_id, mlflow_uri=tracker.tracking_uri,
-             note=f"slot {s.index} of sweep {state.sweep_id} ({sweep.trials} trials, up to {sweep.concurrency} at once)")
-    _say(f"sweep {state.sweep_id}: {sweep.trials} trials, {len(slots)} slot(s) submitted: "
+             note=f"slot {s.index} of sweep {state.sweep_id} ({plan.trials} trials, up to {plan.concurrency} at once)")
+    _say(f"sweep {state.sweep_id}: {plan.trials} trials, {len(slots)} slot(s) submitted: "
          f"{', '.join(s.wid for s in slots)}" + (f" (resuming, driver {state.restarts})" if resumed else ""))
-    return SlotManager(ctl=ctl, slots=slots, grant=grant, sweep_id=state.sweep_id, trials_total=sweep.trials,
-                       job_id=job_id, state=state, state_path=exp_dir / STATE_FILE, tracker=tracker,
-                       metric=sweep.metric, budget_max=sweep.budget.max, poll_s=poll_s)
+    return SlotManager(ctl=ctl, slots=slots, grant=grant, sweep_id=state.sweep_id, trials_total=plan.trials,
+                       job_id=job_id, state=state, state_path=state_path, tracker=tracker,
+                       metric=plan.metric, budget_max=plan.budget_max, poll_s=poll_s)
 
 
-def _fit(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, resumed: bool, verbose: int, poll_s: float):
-    """Build (or restore) the Tuner of the sweep and run it; returns Tune's ``ResultGrid``."""
+def _fit(ctl, parsed, run: SweepRun, verbose: int, poll_s: float):
+    """Build (or restore) the Tuner of the spec's sweep and run it; returns Tune's ``ResultGrid``."""
     from ray.tune import CheckpointConfig, FailureConfig, RunConfig, TuneConfig, Tuner
 
     from raylane.sweeps import build, quota
-    from raylane.sweeps.tracking import SweepTracking
     from raylane.sweeps.trainables import tune_trainable
 
-    sweep, sweep_id = parsed.sweep, state.sweep_id
+    sweep, sweep_id, grant, exp_dir = parsed.sweep, run.state.sweep_id, run.grant, run.plan.exp_dir
     trainable = tune_trainable(parsed.config, sweep)
-    if resumed:
-        if state.unfinished:
+    if run.resumed:
+        if run.state.unfinished:
             # Tune starts every unfinished trial of a restored experiment at once: hold a slot for each first.
-            need = min(state.unfinished, sweep.concurrency)
-            _say(f"sweep {sweep_id}: waiting for {need} slot(s) before resuming {state.unfinished} unfinished trial(s)")
+            need = min(run.state.unfinished, sweep.concurrency)
+            _say(f"sweep {sweep_id}: waiting for {need} slot(s) before resuming {run.state.unfinished} "
+                 f"unfinished trial(s)")
             while grant.granted < need and not grant.stop_requested:
                 time.sleep(poll_s)
         return Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True).fit()
     retry_budget = int(ctl.class_info(parsed.class_)["retry_budget"])
-    tracking = SweepTracking(
-        sweep_id=sweep_id, parent_run_id=tracker.run_id, uri=tracker.tracking_uri, name=parsed.name,
-        experiment_id=tracker.client.get_run(tracker.run_id).info.experiment_id,
-        gpus_per_trial=sweep.resources.gpu, budget_max=sweep.budget.max, report_every=sweep.budget.report_every,
-        time_attr=sweep.time_attr)
     time_attr = build.time_attr(sweep)
     tuner = Tuner(
         trainable,
@@ -629,7 +710,7 @@ def _fit(ctl, parsed, state: SweepState, exp_dir: Path, grant, tracker, resumed:
         run_config=RunConfig(
             name=parsed.name, storage_path=str(exp_dir.parent), verbose=verbose,
             stop=quota.GrantStopper(sweep_id, sweep.budget.max, time_attr=time_attr),
-            callbacks=[tracking],
+            callbacks=[run.tracking()],
             # PBT clones the checkpoint a trial had at its last perturbation: keep them all.
             checkpoint_config=CheckpointConfig(num_to_keep=None if sweep.scheduler.type == "pbt" else 2),
             # Tune retries a crashed trial from its last checkpoint, up to the class's retry budget.

@@ -17,6 +17,8 @@ actor) and Tune's event loop (which starts, pauses and stops trials), and the th
   (running, starting or paused) fill the grant. Tune starts every new trial at once, without asking the scheduler,
   so this is the gate on new trials; paused trials resume first. A trial waiting at a rung is not counted: it can
   only go on once the trials not drawn yet reached the rung too, so counting it would deadlock the sweep.
+- ``GrantedSearch`` is the same gate around any other search algorithm (a user's own ``BasicVariantGenerator``
+  or ``SearchGenerator``, from a script's ``Tuner``: ``raylane.script.tuner``); everything else goes to it.
 - ``GrantStopper`` ends the whole experiment when the driver asks (the sweep was cancelled), and a trial at the
   end of its budget (its progress in the time attribute at ``budget.max``).
 
@@ -43,13 +45,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
-from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, Searcher
 from ray.tune.stopper import Stopper
 
 from raylane.sweeps.conventions import PROGRESS, TimeAttr
 
 __all__ = ["Grant", "TrialView", "register", "grant_for", "QuotaScheduler", "GrantLimiter",
-           "GrantedVariantGenerator", "GrantStopper", "UNFINISHED"]
+           "GrantedVariantGenerator", "GrantedSearch", "GrantStopper", "UNFINISHED"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,8 @@ class Grant:
 
     def __init__(self, max_slots: int):
         self.max_slots = max_slots
-        self._lock = threading.Lock()
+        # Reentrant: the driver's SIGTERM handler (request_stop) runs on the main thread, which may hold it.
+        self._lock = threading.RLock()
         self._granted = 0
         self._leased = 0
         self._stop = False
@@ -303,6 +306,56 @@ class GrantedVariantGenerator(BasicVariantGenerator):
         if g.claiming() >= g.granted:
             return None
         return super().next_trial()
+
+
+class GrantedSearch(SearchAlgorithm):
+    """Any Tune search algorithm, producing a new trial only while the grant has room; every other call goes to it."""
+
+    def __init__(self, inner: SearchAlgorithm, grant_key: str):
+        super().__init__()
+        self.inner = inner
+        self.grant_key = grant_key
+
+    @property
+    def metric(self):
+        return self.inner.metric
+
+    @property
+    def total_samples(self):
+        return self.inner.total_samples
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: Dict, **spec) -> bool:
+        return self.inner.set_search_properties(metric, mode, config, **spec)
+
+    def add_configurations(self, experiments) -> None:
+        self.inner.add_configurations(experiments)
+
+    def next_trial(self):
+        g = grant_for(self.grant_key)
+        if g.claiming() >= g.granted:
+            return None
+        return self.inner.next_trial()
+
+    def on_trial_result(self, trial_id: str, result: Dict) -> None:
+        self.inner.on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
+        self.inner.on_trial_complete(trial_id, result=result, error=error)
+
+    def is_finished(self) -> bool:
+        return self.inner.is_finished()
+
+    def set_finished(self) -> None:
+        self.inner.set_finished()
+
+    def has_checkpoint(self, dirpath: str) -> bool:
+        return self.inner.has_checkpoint(dirpath)
+
+    def save_to_dir(self, dirpath: str, **kwargs) -> None:
+        self.inner.save_to_dir(dirpath, **kwargs)
+
+    def restore_from_dir(self, dirpath: str) -> None:
+        self.inner.restore_from_dir(dirpath)
 
 
 class GrantStopper(Stopper):

@@ -88,14 +88,15 @@ class SweepTracking(Callback):
     time_attr: Optional[str] = None  # the spec's; also for a callback unpickled from a state saved without one
 
     def __init__(self, *, sweep_id: str, parent_run_id: str, experiment_id: str, uri: str, name: str,
-                 gpus_per_trial: float, budget_max: int, report_every: int, time_attr: Optional[str] = None):
+                 gpus_per_trial: float, budget_max: Optional[int], report_every: int,
+                 time_attr: Optional[str] = None):
         self.sweep_id = sweep_id
         self.parent_run_id = parent_run_id
         self.experiment_id = experiment_id
         self.uri = uri
         self.name = name
         self.gpus_per_trial = float(gpus_per_trial)
-        self.budget_max = int(budget_max)
+        self.budget_max = int(budget_max) if budget_max is not None else None
         self.report_every = int(report_every)
         self.time_attr = time_attr
         self._reset()
@@ -230,7 +231,8 @@ class SweepTracking(Callback):
         run_id = self._child(trial)
         step = self._last_step.get(trial.trial_id, 0)
         tags = {TAG_TRIAL_STATUS: "TERMINATED" if status == "FINISHED" else "ERROR", TAG_FINAL_STEP: str(step),
-                TAG_STOPPED_EARLY: str(status == "FINISHED" and step < self.budget_max).lower()}
+                TAG_STOPPED_EARLY: str(status == "FINISHED" and self.budget_max is not None
+                                       and step < self.budget_max).lower()}
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         self.client.set_terminated(run_id, status)
 
@@ -280,7 +282,7 @@ def _exploits_tag(entries: List[Dict[str, Any]]) -> str:
 
 
 def summarize(client: MlflowClient, *, experiment_id: str, sweep_id: str, parent_run_id: str, metric: str,
-              mode: str, budget_max: int) -> Dict[str, Any]:
+              mode: str, budget_max: Optional[int]) -> Dict[str, Any]:
     """Read the sweep's children, tag the best one, and write the outcome on the parent; returns the outcome:
     ``trials``, ``best_trial_id``, ``best_metric``, ``best_config``, ``gpu_seconds_used``,
     ``gpu_seconds_full_budget``, ``gpu_seconds_saved``, ``trained_steps``, ``full_budget_steps``, ``stopped_early``."""
@@ -299,8 +301,10 @@ def summarize(client: MlflowClient, *, experiment_id: str, sweep_id: str, parent
         gpu_s, trained = float(m.get(GPU_SECONDS, 0.0)), int(m.get(TRAINED_STEPS, 0))
         used += gpu_s
         steps += trained
-        full_steps += budget_max
-        missing_cost += max(0, budget_max - trained) * rates.get(run.info.run_id, typical)
+        # No known budget (a script's Tuner whose scheduler and stop name none): nothing is counted as saved.
+        full_steps += budget_max if budget_max is not None else trained
+        if budget_max is not None:
+            missing_cost += max(0, budget_max - trained) * rates.get(run.info.run_id, typical)
         early += run.data.tags.get(TAG_STOPPED_EARLY) == "true"
         value = m.get(metric)
         if value is not None and math.isfinite(value):
