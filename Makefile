@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(TEST_TOOLS)
 	$(BIN)/python -m pytest -q -ra --durations=10 -m "not e2e" $(XDIST)
 
-# The long end-to-end scenarios (marker e2e, 35 tests): each feature again through the entry a user comes by (the
+# The long end-to-end scenarios (marker e2e, 42 tests): each feature again through the entry a user comes by (the
 # README's commands, Ray's own examples, Lightning and Transformers, datasets), and the scenarios that need several
 # Train gangs one after another (crash and retry budgets, a Serve burst reclaiming training's GPUs, elastic resizes,
 # a killed node, PBT). .ci/run runs them after `make test`; docs/testing.md lists them. One module at a time by

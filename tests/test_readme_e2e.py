@@ -1,13 +1,15 @@
 """The README's own commands on a fresh HOME, from a shell whose PATH does not have the venv (issue 26, items 1 and
 7): `.venv/bin/raylane up`, then the README's plain `ray job submit` line, word for word but for the spec, for a
-small training run; and the ends a user sees: a workload cancelled with `raylane cancel` makes its `ray job submit`
-exit non-zero with its MLflow run KILLED, and a run left open when the cluster went down is closed, KILLED with the
-reason, once `raylane up` starts the next cluster on the same journal.
+small training run; its script-mode line, word for word but for the team, class, script and arguments, for a small
+unchanged Ray Train script (issue 45); and the ends a user sees: a workload cancelled with `raylane cancel` makes its
+`ray job submit` exit non-zero with its MLflow run KILLED, and a run left open when the cluster went down is closed,
+KILLED with the reason, once `raylane up` starts the next cluster on the same journal.
 
 One cluster for the module (the last test stops it and starts the next one), on the README's fixed ports; skipped
 when another Ray session holds them."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -45,6 +47,49 @@ def readme_submit_lines() -> str:
     start = text.index("export RAY_AUTH_MODE=token")
     end = text.index("\n", text.index("python -m raylane.run examples/specs/pretrain-team-a.yaml", start))
     return text[start:end]
+
+
+SCRIPT_ARGS = "--team T --class C train.py ARGS"  # the README's placeholders in its script-mode line
+
+# A plain Ray Train script, nothing of Raylane in it: one worker of one (logical) GPU, a checkpoint every epoch.
+TINY_SCRIPT = """\
+import argparse, os, tempfile
+
+import ray.train
+import torch
+from ray.train import Checkpoint, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+
+def train_func(config):
+    model = torch.nn.Linear(1, 1)
+    x = torch.linspace(0, 1, 16).unsqueeze(1)
+    for epoch in range(1, config["epochs"] + 1):
+        loss = torch.nn.functional.mse_loss(model(x), 2 * x)
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            ray.train.report({"step": epoch, "loss": loss.item()}, checkpoint=Checkpoint.from_directory(d))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=1)
+    args = p.parse_args()
+    result = TorchTrainer(train_func, train_loop_config={"epochs": args.epochs},
+                          scaling_config=ScalingConfig(num_workers=1, use_gpu=True),
+                          run_config=RunConfig(name="readme-script")).fit()
+    print("SCRIPT RESULT step", result.metrics["step"], flush=True)
+"""
+
+
+def readme_script_lines() -> str:
+    """The README's script-mode submit ("Using it"), after the same `export` of the cluster's token."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("export RAY_AUTH_MODE=token")
+    export = text[start:text.index("\n", start)]
+    at = text.index(f"python -m raylane.run {SCRIPT_ARGS}", start)
+    first = text.rindex(".venv/bin/ray job submit", start, at)
+    return export + "\n" + text[first:text.index("\n", at)]
 
 
 def tiny_spec(path: Path, name: str, **config) -> Path:
@@ -142,8 +187,6 @@ def mlflow_run(u, wid: str):
 
 def holding(u, wid: str) -> bool:
     """Whether the gang holds at its checkpointed step 3 (``hold_at_step``), as the control plane records it."""
-    import json
-
     rec = json.loads(raylane(u, "explain", wid, "--json").stdout)
     return rec["state"] == "RUNNING" and (rec.get("step") or 0) >= 3
 
@@ -156,6 +199,26 @@ def test_readme_plain_submit_runs_in_the_venv_from_a_shell_without_it(user):
     wid = re.search(r"\[raylane\] workload (\S+) submitted", out).group(1)
     assert re.search(rf"{re.escape(wid)}: SUCCEEDED", out), out[-4000:]
     assert mlflow_run(user, wid).info.status == "FINISHED"
+
+
+def test_readme_script_mode_submit_runs_an_unchanged_script(user, tmp_path):
+    (tmp_path / "train.py").write_text(TINY_SCRIPT)
+    script = readme_script_lines()
+    assert "--working-dir . " in script
+    script = script.replace("--working-dir . ", f"--working-dir {tmp_path} ").replace(
+        SCRIPT_ARGS, "--team team-a --class pretrain train.py --epochs 2")
+    proc = subprocess.Popen(["bash", "-c", script], env={**user["env"], "PYTHONUNBUFFERED": "1"}, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=GANG_S)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"^SCRIPT RESULT step 2$", out, re.M), out[-4000:]  # fit()'s Result, in the script
+    wid = re.search(r"\[raylane\] workload (\S+) submitted", out).group(1)
+    assert mlflow_run(user, wid).info.status == "FINISHED"
+    assert json.loads(raylane(user, "explain", wid, "--json").stdout)["state"] == "SUCCEEDED"
 
 
 def test_cancelled_workload_fails_its_job_and_its_run_is_killed(user):
