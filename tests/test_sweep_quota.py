@@ -160,3 +160,30 @@ def test_the_grant_records_running_trials_above_leased_slots():
 
 def test_unregistered_grant_lets_nothing_run():
     assert quota.grant_for("never-registered").granted == 0
+
+
+def test_a_generator_that_drew_every_trial_says_so_even_with_no_slot_left():
+    """Tune asks the search algorithm for a trial until it says it is finished. Once every trial was drawn, the
+    grant's gate must not hide that: a sweep whose last slot was given back (its trials all ended) would wait for a
+    trial that never comes (seen: a script sweep whose 2 trials failed hung in Tune's blocking wait)."""
+    from ray import tune
+
+    from raylane.sweeps.quota import GrantedSearch
+
+    def f(config):
+        pass
+
+    for make in (lambda key: quota.GrantedVariantGenerator(key, random_state=0),
+                 lambda key: GrantedSearch(quota.BasicVariantGenerator(random_state=0), key)):
+        _, tc, g = setup(1, [])
+        key = next(k for k, v in quota._GRANTS.items() if v is g)
+        gen = make(key)
+        gen.add_configurations({"e": {"run": f, "config": {"x": tune.uniform(0, 1)}, "num_samples": 2}})
+        drawn = []
+        for _ in range(2):
+            t = gen.next_trial()
+            assert t is not None
+            drawn.append(t)
+            g.note_ended(t, Trial.ERROR)
+        g.set_slots(0, 0)  # its slot given back: no trial left for it
+        assert gen.next_trial() is None and gen.is_finished()

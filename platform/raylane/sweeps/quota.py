@@ -206,6 +206,7 @@ class QuotaScheduler(TrialScheduler):
         super().__init__()
         self.inner = inner
         self.grant_key = grant_key
+        self.drawn = 0
         if time_attr is not None:
             self.time_attr = time_attr
 
@@ -294,18 +295,29 @@ class GrantLimiter(ConcurrencyLimiter):
         return super().suggest(trial_id)
 
 
+def _drawn_all(drawn: int, total: Any) -> bool:
+    """Whether a search algorithm that said it draws ``total`` trials (0 or unknown: not said) has drawn them all."""
+    return isinstance(total, int) and total > 0 and drawn >= total
+
+
 class GrantedVariantGenerator(BasicVariantGenerator):
     """Tune's random / grid variant generator (seeded), producing a new trial only while the grant has room."""
 
     def __init__(self, grant_key: str, **kwargs):
         super().__init__(**kwargs)
         self.grant_key = grant_key
+        self.drawn = 0
 
     def next_trial(self):
-        g = grant_for(self.grant_key)
-        if g.claiming() >= g.granted:
-            return None
-        return super().next_trial()
+        if not _drawn_all(self.drawn, self.total_samples):
+            # Once every trial is drawn, Tune must hear so (it asks again, and is told finished) whatever the
+            # grant: a sweep whose last slot was given back would otherwise wait for a trial that never comes.
+            g = grant_for(self.grant_key)
+            if g.claiming() >= g.granted:
+                return None
+        trial = super().next_trial()
+        self.drawn += trial is not None
+        return trial
 
 
 class GrantedSearch(SearchAlgorithm):
@@ -315,6 +327,7 @@ class GrantedSearch(SearchAlgorithm):
         super().__init__()
         self.inner = inner
         self.grant_key = grant_key
+        self.drawn = 0
 
     @property
     def metric(self):
@@ -331,10 +344,13 @@ class GrantedSearch(SearchAlgorithm):
         self.inner.add_configurations(experiments)
 
     def next_trial(self):
-        g = grant_for(self.grant_key)
-        if g.claiming() >= g.granted:
-            return None
-        return self.inner.next_trial()
+        if not _drawn_all(self.drawn, self.inner.total_samples):  # as GrantedVariantGenerator's
+            g = grant_for(self.grant_key)
+            if g.claiming() >= g.granted:
+                return None
+        trial = self.inner.next_trial()
+        self.drawn += trial is not None
+        return trial
 
     def on_trial_result(self, trial_id: str, result: Dict) -> None:
         self.inner.on_trial_result(trial_id, result)
