@@ -295,9 +295,11 @@ class GrantLimiter(ConcurrencyLimiter):
         return super().suggest(trial_id)
 
 
-def _drawn_all(drawn: int, total: Any) -> bool:
-    """Whether a search algorithm that said it draws ``total`` trials (0 or unknown: not said) has drawn them all."""
-    return isinstance(total, int) and total > 0 and drawn >= total
+def _drawn_all(drawn: int, total: Any, g: "Grant") -> bool:
+    """Whether a search algorithm that said it draws ``total`` trials (0 or unknown: not said) has drawn them all
+    and none of them claims a slot any more: the one case in which the gate must let Tune hear that the search is
+    over (its slots may all be given back by then). While a trial still claims one, the gate answers as before."""
+    return isinstance(total, int) and total > 0 and drawn >= total and g.claiming() == 0
 
 
 class GrantedVariantGenerator(BasicVariantGenerator):
@@ -309,10 +311,10 @@ class GrantedVariantGenerator(BasicVariantGenerator):
         self.drawn = 0
 
     def next_trial(self):
-        if not _drawn_all(self.drawn, self.total_samples):
-            # Once every trial is drawn, Tune must hear so (it asks again, and is told finished) whatever the
-            # grant: a sweep whose last slot was given back would otherwise wait for a trial that never comes.
-            g = grant_for(self.grant_key)
+        g = grant_for(self.grant_key)
+        if not _drawn_all(self.drawn, self.total_samples, g):
+            # Once every trial is drawn and over, Tune must hear so (it asks again, and is told finished) whatever
+            # the grant: a sweep whose last slot was given back would otherwise wait for a trial that never comes.
             if g.claiming() >= g.granted:
                 return None
         trial = super().next_trial()
@@ -344,8 +346,8 @@ class GrantedSearch(SearchAlgorithm):
         self.inner.add_configurations(experiments)
 
     def next_trial(self):
-        if not _drawn_all(self.drawn, self.inner.total_samples):  # as GrantedVariantGenerator's
-            g = grant_for(self.grant_key)
+        g = grant_for(self.grant_key)
+        if not _drawn_all(self.drawn, self.inner.total_samples, g):  # as GrantedVariantGenerator's
             if g.claiming() >= g.granted:
                 return None
         trial = self.inner.next_trial()
