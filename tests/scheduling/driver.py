@@ -5,13 +5,15 @@ all work since they started (the worst case: no checkpoint), and go back to thei
 are carried out as the control actor does: growth at once, a shrink ``grace`` seconds later (the gang is kept whole,
 terminating, until then); a gang's duration is not changed by its size here. Workloads arrive at their
 submit time. ``run`` returns when nothing waits and nothing runs, and fails on a deadlock or after ``max_cycles``.
-Every change to the state goes through ``raylane.scheduling.lifecycle``, as in the control plane and the simulator.
+A cycle's result is carried out by ``raylane.scheduling.apply.Applier``, as in the control plane, the simulator and
+the forecast; this driver times the stops.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional
 
-from raylane.scheduling import ClusterState, CycleResult, Snapshot, Workload, cycle, lifecycle
+from raylane.scheduling import ClusterState, CycleResult, Snapshot, Workload, cycle
+from raylane.scheduling.apply import Applier
 
 
 class Stuck(AssertionError):
@@ -28,8 +30,8 @@ class Driver:
         self.check = check
         self.now = 0.0
         self.ends: Dict[str, float] = {}
-        self.stops: Dict[str, float] = {}
-        self.shrinks: Dict[str, tuple] = {}  # workload id -> (when, the Resize)
+        self.stops: Dict[str, float] = {}  # workload id -> when its gang stops (a preemption or a shrink)
+        self.apply = Applier(state, self)
         self.resizes = self.shrunk = 0
         self.cycles = 0
         self.admissions = 0
@@ -47,26 +49,29 @@ class Driver:
         self.cycles += 1
         if self.check is not None:
             self.check(snap, res, self.now)
-        for a in res.admitted:
-            lifecycle.admit(self.state, a, self.now)
-            self.ends[a.workload.id] = self.now + self.durations[a.workload.id]
-            self.admissions += 1
-        for rz in res.resized:
-            self.resizes += 1
-            if lifecycle.begin_resize(self.state, rz, self.now) is None:  # a shrink: it stops first
-                self.shrunk += 1
-                self.shrinks[rz.workload.id] = (self.now + self.grace, rz)
-        for p in res.preempted:
-            for v in p.victims:
-                lifecycle.begin_stop(self.state, v)
-                self.ends.pop(v, None)
-                self.stops[v] = self.now + self.grace
-                self.preemptions += 1
+        self.apply.apply(res, self.now)
         return res
+
+    # the Applier's hooks
+    def admitted(self, a, lease, now: float) -> None:
+        self.ends[a.workload.id] = now + self.durations[a.workload.id]
+        self.admissions += 1
+
+    def resizing(self, rz, grown, stop, now: float) -> None:
+        self.resizes += 1
+        if grown is None:  # a shrink: it stops first
+            self.shrunk += 1
+            self.stops[rz.workload.id] = now + self.grace
+
+    def stopping(self, stop, lease, now: float) -> bool:
+        self.ends.pop(stop.workload_id, None)
+        self.stops[stop.workload_id] = now + self.grace
+        self.preemptions += 1
+        return False
 
     def advance(self) -> bool:
         """Move the clock to the next event and apply it; False when there is none."""
-        times = list(self.ends.values()) + list(self.stops.values()) + [t for t, _ in self.shrinks.values()]
+        times = list(self.ends.values()) + list(self.stops.values())
         if self.arrivals:
             times.append(self.arrivals[0].submit_time)
         if not times:
@@ -75,16 +80,12 @@ class Driver:
         for wid, t in sorted(self.ends.items(), key=lambda kv: (kv[1], kv[0])):
             if t <= self.now:
                 del self.ends[wid]
-                lifecycle.end(self.state, wid, self.now)
+                self.apply.ended(wid, self.now)
                 self.finished.append(wid)
-        for wid, (t, rz) in sorted(self.shrinks.items(), key=lambda kv: (kv[1][0], kv[0])):
-            if t <= self.now:
-                del self.shrinks[wid]
-                lifecycle.finish_shrink(self.state, rz, self.now)  # nothing if it ended meanwhile
         for wid, t in sorted(self.stops.items(), key=lambda kv: (kv[1], kv[0])):
             if t <= self.now:
                 del self.stops[wid]
-                lifecycle.end_and_requeue(self.state, wid, self.now)
+                self.apply.stopped(wid, self.now)  # a shrink goes on at its size; a victim goes back to its queue
         return True
 
     def done(self) -> bool:

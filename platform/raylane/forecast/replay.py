@@ -1,8 +1,8 @@
 """Queue ETA: when each pending workload is expected to start (and finish), and what it waits for until then.
 
 This module owns the forecast. ``forecast(state, now)`` copies a ``ClusterState`` (``ClusterState.copy``) and drives
-the same ``cycle`` the control plane runs over the copy in simulated time, booking its decisions through
-``raylane.scheduling.lifecycle`` as every driver does: leases end at their expected ends, and at
+the same ``cycle`` the control plane runs over the copy in simulated time, carrying out its decisions through
+``raylane.scheduling.apply`` as every driver does: leases end at their expected ends, and at
 each of those instants the queue is decided in its order under the same quotas, placement, backfill and preemption
 policies; nodes keep their schedulability (a cordoned or draining node stays out of service throughout). The state
 it is given is never changed. ``describe(eta, now)`` says in one line what a workload waits for, for
@@ -73,7 +73,8 @@ from raylane.forecast.types import (
     knows_runtime,
 )
 from raylane.forecast.types import remaining_runtime as _runtime
-from raylane.scheduling import ADMISSIONS, ClusterState, LeaseState, QuotaLedger, cycle, lifecycle
+from raylane.scheduling import ADMISSIONS, ClusterState, LeaseState, QuotaLedger, cycle
+from raylane.scheduling.apply import SETTLE, Applier
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.types import (
     Admit,
@@ -243,7 +244,8 @@ class _Run:
         cfg = st.config
         self.admission = ADMISSIONS.get(cfg.admission)
         self.can_preempt = cfg.preemption != "none"
-        self.budget = cfg.max_admissions_per_cycle
+        # Carries out each cycle's result (raylane.scheduling.apply), with the hooks below.
+        self.apply = Applier(st, self, rule=SETTLE, max_examined=max_examined)
         pending = st.pending()
         wanted = None if only is None else set(only)
         self.targets: Dict[str, Workload] = {w.id: w for w in pending if wanted is None or w.id in wanted}
@@ -311,10 +313,9 @@ class _Run:
             if self.attempt.get(wid) != attempt or wid not in st.leases:
                 continue
             t = max(t, at)
-            lease = lifecycle.end(st, wid, at)
+            # a stop's lease goes back to its queue (requeued), an end's is over
+            lease = self.apply.stopped(wid, at) if kind == _STOP else self.apply.ended(wid, at)
             ended.append((at, lease))
-            if kind == _STOP:
-                self._queued(lifecycle.requeue(st, lease, at, lifecycle.attained_gpu_s(lease, at)), 1)
         for at, lease in ended:
             for nid in set(lease.placement):
                 got = self.ended_on.get(nid)
@@ -361,12 +362,9 @@ class _Run:
             snap = st.snapshot(limit=self.max_examined)
             snap = replace(snap, queues=_open_queues(snap.queues, blocked, self.room, self.lookahead))
             result = cycle(snap, t, max_examined=self.max_examined)
-            stops = self._apply(result, t)
-            admitted = len(result.admitted)
-            if not (stops or result.resized or admitted >= self.budget
-                    or (admitted and admitted + len(result.pending) >= self.max_examined)):
+            if not self.apply.apply(result, t):
                 break
-            if admitted:
+            if result.admitted:
                 blocked = self._blocked()  # quota and room filled: fewer shapes may start, fewer to look at
         if result is not None:
             targets, start = self.targets, self.start
@@ -383,39 +381,35 @@ class _Run:
                     if got is not None:
                         self._log_own(w.id, got, t)
 
-    def _apply(self, result: CycleResult, t: float) -> List[str]:
-        """Carry out a cycle's decisions on the copy; returns the victims stopped at once (no grace period)."""
-        st = self.st
-        for a in result.admitted:
-            began = self._began(a, t)
-            lease = lifecycle.admit(st, a, began)
-            w = lease.workload
-            self._queued(a.workload, -1)
-            self._push(began + _runtime(w, self.default_runtime_s, self.class_runtime_s, self.q), _END, w.id)
-            if w.id in self.targets and w.id not in self.start:
-                self.start[w.id] = began
-                self.placed[w.id] = lease
-        for rz in result.resized:
-            try:
-                lifecycle.resize(st, rz, t)  # at once, either way, as the simulator does
-            except (KeyError, ValueError):
-                pass  # a resize the state refuses is decided again at the next step
-        stops = []
-        for p in result.preempted:
-            for vid in p.victims:
-                lease = st.leases.get(vid)
-                if lease is None or lease.state is not LeaseState.RUNNING:
-                    continue
-                lifecycle.begin_stop(st, vid)
-                grace = lease.workload.cls.grace_period_s
-                if grace > 0:
-                    self._push(t + grace, _STOP, vid)
-                else:
-                    stops.append(vid)
-        for vid in stops:
-            self.attempt[vid] = self.attempt.get(vid, 0) + 1  # its end event no longer holds
-            self._queued(lifecycle.end_and_requeue(st, vid, t), 1)
-        return stops
+    # The Applier's hooks (``self.apply``, raylane.scheduling.apply): what the forecast's copy does around each step.
+    resizes_at_once = True  # as the simulator does
+
+    def starts_at(self, a: Admit, t: float) -> float:
+        return self._began(a, t)
+
+    def admitted(self, a: Admit, lease: Lease, t: float) -> None:
+        w = lease.workload
+        began = lease.start_time
+        self._queued(a.workload, -1)
+        self._push(began + _runtime(w, self.default_runtime_s, self.class_runtime_s, self.q), _END, w.id)
+        if w.id in self.targets and w.id not in self.start:
+            self.start[w.id] = began
+            self.placed[w.id] = lease
+
+    def resize_refused(self, rz, why, t: float) -> None:
+        pass  # a resize the state refuses is decided again at the next step
+
+    def stopping(self, stop, lease: Lease, t: float) -> bool:
+        """A victim stops a grace period after it is told (an event), or at once without one."""
+        grace = lease.workload.cls.grace_period_s
+        if grace > 0:
+            self._push(t + grace, _STOP, stop.workload_id)
+            return False
+        self.attempt[lease.id] = self.attempt.get(lease.id, 0) + 1  # its end event no longer holds
+        return True
+
+    def requeued(self, lease: Lease, w: Workload, stop, t: float, attained: float) -> None:
+        self._queued(w, 1)
 
     def _blocked(self) -> Dict[Tuple, Tuple[Tuple, "Wait"]]:
         """The pending shapes (team, GPUs in all, GPUs per worker) that cannot start now whatever the cycle decides,

@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from raylane.runtimes import RunFeatures
 from raylane.scheduling import lifecycle, runlimit
+from raylane.scheduling.apply import SETTLE, Applier
 from raylane.scheduling.flavors import flavor_rooms
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.state import ClusterState
@@ -108,11 +109,12 @@ class Replay:
 
         self.can_preempt = cfg.preemption != "none"
         self.tick = opts.tick_s if opts.tick_s is not None else (DEFAULT_TICK_S if self.can_preempt else 0.0)
-        self.budget = cfg.max_admissions_per_cycle
         self.decay_every = cfg.fair_share_half_life_s / 100.0
         self.last_decay = -math.inf
         self.tick_at = math.inf
 
+        # Carries out each cycle's result (raylane.scheduling.apply), with this replay's hooks below.
+        self.apply = Applier(state, self, rule=SETTLE, max_examined=opts.max_examined)
         self.events: List[Tuple[float, int, int, int]] = []
         self.ckpts: List[Tuple[float, int, int]] = []  # (due, job, attempt), kept only when preemption is on
         self.pending_gpus: Dict[float, int] = {}  # queued gang GPUs -> pending workloads of that size
@@ -308,26 +310,53 @@ class Replay:
             f"(admissions and preemptions keep undoing each other)")
 
     def _apply(self, result, now: float) -> bool:
-        """Carry out a cycle's decisions; whether to cycle again at this instant: the cycle may have left work
-        undone (it stopped leases, resized, used its whole admission budget, or admitted and then ran out of
-        workloads to examine)."""
-        for adm in result.admitted:
-            self._start(adm, now)
-        for rz in result.resized:
-            self._resize(rz, now)
-        stops: List[int] = []
+        """Carry out a cycle's decisions (``Applier``, the hooks below); whether to cycle again at this instant: the
+        cycle may have left work undone (``SETTLE``: it stopped leases, resized, used its whole admission budget, or
+        admitted and then ran out of workloads to examine)."""
+        try:
+            return self.apply.apply(result, now)
+        except ValueError as e:  # a resize the state refuses
+            raise SimulationError(f"at t={now:.0f}s: {e}") from None
+
+    # The Applier's hooks: what the simulated world does around each step.
+    resizes_at_once = True  # a resize takes its new size at once, then no progress for the restart overhead
+
+    def admitted(self, adm: Admit, lease: Lease, now: float) -> None:
+        self._start(adm, lease, now)
+
+    def may_resize(self, rz: Resize, lease: Lease, now: float) -> bool:
+        j, c = self.index.get(rz.workload.id), self.jobs
+        if j is None or c.start_at[j] < 0 or c.stop_req[j] >= 0:
+            raise SimulationError(f"resize of {rz.workload.id} at t={now:.0f}s: allowed only for a running "
+                                  "lease that is not stopping")
+        return True
+
+    def resizing(self, rz: Resize, grown: Optional[Lease], stop, now: float) -> None:
+        self._resize(rz, grown, now)
+
+    def stopping(self, stop, lease: Lease, now: float) -> bool:
+        """A lease told to stop stops after the stop delay (an event), or at once."""
         c = self.jobs
-        for p in result.preempted:
-            for vid in p.victims:
-                j = self.index[vid]
-                if c.stop_req[j] >= 0 or c.start_at[j] < 0:
-                    continue
-                self._stop(j, now, "preemption", stops)
-        for j in stops:
-            self._stopped(j, now)
-        admitted = len(result.admitted)
-        return bool(stops or result.resized or admitted >= self.budget
-                    or (admitted and admitted + len(result.pending) >= self.opts.max_examined))
+        j = self.index[stop.workload_id]
+        c.stop_req[j] = now
+        c.stop_cause[j] = stop.cause
+        if self.opts.stop_delay_s > 0:
+            heappush(self.events, (now + self.opts.stop_delay_s, _STOPPED, j, c.attempt[j]))
+            return False
+        return True
+
+    def requeue_as(self, lease: Lease, stop, now: float) -> Tuple[Workload, float]:
+        j = self.index[lease.id]
+        self._ended(j, now)
+        return self._back(j, lease, now, self.jobs.stop_req[j], self.jobs.stop_cause[j])
+
+    def requeued(self, lease: Lease, w: Workload, stop, now: float, attained: float) -> None:
+        c = self.jobs
+        j = self.index[lease.id]
+        c.w[j] = w
+        self.pending_gpus[c.gpus[j]] += 1
+        self.stranded.queued(c.shape[j], 1)
+        c.start_at[j] = c.stop_req[j] = -1.0
 
     def _tell_checkpoints(self, now: float) -> None:
         """Tell the state the last checkpoint of each running lease that has taken one since the last cycle."""
@@ -354,11 +383,11 @@ class Replay:
         self.pending_gpus[c.gpus[j]] = self.pending_gpus.get(c.gpus[j], 0) + 1
         self.stranded.queued(c.shape[j], 1)
 
-    def _start(self, adm: Admit, now: float) -> None:
+    def _start(self, adm: Admit, lease: Lease, now: float) -> None:
         j = self.index[adm.workload.id]
         c = self.jobs
         # The size is the lease's, as the state booked it: the gang as queued, at the size admitted.
-        g = lifecycle.admit(self.state, adm, now).workload.gang
+        g = lease.workload.gang
         self.pending_gpus[c.gpus[j]] -= 1
         self.stranded.queued(c.shape[j], -1)
         c.start_at[j] = now
@@ -382,18 +411,12 @@ class Replay:
         if g.elastic:
             self.elastic_running += 1
 
-    def _resize(self, rz: Resize, now: float) -> None:
-        """Apply a ``Resize`` at once: keep the work done, take the lease again at the new size and placement, then
-        no progress for the restart overhead (see *resize*)."""
-        j, c = self.index.get(rz.workload.id), self.jobs
-        if j is None or c.start_at[j] < 0 or c.stop_req[j] >= 0:
-            raise SimulationError(f"resize of {rz.workload.id} at t={now:.0f}s: allowed only for a running "
-                                  "lease that is not stopping")
-        try:
-            # The state checks the sizes and keeps the gang's service so far (what it held, for how long).
-            w2 = lifecycle.resize(self.state, rz, now).workload
-        except ValueError as e:
-            raise SimulationError(f"at t={now:.0f}s: {e}") from None
+    def _resize(self, rz: Resize, grown: Lease, now: float) -> None:
+        """A ``Resize`` the state took at once (``grown``: the new lease; the state checked the sizes and kept the
+        gang's service so far): keep the work done, go on at the new size and placement, then no progress for the
+        restart overhead (see *resize*)."""
+        j, c = self.index[rz.workload.id], self.jobs
+        w2 = grown.workload
         overhead = self.opts.resize_overhead_s
         run = now - c.start_at[j]
         c.remaining[j] = max(0.0, c.remaining[j] - max(0.0, run - c.ovh[j]) * c.rate[j])
@@ -424,7 +447,7 @@ class Replay:
 
     def _finished(self, j: int, now: float) -> None:
         c = self.jobs
-        lease = lifecycle.end(self.state, c.w[j].id, now)
+        lease = self.apply.ended(c.w[j].id, now)
         if self.model is not None:
             # Its runtime: the seconds of service it had at its size, over all attempts (``raylane.runtimes``).
             gpus = c.gpus[j]
@@ -452,28 +475,22 @@ class Replay:
 
     def _stop(self, j: int, now: float, cause: str, stops: List[int]) -> None:
         """Tell job ``j``'s lease to stop; it stops after the stop delay (now: appended to ``stops``)."""
-        c = self.jobs
-        lifecycle.begin_stop(self.state, c.w[j].id)
-        c.stop_req[j] = now
-        c.stop_cause[j] = cause
-        if self.opts.stop_delay_s > 0:
-            heappush(self.events, (now + self.opts.stop_delay_s, _STOPPED, j, c.attempt[j]))
-        else:
+        if self.apply.stop(self.jobs.w[j].id, now, cause):
             stops.append(j)
 
     def _stopped(self, j: int, now: float) -> None:
         """Job ``j``'s lease, told to stop, has stopped: it ends and goes back to its queue (or, stopped for its
         class's ``on_max_runtime: stop``, ends unfinished)."""
         c = self.jobs
-        lease = lifecycle.end(self.state, c.w[j].id, now)
-        self._ended(j, now)
         if c.stop_cause[j] == _LIMIT_STOP:
+            self.apply.ended(c.w[j].id, now)
+            self._ended(j, now)
             c.start_at[j] = c.stop_req[j] = -1.0
             c.attempt[j] += 1
             self.run_limit_stops += 1
             self.done += 1
             return
-        self._back(j, lease, now, c.stop_req[j], c.stop_cause[j])
+        self.apply.stopped(c.w[j].id, now)  # requeue_as, requeued
 
     def _push_limit(self, j: int) -> None:
         c = self.jobs
@@ -494,10 +511,10 @@ class Replay:
         for k in stops:
             self._stopped(k, now)
 
-    def _back(self, j: int, lease: Lease, now: float, until: float, cause: str) -> None:
-        """Requeue job ``j``, whose lease (ended at ``now``) did its work until ``until`` (a stop's request, or a
-        failure), keeping the work up to its last checkpoint (the checkpoints of a resized lease count from the end
-        of its restart overhead)."""
+    def _back(self, j: int, lease: Lease, now: float, until: float, cause: str) -> Tuple[Workload, float]:
+        """What goes back to the queue for job ``j``, whose lease (ended at ``now``) did its work until ``until`` (a
+        stop's request, or a failure), keeping the work up to its last checkpoint (the checkpoints of a resized lease
+        count from the end of its restart overhead); and until when its service counts."""
         c = self.jobs
         every = c.ckpt_every[j]
         prog = max(0.0, until - c.start_at[j] - c.ovh[j])  # seconds of progress, at ``c.rate[j]``
@@ -519,10 +536,7 @@ class Replay:
             # that estimate minus service received stays the remaining time.
             w = replace(w, runtime_estimate_s=w.runtime_estimate_s + prog - kept)
         # Its service counts until it stopped working (a stop's request), lost work included (see *service*).
-        c.w[j] = lifecycle.requeue(self.state, lease, now, lifecycle.attained_gpu_s(lease, until), w)
-        self.pending_gpus[c.gpus[j]] += 1
-        self.stranded.queued(c.shape[j], 1)
-        c.start_at[j] = c.stop_req[j] = -1.0
+        return w, until
 
     # -------------------------------------------------------------------------------------------- node events
     def _push_node(self, at: float, kind: str, nid: str, arg: object = None) -> None:
@@ -538,10 +552,11 @@ class Replay:
         if self.fleet is not None and nid not in self.state.nodes:
             return  # an autoscaled node that was removed or reclaimed: there is nothing to fail
         c = self.jobs
-        for lease in lifecycle.lose_node(self.state, nid, now):
+        for lease in self.apply.lose_node(nid, now):
             j = self.index[lease.id]
             self._ended(j, now)
-            self._back(j, lease, now, c.stop_req[j] if c.stop_req[j] >= 0 else now, "failure")
+            self.apply.requeue(lease, None, now,
+                               self._back(j, lease, now, c.stop_req[j] if c.stop_req[j] >= 0 else now, "failure"))
         self.down[nid] = now
         self.present_gpus -= self.base_nodes[nid].capacity.gpu
         self.failures.append((nid, now))
@@ -620,7 +635,7 @@ class Replay:
         verdict = self.fleet.idle_check(nid, since, self.state.nodes)
         if verdict == REMOVE:
             gpus = self.state.nodes[nid].capacity.gpu
-            lifecycle.lose_node(self.state, nid, now)  # empty: no lease ends
+            self.apply.lose_node(nid, now)  # empty: no lease ends
             self.present_gpus -= gpus
             self.fleet.gone(nid, now)
         elif verdict == REARM:
@@ -632,10 +647,11 @@ class Replay:
             return
         gpus = self.state.nodes[nid].capacity.gpu
         c = self.jobs
-        for lease in lifecycle.lose_node(self.state, nid, now):
+        for lease in self.apply.lose_node(nid, now):
             j = self.index[lease.id]
             self._ended(j, now)
-            self._back(j, lease, now, c.stop_req[j] if c.stop_req[j] >= 0 else now, "reclaim")
+            self.apply.requeue(lease, None, now,
+                               self._back(j, lease, now, c.stop_req[j] if c.stop_req[j] >= 0 else now, "reclaim"))
         self.present_gpus -= gpus
         self.fleet.gone(nid, now, reclaimed=True)
 

@@ -1,0 +1,125 @@
+"""Carrying out a cycle's result (``raylane.scheduling.apply``): the order, the stops and their deadlines, resizes,
+requeues and the cycle-again rules every driver shares. Pure: no Ray."""
+from __future__ import annotations
+
+import pytest
+
+from raylane.scheduling import Admit, CycleResult, LeaseState, Preempt, Resize
+from raylane.scheduling.apply import LIVE, SETTLE, Applier, cycle_again
+
+from .builders import ELASTIC, FINETUNE, PRETRAIN, make_state, nodes, obj, running, team, wl
+
+
+class Rec:
+    """A driver that records every hook, stopping at once the leases listed in ``at_once``."""
+
+    def __init__(self, at_once=(), resizes_at_once=False):
+        self.log, self.at_once, self.resizes_at_once = [], set(at_once), resizes_at_once
+
+    def admitted(self, a, lease, now):
+        self.log.append(("admitted", a.workload.id, now))
+
+    def resizing(self, rz, grown, stop, now):
+        self.log.append(("resizing", rz.workload.id, grown is not None, None if stop is None else stop.deadline))
+
+    def stopping(self, stop, lease, now):
+        self.log.append(("stopping", stop.workload_id, stop.deadline))
+        return stop.workload_id in self.at_once
+
+    def requeued(self, lease, w, stop, now, attained):
+        self.log.append(("requeued", w.id, now, attained))
+
+    def resized(self, rz, lease, stop, now):
+        self.log.append(("resized", lease.id, lease.workload.gang.workers, now))
+
+
+def result(admitted=(), preempted=(), resized=(), pending=()):
+    return CycleResult(tuple(admitted), tuple(preempted), tuple(pending), tuple(resized))
+
+
+def test_admissions_then_resizes_then_victims_and_those_stopped_at_once_last():
+    g = grace = PRETRAIN.grace_period_s
+    st = make_state(nodes(2), [team("nlp")], running=[running(wl("v1").gpus(4), on=["n1"], since=0),
+                                                       running(wl("v2").gpus(4), on=["n1"], since=0)],
+                    pending=[wl("a").gpus(8).cls(FINETUNE)])
+    d = Rec(at_once={"v2"})
+    ap = Applier(st, d)
+    p = Preempt(obj(wl("a").gpus(8).cls(FINETUNE)), ("v1", "v2"), "for a")
+    again = ap.apply(result(admitted=[Admit(obj(wl("a").gpus(8).cls(FINETUNE)), ("n2",))], preempted=[p]), 100.0)
+    assert [e[0] for e in d.log] == ["admitted", "stopping", "stopping", "requeued"]
+    assert d.log[1] == ("stopping", "v1", 100.0 + grace) and d.log[3][:2] == ("requeued", "v2")
+    assert d.log[3][3] == 4 * 100.0  # its service until it stopped
+    assert again  # a victim stopped at once freed room: cycle again (the live plane's poke)
+    assert st.leases["v1"].state is LeaseState.TERMINATING and "v2" not in st.leases and st.is_pending("v2")
+    assert set(ap.stops) == {"v1"} and g >= 0
+
+
+def test_a_victim_told_twice_is_asked_once_and_stopped_when_its_gang_stops():
+    st = make_state(nodes(1), [team("nlp")], running=[running(wl("v").gpus(8), on=["n1"], since=0)])
+    d = Rec()
+    ap = Applier(st, d)
+    assert not ap.stop("v", 10.0, "preemption")
+    assert not ap.stop("v", 20.0, "drain")  # stopping already
+    assert [e[0] for e in d.log] == ["stopping"]
+    assert ap.overdue(10.0 + PRETRAIN.grace_period_s - 1) == [] and ap.overdue(10.0 + PRETRAIN.grace_period_s) == ["v"]
+    ap.stopped("v", 50.0)
+    assert st.is_pending("v") and not ap.stops and d.log[-1] == ("requeued", "v", 50.0, 8 * 50.0)
+
+
+def test_a_shrink_keeps_the_gang_booked_until_it_stops_and_a_preemption_then_keeps_its_deadline():
+    st = make_state(nodes(1), [team("nlp")], running=[running(wl("e").gpus(2).workers(4).cls(ELASTIC).elastic(1, 4),
+                                                              on=["n1"] * 4, since=0)])
+    d = Rec()
+    ap = Applier(st, d)
+    lease = st.leases["e"]
+    rz = Resize(lease.workload, 4, 2, ("n1", "n1"), (), "shrink")
+    assert ap.apply(result(resized=[rz]), 10.0) is False  # the LIVE rule: a resize alone does not cycle again
+    assert d.log[-1] == ("resizing", "e", False, 10.0 + ELASTIC.grace_period_s)
+    assert st.leases["e"].state is LeaseState.TERMINATING and st.nodes["n1"].free.gpu == 0
+    ap.stop("e", 20.0, "preemption")  # stopping for its resize, it now stops for good
+    assert ap.stops["e"].deadline == 10.0 + ELASTIC.grace_period_s and ap.stops["e"].resize is None
+    ap.stopped("e", 25.0)
+    assert st.is_pending("e") and st.nodes["n1"].free.gpu == 8
+
+
+def test_a_shrink_goes_on_at_its_size_once_its_gang_stops():
+    st = make_state(nodes(1), [team("nlp")], running=[running(wl("e").gpus(2).workers(4).cls(ELASTIC).elastic(1, 4),
+                                                              on=["n1"] * 4, since=0)])
+    d = Rec()
+    ap = Applier(st, d)
+    lease = st.leases["e"]
+    ap.apply(result(resized=[Resize(lease.workload, 4, 2, ("n1", "n1"), (), "shrink")]), 10.0)
+    got = ap.stopped("e", 12.0)
+    assert got.workload.gang.workers == 2 and st.nodes["n1"].free.gpu == 4 and d.log[-1] == ("resized", "e", 2, 12.0)
+    assert st.leases["e"].state is LeaseState.RUNNING and not ap.stops
+
+
+def test_a_driver_that_models_no_resize_stop_takes_the_size_at_once():
+    st = make_state(nodes(1), [team("nlp")], running=[running(wl("e").gpus(2).workers(2).cls(ELASTIC).elastic(1, 4),
+                                                              on=["n1"] * 2, since=0)])
+    d = Rec(resizes_at_once=True)
+    ap = Applier(st, d, rule=SETTLE)
+    lease = st.leases["e"]
+    assert ap.apply(result(resized=[Resize(lease.workload, 2, 4, ("n1",) * 4, (), "grow")]), 5.0)
+    assert st.leases["e"].workload.gang.workers == 4 and not ap.stops and d.log[-1] == ("resizing", "e", True, None)
+
+
+@pytest.mark.parametrize("rule, admitted, pending, resized, budget, examined, want", [
+    (LIVE, 64, 0, 0, 64, 500, False),      # the live plane: only a release asks for another cycle
+    (SETTLE, 64, 0, 0, 64, 500, True),     # its whole admission budget: more may be admitted now
+    (SETTLE, 3, 497, 0, 64, 500, True),    # admitted and ran out of workloads to examine
+    (SETTLE, 3, 10, 0, 64, 500, False),
+    (SETTLE, 0, 10, 1, 64, 500, True),     # a resize
+    (LIVE, 0, 10, 1, 64, 500, False),
+])
+def test_cycle_again_rules(rule, admitted, pending, resized, budget, examined, want):
+    w = obj(wl("x"))
+    r = result(admitted=[Admit(w, ("n1",))] * admitted, resized=[None] * resized,
+               pending=[None] * pending)
+    assert cycle_again(r, 0, rule, budget, examined) is want
+    assert cycle_again(r, 1, rule, budget, examined) is True
+
+
+def test_an_unknown_rule_is_refused_by_name():
+    with pytest.raises(ValueError, match="allowed: live, settle"):
+        Applier(make_state(nodes(1), [team("nlp")]), Rec(), rule="eager")
