@@ -33,8 +33,9 @@ def test_an_unknown_command_is_refused_with_a_suggestion():
 
 
 def test_the_queue_command_imports_neither_the_simulator_nor_the_policy_models_nor_the_state_machine():
-    # What `raylane queue` imports before its first call: the app, its command (cli_cluster), the client and the
-    # module that joins the cluster, and the actor's module (Ray imports it to read the class behind the handle).
+    # What `raylane queue` imports before its first call: the app, its command (raylane.cli.cluster) and what the
+    # commands share (raylane.cli.common), the client and the module that joins the cluster, and the actor's module
+    # (Ray imports it to read the class behind the handle).
     code = ("import sys\n"
             "from typer.testing import CliRunner\n"
             "from raylane import cli\n"
@@ -44,9 +45,10 @@ def test_the_queue_command_imports_neither_the_simulator_nor_the_policy_models_n
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     loaded = set(out.stdout.split())
-    assert "raylane.cli_cluster" in loaded and "raylane.control.client" in loaded
+    assert {"raylane.cli.cluster", "raylane.cli.common", "raylane.control.client"} <= loaded
     heavy = ("raylane.sim", "raylane.planning", "raylane.config.models", "raylane.control.state",
-             "raylane.scheduling", "raylane.forecast", "raylane.cli_config", "raylane.cli_plan")
+             "raylane.scheduling", "raylane.forecast", "raylane.cli.spec", "raylane.cli.policy", "raylane.cli.plan",
+             "raylane.cli.sim", "raylane.cli.sim_runs", "raylane.cli.auth")
     assert not loaded & set(heavy), sorted(loaded & set(heavy))
 
 
@@ -60,10 +62,10 @@ def test_main_passes_the_exit_status_on_when_no_ray_driver_was_joined(tmp_path, 
 
 def test_a_command_left_out_of_commands_or_named_in_the_wrong_module_is_an_error(monkeypatch):
     monkeypatch.setattr(cli, "_LOADED", {})
-    monkeypatch.setitem(cli.COMMANDS, "quee", "raylane.cli_cluster")
-    with pytest.raises(RuntimeError, match=r"raylane.cli_cluster, whose register\(\) adds"):
-        cli._commands_of("raylane.cli_cluster")
+    monkeypatch.setitem(cli.COMMANDS, "quee", "raylane.cli.cluster")
+    with pytest.raises(RuntimeError, match=r"raylane.cli.cluster, whose register\(\) adds"):
+        cli._commands_of("raylane.cli.cluster")
     monkeypatch.delitem(cli.COMMANDS, "quee")
     monkeypatch.delitem(cli.COMMANDS, "cancel")
     with pytest.raises(RuntimeError, match="'cancel'"):
-        cli._commands_of("raylane.cli_cluster")
+        cli._commands_of("raylane.cli.cluster")

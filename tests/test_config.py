@@ -126,23 +126,23 @@ def test_bad_durations(text):
 def test_one_duration_grammar_for_specs_policies_and_flags():
     import typer
 
-    from raylane import cli_auth
+    from raylane.cli import common
     from raylane.config import fields, models
     from raylane.sim import outages
 
     # Every caller reads durations with the same parser (re-exported where callers have always found it).
     assert models.parse_duration is fields.parse_duration is outages.parse_duration
     for text, seconds in (("2w", 14 * 86400), ("1h30m", 5400), ("90", 90), ("1w2d", 9 * 86400)):
-        assert cli_auth.parse_duration(text, "--since") == pytest.approx(seconds)
-    assert cli_auth.parse_duration(None, "--ttl") is None
+        assert common.parse_duration(text, "--since") == pytest.approx(seconds)
+    assert common.parse_duration(None, "--ttl") is None
     # A flag's duration must be positive; its error names the flag, the value and what is allowed.
     for bad in ("soon", "0", "0s", "-1h"):
         with pytest.raises(typer.Exit):
-            cli_auth.parse_duration(bad, "--ttl")
+            common.parse_duration(bad, "--ttl")
     got = CliRunner().invoke(app, ["audit", "--since", "2x"])
     said = " ".join(got.output.split())  # the console wraps long lines
     assert got.exit_code == 1
-    assert "--since: got '2x'" in said and cli_auth.DURATION_FLAG_ALLOWED in said, got.output
+    assert "--since: got '2x'" in said and common.DURATION_FLAG_ALLOWED in said, got.output
 
 
 @pytest.mark.parametrize(

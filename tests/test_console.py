@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from raylane.cli_console import check_options
+from raylane.cli.console import check_options
 from raylane.console.app import Session, Sessions
 from raylane.console.views import _summary, mlflow_run_url
 from raylane.credentials import Credential

@@ -111,7 +111,7 @@ def test_stranded_gpus_reach_info_metrics_and_the_queue_footer(ctl):
     queue footer, /metrics); once a node empties the gang runs and nothing is stranded."""
     import urllib.request
 
-    from raylane.cli_cluster import stranded_footer
+    from raylane.cli.cluster import stranded_footer
 
     drain(ctl)
     holes = [ctl.submit(spec(f"hole-{f}", "team-a", "pretrain", features=[f])).id for f in ("nvlink", "ssd")]

@@ -88,7 +88,7 @@ def test_a_flat_policy_has_no_cohorts_and_exports_none(tmp_path):
 
 
 def test_the_queue_footer_shows_each_cohorts_gpus(h):
-    from raylane.cli_cluster import cohorts_footer
+    from raylane.cli.cluster import cohorts_footer
 
     submit(h, "a1-wide", "a1", gpu=2)
     h.tick()

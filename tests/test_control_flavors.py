@@ -51,7 +51,7 @@ def test_a_team_runs_on_the_node_type_its_flavor_quota_allows_and_waits_when_it_
 def test_raylane_explain_prints_the_teams_gpus_per_flavor(h, monkeypatch):
     from typer.testing import CliRunner
 
-    from raylane import cli_cluster
+    from raylane.cli import cluster
     from raylane.cli import app
 
     wid = submit(h, "a-first", "a", ["h100", "a100"])
@@ -61,7 +61,7 @@ def test_raylane_explain_prints_the_teams_gpus_per_flavor(h, monkeypatch):
         def __getattr__(self, name):
             return lambda *a, **kw: h.call(name, **({"workload_id": a[0]} if a else {}), **kw)
 
-    monkeypatch.setattr(cli_cluster, "connect", lambda: Client())
+    monkeypatch.setattr(cluster, "connect", lambda: Client())
     got = CliRunner().invoke(app, ["explain", wid])
     assert got.exit_code == 0, got.output
     assert "quota gpu on a100: used 2 of nominal 2, borrowing limit none" in got.stdout

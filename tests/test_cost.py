@@ -352,7 +352,7 @@ def test_spot_and_on_demand_nodes_are_reported_apart():
                        "on-demand": {"gpu_hours": 8.0, "leased_cost": 0.0, "idle_cost": 32.0, "cost": 32.0}}
     assert rep.to_dict()["by_market"] == markets
     assert CostReport.from_dict(rep.to_dict()).by_market() == markets
-    from raylane.cli_cost import cost_tables
+    from raylane.cli.cost import cost_tables
 
     lines = [x for x in cost_tables(rep, "team") if isinstance(x, str)]
     assert "by market: on-demand 32.00 (8.00 GPU-h); spot 8.00 (8.00 GPU-h)" in lines

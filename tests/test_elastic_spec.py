@@ -12,7 +12,7 @@ import pytest
 
 from tests.specdoc import assert_has_error, errors_of, raw, with_field
 
-from raylane.cli_config import spec_summary
+from raylane.cli.spec import spec_summary
 from raylane.config.loader import load_policy, load_policy_from_dict, load_spec_from_dict
 from raylane.config.models import spec_workers, validate_spec_against_policy
 from raylane.errors import ValidationError

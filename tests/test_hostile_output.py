@@ -20,7 +20,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from raylane import cli, cli_auth, cli_cluster, cli_nodes
+from raylane import cli
+from raylane.cli import auth, cluster, common, nodes
 from raylane.console.app import STATIC
 from raylane.control import api
 from raylane.errors import NotFoundError, PermissionDeniedError, ValidationError
@@ -127,9 +128,9 @@ def connected(monkeypatch):
     """``connected(client)``: every command's ``connect()`` returns ``client``."""
 
     def use(client):
-        for mod in (cli_cluster, cli_auth, cli_nodes):
+        for mod in (cluster, auth, nodes):
             monkeypatch.setattr(mod, "connect", lambda client=client: client)
-        monkeypatch.setattr(cli_cluster.console, "width", 1000)  # no cell folded into another's lines
+        monkeypatch.setattr(common.console, "width", 1000)  # no cell folded into another's lines
 
     return use
 
@@ -156,7 +157,7 @@ def test_a_refusal_naming_a_hostile_string_is_printed_escaped(connected, text):
 @CASES
 def test_the_long_queues_plain_columns_are_escaped_and_keep_one_line_per_row(text):
     rows = [queue_row(f"w-{i}", detail=text) for i in range(3)]
-    out = cli_cluster.queue_text(rows)
+    out = cluster.queue_text(rows)
     assert safe(out) and len(out.splitlines()) == 1 + len(rows)
     assert all(line.endswith(visible(text)) for line in out.splitlines()[1:])
 
@@ -273,7 +274,7 @@ def test_a_hostile_id_from_an_unauthenticated_explain_is_audited_and_printed_saf
         h.call("explain", None, workload_id=wid)
     (row,) = refusals(h, "explain")
     assert row["target"] == wid  # kept as the data it was
-    out = render(cli_auth.audit_table([row]))
+    out = render(auth.audit_table([row]))
     assert safe(out) and shows(out, wid)
 
 

@@ -1,18 +1,18 @@
 """Raylane's subpackages import one another in layers, with no cycle; and so do the modules inside each subpackage.
 
-A unit is a top-level module or subpackage of ``raylane`` (``raylane.config``, ``raylane.control``,
-``raylane.cli_cluster``). Unit A imports unit B when any file of A has an ``import`` or ``from ... import`` of B
+A unit is a top-level module or subpackage of ``raylane`` (``raylane.config``, ``raylane.control``, ``raylane.cli``,
+``raylane.errors``). Unit A imports unit B when any file of A has an ``import`` or ``from ... import`` of B
 anywhere, inside functions too (relative imports resolved). The graph of those edges must have no strongly connected
 component of more than one unit: a cycle means two layers that cannot be read, tested or changed apart, and an
 import inside a function only hides it. The check reads the source with ``ast`` and needs no Ray.
 
 The same holds one level down, file by file (``test_no_import_cycle_inside_a_subpackage``): within each subpackage
-(``raylane.config``, ``raylane.sim``, ``raylane.scheduling.ordering``, ...), the nodes are its direct members (each
-module, each subpackage as a whole, and its ``__init__``), and member A imports member B when a file of A imports
-B or something of B, anywhere in the file: inside functions, and inside ``if TYPE_CHECKING:`` blocks too (they are
-not skipped: a type that one side needs of the other belongs in a module both import, or in a Protocol). ``from
-raylane.sim import engine`` names the module ``engine``, not the package's ``__init__``. The top level (``raylane``
-itself) is the first check's.
+(``raylane.config``, ``raylane.sim``, ``raylane.cli``, ``raylane.scheduling.ordering``, ...), the nodes are its
+direct members (each module, each subpackage as a whole, and its ``__init__``), and member A imports member B when a
+file of A imports B or something of B, anywhere in the file: inside functions, and inside ``if TYPE_CHECKING:``
+blocks too (they are not skipped: a type that one side needs of the other belongs in a module both import, or in a
+Protocol). ``from raylane.sim import engine`` names the module ``engine``, not the package's ``__init__``. The top
+level (``raylane`` itself) is the first check's.
 """
 from __future__ import annotations
 
@@ -185,13 +185,21 @@ def test_no_import_cycle_among_raylane_units():
     assert not cycles, "\n".join(report)
 
 
+def test_nothing_imports_the_command_line():
+    """``raylane.cli`` is the top layer: the simulator, the console and the control plane are libraries it uses, and
+    none of them imports it (``raylane.sim`` once imported the CLI's error printing, which put it above
+    ``raylane.control``)."""
+    into = {a: sorted(files) for (a, b), files in import_graph().items() if b == "cli"}
+    assert not into, into
+
+
 def test_members_are_found_by_module_not_by_package():
     modules = {"raylane.sim": None, "raylane.sim.engine": None, "raylane.sim.types": None}
 
     def targets(code: str, module: str, is_package: bool = False) -> list[str]:
         return _targets(ast.parse(code).body[0], module, is_package, modules)
 
-    assert targets("from raylane.sim import engine, Simulator", "raylane.sim.cli") == [
+    assert targets("from raylane.sim import engine, Simulator", "raylane.sim.metrics") == [
         "raylane.sim.engine", "raylane.sim"]
     assert targets("from .types import SimResult", "raylane.sim.replay") == ["raylane.sim.types"]
     assert [_member("raylane.sim", m) for m in ("raylane.sim", "raylane.sim.types", "raylane.simx", "raylane")] == [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from raylane.cli_cluster import eta_cell, explain_lines, queue_cells
+from raylane.cli.cluster import eta_cell, explain_lines, queue_cells
 from tests.controltest import Harness
 from tests.raytest import local_policy, spec
 
@@ -112,7 +112,7 @@ def test_the_eta_cell_shows_the_interval(start, low, high, text):
 
 
 def test_explain_says_when_a_running_workload_is_expected_to_end_and_why(h):
-    from raylane.cli_cluster import end_text
+    from raylane.cli.cluster import end_text
 
     wid = _running_after_history(h)
     out = h.call("explain", workload_id=wid)

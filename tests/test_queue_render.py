@@ -5,7 +5,7 @@ import time
 
 from rich.console import Console
 
-from raylane.cli_cluster import QUEUE_COLUMNS, queue_cells, queue_table, queue_text
+from raylane.cli.cluster import QUEUE_COLUMNS, queue_cells, queue_table, queue_text
 
 
 def row(wid, position=None, reason="", **kw):
@@ -51,7 +51,7 @@ def test_the_drawn_table_holds_the_same_cells():
 
 
 def test_the_eta_cell_says_in_how_long_the_forecast_start_is():
-    from raylane.cli_cluster import eta_cell
+    from raylane.cli.cluster import eta_cell
 
     assert [eta_cell(None, 0), eta_cell(30, 0), eta_cell(600, 0), eta_cell(5400, 0), eta_cell(2 * 86400, 0)] == [
         "-", "now", "~10m", "~1.5h", "~2.0d"]

@@ -333,7 +333,7 @@ def test_raylane_submit_script_builds_the_driver_command_and_refuses_what_it_can
     from typer.testing import CliRunner
 
     from raylane.cli import app
-    from raylane.cli_cluster import script_entrypoint
+    from raylane.cli.cluster import script_entrypoint
 
     assert script_entrypoint("/py", "src/train.py", ["--lr", "1e-3", "a b"], team="team-a", class_name="pretrain",
                              name="nightly") == \

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from raylane import cli_cluster
+from raylane.cli import cluster
 from raylane.cli import app
 from raylane.config import loader
 
@@ -357,7 +357,7 @@ def test_submit_runs_the_same_checks_before_submitting(tmp_path, project, monkey
     def no_cluster():
         raise AssertionError("submit connected to a cluster, and its spec's errors must still be shown")
 
-    monkeypatch.setattr(cli_cluster, "connect", no_cluster)
+    monkeypatch.setattr(cluster, "connect", no_cluster)
     monkeypatch.chdir(folder)
     for config, path in (({"lr": 1e18}, "config.lr"), ({"max_steps": 1}, None)):
         bad = user_spec(tmp_path, f"{name}.train:two_args" if path is None else f"{name}.train:train_loop", config)

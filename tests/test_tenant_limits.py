@@ -12,7 +12,7 @@ import pytest
 
 from raylane import auth
 from raylane.auth import ANONYMOUS
-from raylane.cli_auth import audit_table
+from raylane.cli.auth import audit_table
 from raylane.control import gate as gate_mod
 from raylane.control.gate import COALESCE_S, RATE_ROWS, RATE_S, UNAUTHENTICATED, AuditRow, Gate, Refusals
 from raylane.control.journal import Journal, Kind

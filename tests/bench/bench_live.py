@@ -36,7 +36,7 @@ Phases, in order (each client is a thread of this driver with a ``ControlClient`
    10% (how it falls as the queue grows), and the count: every id answered is in ``queue()``, ``queue()`` holds
    exactly the live workloads, ``info()`` counts as many, and no call failed;
 5. `raylane queue` at as many entries as are live then, timed three ways: ``ControlClient.queue()`` alone; the CLI's
-   command (``raylane.cli_cluster.queue``) in this process, its calls and its printing (as it prints off a terminal)
+   command (``raylane.cli.cluster.queue``) in this process, its calls and its printing (as it prints off a terminal)
    into a string; and ``raylane queue`` in a new process, as a user runs it (the interpreter's start, the imports
    and joining Ray included). Then the placement groups against the leases once more.
 
@@ -417,7 +417,7 @@ def placement_groups_vs_leases(ctl, timeout_s: float = 60.0) -> Tuple[int, int, 
 @dataclass
 class QueueTimes:
     """`raylane queue` at ``entries`` entries: ``call_s`` the ``queue()`` call alone; ``cli_s`` the CLI's command
-    (``raylane.cli_cluster.queue``) run in this process, its ``queue()`` and ``info()`` calls and its printing into
+    (``raylane.cli.cluster.queue``) run in this process, its ``queue()`` and ``info()`` calls and its printing into
     a string (``lines`` printed); ``process_s`` the command in a new process as a user runs it (the interpreter's
     start, imports and joining Ray included). A run that failed has None, and ``failures`` says why."""
 
@@ -452,7 +452,7 @@ def queue_timed(ctl, address: str, timeout_s: float) -> Tuple[list, QueueTimes]:
     """The rows of ``queue()`` and the three timings of ``QueueTimes``. The CLI finds the cluster by ``RAY_ADDRESS``
     and the caller by ``RAYLANE_TOKEN`` (the operator's token; unset without authentication), so a `raylane up`
     cluster of this machine's user is never the one it reaches."""
-    from raylane import cli_cluster
+    from raylane.cli import cluster as cluster_commands
 
     token = ctl.credential.token if ctl.credential is not None else None
     env = {"RAY_ADDRESS": address, "RAYLANE_TOKEN": token, "RAYLANE_CREDENTIALS": None, "RAY_AUTH_MODE": None}
@@ -462,7 +462,7 @@ def queue_timed(ctl, address: str, timeout_s: float) -> Tuple[list, QueueTimes]:
     buf, failures, cli_s = io.StringIO(), [], None
     try:
         with _env(**env), contextlib.redirect_stdout(buf):
-            cli_cluster.queue(all_=False, as_json=False)
+            cluster_commands.queue(all_=False, as_json=False)
         cli_s = time.perf_counter() - t1
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - typer.Exit and what the command let through
         failures.append(f"in this process: {type(exc).__name__}: {exc}"[:300])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from raylane.sim.cli import app
+from raylane.cli.sim import app
 
 from tests.sim.builders import PHILLY, TIRESIAS
 
@@ -81,12 +81,37 @@ def test_the_sim_options_are_one_dataclass_with_the_flags_defaults():
     import dataclasses
     import inspect
 
-    from raylane.sim.cli import SimArgs, sim
+    from raylane.cli.sim import sim
+    from raylane.cli.sim_args import SimArgs
 
     params = inspect.signature(sim).parameters
     fields = {f.name: f.default for f in dataclasses.fields(SimArgs)}
     assert list(params) == list(fields)
     assert {name: p.default.default for name, p in params.items()} == fields
+
+
+def test_the_help_shows_each_flag_of_the_dataclass_with_its_help_and_default():
+    """``raylane sim --help`` is written from ``SimArgs`` alone: every field's flag, its help and its default."""
+    import dataclasses
+
+    from raylane.cli.sim_args import SimArgs, flag_of
+
+    res = runner.invoke(app, ["--help"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    rows = [" ".join(line.strip("│ ").split()) for line in res.stdout.splitlines()]
+    for f in dataclasses.fields(SimArgs):
+        spec = flag_of(f)
+        if spec.argument:
+            assert any(row.startswith(spec.metavar) and spec.help in row for row in rows), (f.name, res.stdout)
+            continue
+        names = [n for ns in (spec.names or ("--" + f.name.replace("_", "-"),)) for n in ns.split("/")]
+        row = next((r for r in rows if r.startswith(names[0] + " ")), None)
+        assert row is not None and all(n in row for n in names), (f.name, res.stdout)
+        assert spec.help is None or spec.help in row, (f.name, row)
+        if isinstance(f.default, bool):  # an on/off pair shows the side it defaults to; a lone switch, nothing
+            assert len(names) == 1 or f"[default: {names[0 if f.default else 1][2:]}]" in row, (f.name, row)
+        elif f.default is not None:
+            assert f"[default: {f.default}]" in row, (f.name, row)
 
 
 def test_ctrl_c_keeps_partial_figures(tmp_path):
@@ -98,7 +123,7 @@ def test_ctrl_c_keeps_partial_figures(tmp_path):
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raylane.sim", PHILLY, "--nodes", "70",
+        [sys.executable, "-m", "raylane.cli", "sim", PHILLY, "--nodes", "70",
          "--preset", "fifo", "--json", "--out", str(tmp_path), "--no-plots"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     deadline = time.monotonic() + 120
@@ -212,7 +237,7 @@ def test_bad_generate_and_hysteresis_flags_are_all_reported():
 def test_sim_autoscale_compares_a_fixed_and_an_autoscaled_cluster_end_to_end(tmp_path):
     import typer
 
-    from raylane.sim.costcompare import register
+    from raylane.cli.sim_autoscale import register
 
     cli = typer.Typer()
     register(cli)
@@ -234,7 +259,7 @@ def test_sim_autoscale_compares_a_fixed_and_an_autoscaled_cluster_end_to_end(tmp
 def test_sim_autoscale_refuses_an_unpriced_or_growable_fixed_cluster(tmp_path):
     import typer
 
-    from raylane.sim.costcompare import register
+    from raylane.cli.sim_autoscale import register
 
     cli = typer.Typer()
     register(cli)

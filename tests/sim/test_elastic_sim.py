@@ -295,7 +295,7 @@ def test_windowed_trace_keeps_the_elastic_columns(tmp_path):
 def test_cli_elastic_flags(tmp_path):
     from typer.testing import CliRunner
 
-    from raylane.sim.cli import app
+    from raylane.cli.sim import app
 
     p = tmp_path / "t.csv"
     p.write_text(HEADER + "a,0,100,4,2,1,8,\nb,5,10,1,,,,\n")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from raylane.config.loader import load_policy
 from raylane.control.journal import Journal
 from raylane.errors import ValidationError
-from raylane.sim.cli import app
+from raylane.cli.sim import app
 from raylane.sim.journal import read_entries, simulate_journal, stop_delays, trace_from_journal
 
 REPO = Path(__file__).resolve().parents[2]

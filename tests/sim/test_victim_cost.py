@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from raylane.scheduling.types import WorkloadClass
-from raylane.sim.cli import app
+from raylane.cli.sim import app
 from raylane.sim.metrics import summarize
 
 from tests.sim.builders import job, replay, trace

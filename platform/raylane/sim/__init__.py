@@ -7,7 +7,9 @@ changing the state through ``raylane.scheduling.lifecycle`` as the control plane
 Modules: ``traces`` (Philly, Tiresias and generic CSV), ``cluster`` (cluster files and flags), ``types`` (options,
 result, error), ``engine`` (jobs to workloads, the loop over instants), ``replay`` (one replay's world: events,
 jobs, outages, series), ``stranded`` (the stranded-GPU figure), ``outages`` (node failures and drains), ``presets``
-(named policies), ``metrics`` (the figures), ``plots`` (PNG), ``cli`` (``raylane sim``).
+(named policies), ``metrics`` (the figures), ``plots`` (PNG), ``costcompare`` (the figures of a fixed cluster
+against autoscaled ones). The commands ``raylane sim`` and ``raylane sim-autoscale`` are ``raylane.cli.sim`` and
+``raylane.cli.sim_autoscale``: the simulator is a library they use, and imports nothing of the command line.
 """
 from raylane.sim.cluster import ClusterSpec, cluster_from_flags, load_cluster
 from raylane.sim.engine import DEFAULT_CLASS, ESTIMATES, SimOptions, SimResult, SimulationError, Simulator, simulate

@@ -1,14 +1,14 @@
-"""Commands that act on a running cluster: up, down, submit, queue, explain, cancel.
+"""Commands that act on a running cluster: up, down, submit, queue, explain, cancel, and how each prints its reply.
 
 They connect to Ray (the local cluster from ``raylane up``, or ``RAY_ADDRESS``) and call the control actor through
-``raylane.control.client``. Errors for users are printed without tracebacks; exit status 1 means the input was
-wrong or refused, 2 that the control plane could not be reached. Every value a reply carries (ids, reasons, details,
-journal notes: other users' input among them) is printed through ``raylane.render``'s ``cell``, ``visible`` or
-``markup_safe``; JSON output is the data as it is, with every non-ASCII character escaped.
+``raylane.control.client`` (``raylane.cli.common.connect``). Errors for users are printed without tracebacks
+(``raylane.cli.common.exit_on_error``); exit status 1 means the input was wrong or refused, 2 that the control
+plane could not be reached. Every value a reply carries (ids, reasons, details, journal notes: other users' input
+among them) is printed through ``raylane.render``'s ``cell``, ``visible`` or ``markup_safe``; JSON output is the
+data as it is, with every non-ASCII character escaped.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -18,41 +18,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from raylane.cli.common import connect, console, err, exit_on_error, print_error
 from raylane.errors import FatalError, RetryableError, ValidationError
 from raylane.ids import new_id
 from raylane.render import cell, journal_lines, markup_safe, visible
 
-# emoji=False: a value's ``:name:`` stays text (markup in values is escaped; these consoles' own lines use none).
-console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
-err = Console(stderr=True, emoji=False)
 # Kinds whose driver drives one workload that `submit` can queue before the job starts (``raylane.run
 # --workload-id``); a sweep's or a service's driver registers what it runs itself, once started.
 QUEUED_BY_SUBMIT = ("train", "eval", "batch")
-
-
-@contextlib.contextmanager
-def _errors():
-    try:
-        yield
-    except FatalError as exc:
-        err.print(f"[red]error:[/red] {markup_safe(exc, newlines=True)}", highlight=False)
-        raise typer.Exit(1)
-    except (RetryableError, ConnectionError) as exc:
-        err.print(f"[red]error:[/red] {markup_safe(exc, newlines=True)}", highlight=False)
-        raise typer.Exit(2)
-
-
-def connect():
-    """Connect this process to the cluster's Ray (quietly) and return the control plane's client, holding the
-    caller's credential (``RAYLANE_TOKEN`` or ``~/.raylane/credentials``)."""
-    from raylane import localcluster
-    from raylane.control.client import ControlClient
-
-    localcluster.connect_driver()
-    return ControlClient.connect()
 
 
 def up(
@@ -77,7 +52,7 @@ def up(
     from raylane.config.loader import _REPO_ROOT, default_policy_path, load_policy
     from raylane.control.client import journal_path, start_control
 
-    with _errors():
+    with exit_on_error():
         if not no_console:
             from raylane.console.server import check_options
 
@@ -175,7 +150,6 @@ def submit(
     --working-dir, unless --no-code or --reserve-only); a spec that fails them is not submitted. The code is
     checked by a warm checker process that keeps the libraries it imports (torch, Ray Train) loaded between
     submissions (raylane.codecheck; RAYLANE_CODECHECK_SERVER=0 turns it off)."""
-    from raylane.cli_config import print_error
     from raylane.config.loader import read_yaml
     from raylane.launchers.check import check_spec_dict
 
@@ -225,7 +199,7 @@ def submit(
             print_error(exc)
             raise typer.Exit(1)
 
-    with _errors():
+    with exit_on_error():
         try:
             h = connect()
         except BaseException:
@@ -316,7 +290,7 @@ def _submit_script(script: Path, args: List[str], *, team: Optional[str], class_
     if not path.is_file() or wd not in path.parents:
         missing.append(("--script", str(script), f"a Python file in --working-dir {working_dir} (it is uploaded "
                                                  "with it)"))
-    with _errors():
+    with exit_on_error():
         if missing:
             raise ValidationError("raylane submit", missing)
         rel = path.relative_to(wd).as_posix()
@@ -365,7 +339,7 @@ def queue(
 ):
     """The queue: id, team, class, state, resources, waited, position, reason."""
 
-    with _errors():
+    with exit_on_error():
         h = connect()
         rows = h.queue(all_)
         info = {} if as_json else h.info()
@@ -507,7 +481,7 @@ def queue_text(rows) -> str:
 def explain(workload_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
     """Why a workload is where it is: state, reason with numbers, team quota, and its journal."""
 
-    with _errors():
+    with exit_on_error():
         out = connect().explain(workload_id)
     if as_json:
         console.print_json(json.dumps(out, default=str), ensure_ascii=True)
@@ -562,7 +536,7 @@ def explain_lines(out) -> list:
 def cancel(workload_id: str = typer.Argument(...)):
     """Cancel a workload: dequeue it, or stop it and release its resources."""
 
-    with _errors():
+    with exit_on_error():
         rec = connect().cancel(workload_id)
     console.print(cell(f"{rec['id']}: {rec['state']}"))
 

@@ -1,10 +1,12 @@
 """The ``raylane`` command line: one typer ``app`` whose commands are loaded when they run.
 
-This module owns only the top-level app and ``COMMANDS``, which names the module behind each command. Each group of
-commands lives in its own ``raylane/cli_*.py`` module (the simulator's in ``raylane/sim/cli.py``) with a
-``register(app)`` function that adds its commands to a typer app; add yours the same way, with one line per command
-in ``COMMANDS``, rather than editing another group's module. Errors for users go to stderr; exit status 1 means
-"your input is wrong".
+This module owns only the top-level app, ``main`` (the console script) and ``COMMANDS``, which names the module
+behind each command. Each group of commands lives in its own module of this package (``raylane.cli.cluster``,
+``raylane.cli.sim``, ...) with a ``register(app)`` function that adds its commands to a typer app; add yours the
+same way, with one line per command in ``COMMANDS``, rather than editing another group's module. What the command
+modules share (their consoles, how an error is shown, the control plane's client) is ``raylane.cli.common``; no
+command module imports another's commands. Errors for users go to stderr; exit status 1 means "your input is
+wrong".
 
 A command's module is imported only when that command runs (or ``raylane --help`` lists it): ``raylane queue``
 loads the cluster commands, not the simulator, the planner or the policy's models, which took a third of its time.
@@ -23,16 +25,17 @@ from typer.core import TyperGroup
 # Each command (or command group) of `raylane`, in the order `raylane --help` lists them, and the module whose
 # ``register(app)`` adds it.
 COMMANDS: Dict[str, str] = {
-    **dict.fromkeys(("up", "down", "submit", "queue", "explain", "cancel"), "raylane.cli_cluster"),
-    **dict.fromkeys(("whoami", "audit"), "raylane.cli_auth"),
-    **dict.fromkeys(("sim", "sim-autoscale"), "raylane.sim.cli"),
-    "console": "raylane.cli_console",
-    "cost": "raylane.cli_cost",
-    "policy": "raylane.cli_auth",
-    "spec": "raylane.cli_config",
-    "token": "raylane.cli_auth",
-    "node": "raylane.cli_nodes",
-    "plan": "raylane.cli_plan",
+    **dict.fromkeys(("up", "down", "submit", "queue", "explain", "cancel"), "raylane.cli.cluster"),
+    **dict.fromkeys(("whoami", "audit"), "raylane.cli.auth"),
+    "sim": "raylane.cli.sim",
+    "sim-autoscale": "raylane.cli.sim_autoscale",
+    "console": "raylane.cli.console",
+    "cost": "raylane.cli.cost",
+    "policy": "raylane.cli.policy",
+    "spec": "raylane.cli.spec",
+    "token": "raylane.cli.auth",
+    "node": "raylane.cli.nodes",
+    "plan": "raylane.cli.plan",
 }
 
 # module -> its commands as click commands, once per process: a module registers its commands once, however many
@@ -118,7 +121,3 @@ def main() -> None:
         except (OSError, ValueError):  # a closed pipe (`raylane queue | head`): nothing more to say there
             pass
     os._exit(code)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -18,10 +18,10 @@ def console(
 
     With authentication on, each user logs in with their own token (`raylane token create`); every page is read
     with that token, so a user sees what `raylane queue` and `raylane explain` show them. Stop it with Ctrl-C."""
-    from raylane.cli_cluster import _errors
+    from raylane.cli.common import exit_on_error
     from raylane.console.server import serve
 
-    with _errors():
+    with exit_on_error():
         check_options(port, mlflow_url, refresh)
         serve(port, mlflow_url or default_mlflow_url(), refresh)
 

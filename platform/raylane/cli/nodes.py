@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import typer
 from rich.table import Table
 
-from raylane.cli_cluster import _errors, connect, console, err
+from raylane.cli.common import connect, console, err, exit_on_error
 from raylane.render import cell, markup_safe
 
 node_app = typer.Typer(help="Nodes: list them; cordon, uncordon and drain them (operators).", no_args_is_help=True)
@@ -50,7 +50,7 @@ def node_table(rows: List[Dict[str, Any]]) -> Table:
 def node_list(all_: bool = typer.Option(False, "--all", "-a", help="Include lost nodes."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """Every node: state (ready, cordoned, draining, drained, quarantined, lost), why, last probe, GPUs, leases."""
-    with _errors():
+    with exit_on_error():
         rows = connect().nodes(include_lost=all_)
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -67,7 +67,7 @@ def _show(out: Dict[str, Any]) -> None:
 def node_cordon(node: str = typer.Argument(..., help="Node id or a unique prefix (raylane node list)."),
                 reason: str = typer.Option("", "--reason", help="Why; shown in node list and the journal.")):
     """No new leases on NODE; what runs there keeps running (operators)."""
-    with _errors():
+    with exit_on_error():
         _show(connect().node_cordon(node, reason))
 
 
@@ -75,7 +75,7 @@ def node_cordon(node: str = typer.Argument(..., help="Node id or a unique prefix
 def node_uncordon(node: str = typer.Argument(..., help="Node id or a unique prefix."),
                   reason: str = typer.Option("", "--reason", help="Why; shown in the journal.")):
     """Put NODE back in service, from cordoned, draining, drained or quarantined (operators)."""
-    with _errors():
+    with exit_on_error():
         _show(connect().node_uncordon(node, reason))
 
 
@@ -86,7 +86,7 @@ def node_drain(node: str = typer.Argument(..., help="Node id or a unique prefix.
                timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait with --wait.")):
     """Cordon NODE and preempt what runs there gracefully: each gang checkpoints, goes back to the queue and
     resumes elsewhere. With --wait (the default), returns when the node is empty (operators)."""
-    with _errors():
+    with exit_on_error():
         ctl = connect()
         out = ctl.node_drain(node, reason)
         _show(out)

@@ -1,46 +1,23 @@
-"""Commands for identity and its trail: ``raylane token ...``, ``raylane whoami``, ``raylane audit``,
-``raylane policy reload``.
+"""Commands for identity and its trail: ``raylane token ...``, ``raylane whoami``, ``raylane audit``.
 
-Token management, the audit trail and policy reload are for operators; the control plane refuses them to anyone
-else (and audits the refusal). A token is printed once, when it is created or rotated, and never again.
+Token management and the audit trail are for operators; the control plane refuses them to anyone else (and audits
+the refusal). A token is printed once, when it is created or rotated, and never again. (``raylane policy reload``,
+an operator's call too, is ``raylane.cli.policy``'s.)
 """
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from raylane.cli_cluster import _errors, connect, console, err
+from raylane.cli.common import connect, console, err, exit_on_error, parse_duration
 from raylane.render import cell, markup_safe
 
 token_app = typer.Typer(help="API tokens: create, list, rotate, revoke (operators); use one (anyone).",
                         no_args_is_help=True)
-
-DURATION_FLAG_ALLOWED = "a positive duration such as 90s, 30m, 12h, 30d, 2w or 1h30m"
-
-
-def parse_duration(text: Optional[str], field: str) -> Optional[float]:
-    """'90s', '30m', '12h', '30d', '2w', '1h30m' -> seconds (the grammar of ``raylane.config.fields``, that of specs
-    and policies); None stays None. Anything else, or zero, is an error naming the flag, the value and what is
-    allowed."""
-    # Imported here: ``raylane token`` and ``raylane audit`` load the config package only when a flag needs it.
-    from raylane.config.fields import parse_duration as seconds_of
-
-    if text is None:
-        return None
-    try:
-        value = seconds_of(text)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        err.print(f"[red]error:[/red] {field}: got {markup_safe(repr(text))}; {DURATION_FLAG_ALLOWED}",
-                  highlight=False)
-        raise typer.Exit(1)
-    return value
 
 
 def _when(ts: Optional[float]) -> str:
@@ -56,7 +33,7 @@ def token_create(
     note: str = typer.Option("", "--note", help="What the token is for."),
 ):
     """Create a token (operators). It is printed once: hand it to its user, who runs `raylane token use`."""
-    with _errors():
+    with exit_on_error():
         out = connect().token_create(user, team, role, ttl_s=parse_duration(ttl, "--ttl"), note=note)
     console.print(cell(f"token {out['id']} for {out['user']} ({out['role']}; teams {', '.join(out['teams']) or '-'}; "
                        f"expires {_when(out['expires'])}). It is shown once:"), highlight=False)
@@ -67,7 +44,7 @@ def token_create(
 def token_list(all_: bool = typer.Option(False, "--all", "-a", help="Include revoked and expired tokens."),
                as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """Tokens known to the control plane (operators): ids, users, teams, roles, expiry. Never a secret."""
-    with _errors():
+    with exit_on_error():
         rows = connect().token_list(all_)
     if as_json:
         console.print_json(json.dumps(rows), ensure_ascii=True)
@@ -91,7 +68,7 @@ def token_table(rows) -> Table:
 @token_app.command("rotate")
 def token_rotate(token_id: str = typer.Argument(..., help="The token's id (from `raylane token list`).")):
     """Replace a token with a new one of the same user, teams and role; the old one stops working (operators)."""
-    with _errors():
+    with exit_on_error():
         out = connect().token_rotate(token_id)
     console.print(cell(f"token {token_id} revoked; its replacement {out['id']} for {out['user']} is shown once:"),
                   highlight=False)
@@ -101,7 +78,7 @@ def token_rotate(token_id: str = typer.Argument(..., help="The token's id (from 
 @token_app.command("revoke")
 def token_revoke(token_id: str = typer.Argument(..., help="The token's id (from `raylane token list`).")):
     """Revoke a token at once, and every job token made from it (operators)."""
-    with _errors():
+    with exit_on_error():
         out = connect().token_revoke(token_id)
     console.print(cell(f"token {out['id']} of {out['user']}: {out['status']}"), highlight=False)
 
@@ -134,7 +111,7 @@ def token_for_job(ttl: str = typer.Option("7d", "--ttl", help="How long the job 
     ray job submit --runtime-env-json "{\"py_modules\": [\"$(raylane token for-job)\"]}" ... -- python -m raylane.run spec.yaml"""
     from raylane import credentials
 
-    with _errors():
+    with exit_on_error():
         tok = connect().job_token(ttl_s=parse_duration(ttl, "--ttl"), note=note or "raylane token for-job")
     if tok is None:
         err.print("authentication is off on this control plane: a job needs no credential")
@@ -145,7 +122,7 @@ def token_for_job(ttl: str = typer.Option("7d", "--ttl", help="How long the job 
 
 def whoami():
     """Who the control plane takes you for: user, teams, role and token id."""
-    with _errors():
+    with exit_on_error():
         out = connect().whoami()
     if not out.get("auth"):
         console.print("authentication is off on this control plane: every caller acts as an operator")
@@ -163,7 +140,7 @@ def audit(
 ):
     """The audit trail (operators): every privileged call and every refusal, with who, what, on what and why."""
     age = parse_duration(since, "--since")
-    with _errors():
+    with exit_on_error():
         rows = connect().audit(since=time.time() - age if age else None, user=user, team=team, limit=limit)
     if as_json:
         console.print_json(json.dumps(rows), ensure_ascii=True)
@@ -186,34 +163,8 @@ def audit_table(rows) -> Table:
     return t
 
 
-def policy_reload(path: Path = typer.Argument(..., help="The new policy file.")):
-    """Replace the running control plane's policy (operators). Refused, changing nothing, if the file is invalid or
-    a queued or running workload would not fit it."""
-    from raylane.cli_config import print_error
-    from raylane.config.loader import load_policy, read_yaml
-    from raylane.errors import FatalError
-
-    try:
-        load_policy(path)
-        data, _ = read_yaml(path, "policy file")
-    except FatalError as exc:
-        print_error(exc)
-        raise typer.Exit(1)
-    with _errors():
-        out = connect().reload_policy(data)
-    console.print(cell(f"policy reloaded: teams {', '.join(out['teams'])}; classes {', '.join(out['classes'])}"),
-                  highlight=False)
-
-
 def register(app: typer.Typer) -> None:
-    """``raylane token ...``, ``whoami``, ``audit``, and the ``raylane policy ...`` group: its ``check`` is
-    ``raylane.cli_config``'s (files alone), its ``reload`` this module's (an operator's call to the running control
-    plane); this module imports that one, not the reverse."""
-    from raylane.cli_config import policy_app
-
+    """``raylane token ...``, ``whoami`` and ``audit``."""
     app.add_typer(token_app, name="token")
     app.command("whoami")(whoami)
     app.command("audit")(audit)
-    if not any(c.name == "reload" for c in policy_app.registered_commands):
-        policy_app.command("reload")(policy_reload)
-    app.add_typer(policy_app, name="policy")

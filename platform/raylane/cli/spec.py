@@ -1,7 +1,8 @@
-"""``raylane policy ...`` and ``raylane spec ...``: checking policy and workload spec files without a cluster.
+"""``raylane spec check``: checking workload spec files (a pipeline's too) without a cluster.
 
-This module owns the two command groups and how a ``ValidationError`` is shown to a user: one line per error,
-``path: got VALUE; ALLOWED``, on stderr, exit status 1. It reads files through ``raylane.config.loader`` only.
+This module owns the ``spec`` command group: every check submission runs, on files, before anything is submitted.
+A file's errors are shown by ``raylane.cli.common.print_error`` (one line per error, ``path: got VALUE; ALLOWED``,
+on stderr, exit status 1). It reads files through ``raylane.config.loader`` and ``raylane.launchers.check`` only.
 """
 from __future__ import annotations
 
@@ -11,50 +12,15 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from raylane.cli.common import print_error
 from raylane.config.loader import load_policy
-from raylane.config.models import ClusterPolicy, WorkloadSpec
-from raylane.errors import FatalError, NotFoundError, ValidationError
-from raylane.render import visible
+from raylane.config.models import WorkloadSpec
+from raylane.errors import FatalError, NotFoundError
 
-policy_app = typer.Typer(help="Check cluster policy files (policies/*.yaml).", no_args_is_help=True)
 spec_app = typer.Typer(help="Check workload spec files.", no_args_is_help=True)
 
-# Resolved at print time, so tests that swap sys.stdout/sys.stderr see the output.
+# Resolved at print time, so tests that swap sys.stdout see the output.
 _out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def print_error(exc: FatalError) -> None:
-    """Show a ``ValidationError`` as one line per problem, anything else as its message; both on stderr. Values
-    are shortened and control characters escaped, so a broken file cannot flood or drive the terminal."""
-    if isinstance(exc, ValidationError):
-        _err.print(f"{_plain(exc.source)}: {len(exc.errors)} error(s)", style="bold red", markup=False)
-        for path, value, allowed in exc.errors:
-            _err.print(f"  {_plain(path)}: got {_short(visible(repr(value)))}; {_plain(allowed)}", markup=False)
-    else:
-        _err.print(_plain(str(exc), limit=4000), style="bold red", markup=False)
-
-
-def _plain(text: object, limit: int = 300) -> str:
-    """``text`` on one line of printable characters (``raylane.render.visible``), at most ``limit`` of them."""
-    return _short(visible(str(text)[:limit + 1]), limit)
-
-
-def _short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
-
-
-def _n(items, one: str, many: str = "") -> str:
-    return f"{len(items)} {one if len(items) == 1 else (many or one + 's')}"
-
-
-def policy_summary(path: Path, p: ClusterPolicy) -> str:
-    s = p.scheduler
-    return (
-        f"OK {path}: {_n(p.classes, 'class', 'classes')}, {_n(p.teams, 'team')} ({', '.join(p.teams)}),"
-        f" {_n(p.node_features, 'node feature')}, {_n(p.prices, 'price')};"
-        f" ordering={s.ordering} backfill={s.backfill} preemption={s.preemption} admission={s.admission}"
-    )
 
 
 def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path], *, code: bool = True) -> str:
@@ -70,48 +36,6 @@ def spec_summary(path: Path, s: WorkloadSpec, policy_path: Optional[Path], *, co
         f"OK {path}: {s.name} ({s.kind}, class {s.class_}, team {s.team}): {size} x ({res}),"
         f" placement {placement}{runs}; checked {checked}"
     )
-
-
-@policy_app.command("check")
-def policy_check(
-    files: List[Path] = typer.Argument(..., help="Policy YAML files.", show_default=False),
-    cluster: Optional[Path] = typer.Option(
-        None, "--cluster", help="Also check the policy against this cluster file (deploy/clusters/*.yaml): the "
-        "node types that per-flavor quotas (teams.NAME.flavors) name."),
-) -> None:
-    """Validate policy files; print every error of each file, exit 1 if any file is invalid."""
-    failed = False
-    node_types = None
-    if cluster is not None:
-        from raylane.config.cluster import load_cluster
-
-        try:
-            node_types = {g.node_type for g in load_cluster(cluster).nodes}
-        except FatalError as exc:
-            print_error(exc)
-            raise typer.Exit(1)
-    for f in files:
-        try:
-            policy = load_policy(f)
-            if node_types is not None:
-                _check_flavors(f, policy, node_types, cluster)
-        except FatalError as exc:
-            print_error(exc)
-            failed = True
-        else:
-            _out.print(policy_summary(f, policy), markup=False)
-    raise typer.Exit(1 if failed else 0)
-
-
-def _check_flavors(path: Path, policy, node_types, cluster: Path) -> None:
-    """``ValidationError`` naming each flavor quota of ``policy`` whose node type no group of the cluster has."""
-    from raylane.errors import ValidationError
-    from raylane.scheduling.flavors import flavor_errors
-
-    bad = flavor_errors(policy.core_teams(), node_types)
-    if bad:
-        raise ValidationError(f"{path} (against {cluster})", [
-            (f"teams.{team}.flavors.{t}", t, allowed) for team, t, allowed in bad])
 
 
 @spec_app.command("check")
@@ -194,9 +118,8 @@ def _check_pipeline(path: Path, pol, working_dir: Path, load_code: bool) -> None
 
 
 def register(app: typer.Typer) -> None:
-    """``raylane spec ...`` (``raylane policy ...`` is added by ``raylane.cli_auth.register``, with its
-    ``reload``)."""
+    """``raylane spec ...``."""
     app.add_typer(spec_app, name="spec")
 
 
-__all__ = ["register", "policy_app", "spec_app", "policy_check", "spec_check", "print_error", "NotFoundError"]
+__all__ = ["register", "spec_app", "spec_check", "spec_summary"]

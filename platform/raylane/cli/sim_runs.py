@@ -1,9 +1,9 @@
 """How the flags of ``raylane sim`` become replays, and running them: the checked flags, the trace, the policy, one
 run per preset and placement, the replays with their progress bar and Ctrl-C.
 
-This module owns ``SimArgs`` (one field per flag) and what is derived from it; ``raylane.sim.cli`` (the ``sim``
-command: its typer signature and what it prints) and ``raylane.sim.costcompare`` (``sim-autoscale``) both build on
-it, so neither imports the other's command.
+This module owns what is derived from ``SimArgs`` (``raylane.cli.sim_args``: the flags themselves); the ``sim``
+command (``raylane.cli.sim``: what it prints) and ``sim-autoscale`` (``raylane.cli.sim_autoscale``) both build on
+it, so neither imports the other's command. The replays themselves are the simulator's (``raylane.sim``).
 
 Words
 - *flags*: ``SimArgs`` as the user gave them; ``Flags``: the same once checked (every bad flag reported at once).
@@ -14,13 +14,12 @@ from __future__ import annotations
 import math
 import signal
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from raylane.cli.sim_args import SimArgs
 from raylane.config.fields import parse_duration
 from raylane.errors import FatalError, ValidationError
 from raylane.scheduling.preemption import VICTIM_COSTS
@@ -33,18 +32,10 @@ from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
 
-__all__ = ["SimArgs", "Flags", "parse_flags", "journal_of", "outages_of", "trace_of", "policy_of", "runs_of",
-           "run_replays", "exit_with_error", "jsonable", "split_list", "hours"]
+__all__ = ["Flags", "parse_flags", "journal_of", "outages_of", "trace_of", "policy_of", "runs_of", "run_replays",
+           "jsonable", "split_list", "hours"]
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def exit_with_error(exc: Exception) -> None:
-    """Print ``exc`` as every ``raylane`` command prints an error, and exit with status 1."""
-    from raylane.cli_config import print_error
-
-    print_error(exc)
-    raise typer.Exit(1)
 
 
 class _Interrupt:
@@ -124,65 +115,6 @@ def jsonable(x: Any) -> Any:
 
 def split_list(value: Optional[str]) -> List[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
-@dataclass(frozen=True)
-class SimArgs:
-    """The options of ``raylane sim``, one field per flag as ``sim`` names them (its typer signature takes its
-    defaults from here). A field left None leaves the choice to the policy file, the preset or the simulator."""
-
-    trace_path: Optional[Path] = None
-    generate_mix: Optional[str] = None
-    from_journal: Optional[Path] = None
-    jobs: int = 2000
-    load: float = 0.9
-    users: int = 0
-    write_trace: Optional[Path] = None
-    format: Optional[str] = None
-    team_column: Optional[str] = None
-    user_column: Optional[str] = None
-    start: Optional[str] = None
-    end: Optional[str] = None
-    limit: Optional[int] = None
-    cluster: Optional[Path] = None
-    nodes: Optional[int] = None
-    gpus_per_node: int = 8
-    cpus_per_node: float = 0.0
-    memory_per_node: float = 0.0
-    features: Optional[str] = None
-    policy: Optional[Path] = None
-    preset: Optional[List[str]] = None
-    ordering: Optional[str] = None
-    backfill: Optional[str] = None
-    preemption: Optional[str] = None
-    victim_cost: Optional[str] = None
-    admission: Optional[str] = None
-    las_thresholds: Optional[str] = None
-    hysteresis_min_run: Optional[str] = None
-    hysteresis_fraction: Optional[float] = None
-    job_class: Optional[str] = None
-    checkpoint_every: Optional[str] = None
-    estimates: Optional[str] = None
-    noise_sigma: Optional[float] = None
-    seed: int = 0
-    stop_delay: Optional[float] = None
-    tick: Optional[float] = None
-    max_examined: Optional[int] = None
-    placement: Optional[List[str]] = None
-    fail: Optional[List[str]] = None
-    drain: Optional[List[str]] = None
-    node_events: Optional[Path] = None
-    mtbf: Optional[str] = None
-    repair: str = "1h"
-    drain_deadline: str = "0"
-    elastic_speedup: Optional[str] = None
-    resize_overhead: Optional[str] = None
-    idle_timeout: Optional[str] = None
-    spot_reclaim_per_hour: Optional[float] = None
-    out: Optional[Path] = None
-    as_json: bool = False
-    plots: bool = True
-    progress: bool = True
 
 
 @dataclass

@@ -13,8 +13,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from raylane.cli_auth import parse_duration
-from raylane.cli_cluster import _errors, connect, console
+from raylane.cli.common import connect, console, err, exit_on_error, parse_duration
 from raylane.cost import GROUPS, CostReport
 from raylane.render import cell, markup_safe
 
@@ -92,13 +91,11 @@ def cost(
 ):
     """What leased and idle GPUs cost: GPU-hours times the node type's price (the policy's prices), by workload,
     sweep, pipeline, team or class; per node type; and each team's month against its budget."""
-    from raylane.cli_cluster import err
-
     if by not in GROUPS:
         err.print(f"[red]error:[/red] --by: got {markup_safe(repr(by))}; one of {', '.join(GROUPS)}", highlight=False)
         raise typer.Exit(1)
     age = parse_duration(since, "--since")
-    with _errors():
+    with exit_on_error():
         rep = connect().cost(since=time.time() - age if age else None, team=team, by=None if as_json else by)
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))
