@@ -52,13 +52,16 @@ class Job:
     first_start: Optional[float] = None
     end: Optional[float] = None
     rejected: Optional[str] = None  # refused at submit: why
+    # Seconds of run between its checkpoints (None: the driver's ``checkpoint_s``; 0: none, and none when it yields:
+    # a stop loses what it ran since its start).
+    checkpoint_s: Optional[float] = None
     story: List[Tuple[float, str]] = field(default_factory=list)
 
 
 class Live:
     def __init__(self, harness, jobs: List[Job], *, tick_s: float = 1.0, spacing_s: float = 0.02,
                  handover_s: float = 0.0, stop_s: float = 1.0, checkpoint_s: float = 60.0,
-                 max_cycles_per_change: int = 50):
+                 max_cycles_per_change: int = 50, events=()):
         self.h, self.jobs = harness, sorted(jobs, key=lambda j: (j.submit, j.id))
         self.tick_s, self.spacing_s, self.handover_s, self.stop_s = tick_s, spacing_s, handover_s, stop_s
         self.checkpoint_s, self.max_cycles = checkpoint_s, max_cycles_per_change
@@ -70,6 +73,8 @@ class Live:
         self.next_full = 0.0
         self.quiet = 0  # cycles asked for by changes since the last thing outside the control plane happened
         self.most_quiet = 0
+        # (trace time, fn(harness)): what happens outside the gangs at a time (a node lost), in time order.
+        self.events = sorted(events, key=lambda e: e[0])
 
     # ------------------------------------------------------------------------------------------------ time
     def now(self) -> float:
@@ -84,6 +89,8 @@ class Live:
         cands = [self.next_full]
         if arrivals:
             cands.append(arrivals[0].submit)
+        if self.events:
+            cands.append(self.events[0][0])
         if self.h.cs.wants_cycle:
             cands.append(max(self.now(), self.last_cycle + self.spacing_s))
         for j in self.by_wid.values():
@@ -93,11 +100,14 @@ class Live:
                 cands.append(j.handover_at)
             if j.since is None:
                 continue
+            rate = j.workers / j.size
+            cands.append(j.since + (j.work - j.done) / rate)  # its work done (while it stops, too)
             if j.stop_at is not None:
                 cands.append(j.stop_at)
             else:
-                rate = j.workers / j.size
-                cands.append(j.since + (j.work - j.done) / rate)
+                every = self._every(j)
+                if every:  # its next checkpoint
+                    cands.append(j.last_ckpt + every)
         return max(self.now(), min(cands))
 
     # ------------------------------------------------------------------------------------------------ run
@@ -113,6 +123,9 @@ class Live:
             self._advance_to(t)
             now = self.now()
             self._progress(now)
+            while self.events and self.events[0][0] <= now + EPS:
+                self._outside()
+                self.events.pop(0)[1](self.h)
             while arrivals and arrivals[0].submit <= now + EPS:
                 self._submit(arrivals.pop(0))
             self._drive(now)
@@ -193,12 +206,15 @@ class Live:
                 continue
             if j.since is None:
                 continue
-            if st.stopping:
+            if st.stopping and j.done < j.work - 1e-6:  # (one whose work is done as it stops ends, below)
                 if j.stop_at is None:
                     j.stop_at = now + self.stop_s
                     j.story.append((now, st.value.lower()))
                 if now >= j.stop_at - EPS:
-                    self._checkpoint(j, now)
+                    if self._every(j):
+                        self._checkpoint(j, now)
+                    else:
+                        j.done = j.kept  # nothing saved: it starts again from what it had
                     j.since = j.stop_at = None
                     self._outside()
                     call("release", workload_id=j.wid, outcome=Outcome.YIELDED.value, state=EndState.SUCCEEDED.value,
@@ -211,8 +227,12 @@ class Live:
                      step=j.steps)
                 j.end = now
                 continue
-            if self.checkpoint_s and now - j.last_ckpt >= self.checkpoint_s:
+            every = self._every(j)
+            if every and now - j.last_ckpt >= every - EPS:
                 self._checkpoint(j, now)
+
+    def _every(self, j: Job) -> float:
+        return self.checkpoint_s if j.checkpoint_s is None else j.checkpoint_s
 
     def _checkpoint(self, j: Job, now: float) -> None:
         j.steps += 1

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from raylane.runtimes import RunFeatures
 from raylane.scheduling import lifecycle, runlimit
-from raylane.scheduling.apply import SETTLE, Applier
+from raylane.scheduling.apply import LIVE, SETTLE, Applier
 from raylane.scheduling.flavors import flavor_rooms
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.state import ClusterState
@@ -38,7 +38,8 @@ from raylane.sim.autoscaled import REARM, REMOVE, Fleet
 from raylane.sim.outages import next_failure, node_rng
 from raylane.sim.stranded import StrandedShapes
 from raylane.sim.traces import Speedup, TraceJob
-from raylane.sim.types import CAUSES, DEFAULT_TICK_S, ReplayInputs, SimResult, SimulationError
+from raylane.sim.types import (CAUSES, DEFAULT_TICK_S, LIVE_CHANGE_EXAMINED, LIVE_TICK_S, ReplayInputs, SimResult,
+                               SimulationError)
 
 __all__ = ["Jobs", "Replay"]
 
@@ -58,7 +59,7 @@ class Jobs:
 
     __slots__ = ("job", "w", "gang0", "gpus", "ckpt_every", "curve", "shape", "remaining", "held", "rate", "ovh",
                  "start_at", "stop_req", "stop_cause", "first_start", "finish", "preemptions", "lost", "attempt",
-                 "resizes", "attempt_at", "ran_before")
+                 "resizes", "attempt_at", "ran_before", "live_at", "forced")
 
     def __init__(self, jobs: List[TraceJob], workloads: List[Workload], curves: List[Speedup], shapes: List[int]):
         n = len(workloads)
@@ -89,6 +90,10 @@ class Jobs:
         # earlier attempts held their leases.
         self.attempt_at = [-1.0] * n
         self.ran_before = [0.0] * n
+        # ``live`` fidelity: when the current attempt's gang runs (its admission plus the hand-over), and whether
+        # the stop it was asked for runs past its grace period (it is then stopped by force).
+        self.live_at = [-1.0] * n
+        self.forced = [False] * n
 
 
 class Replay:
@@ -108,13 +113,19 @@ class Replay:
         self.arrived = 0
 
         self.can_preempt = cfg.preemption != "none"
-        self.tick = opts.tick_s if opts.tick_s is not None else (DEFAULT_TICK_S if self.can_preempt else 0.0)
+        self.live = opts.fidelity == "live"
+        if opts.tick_s is not None:
+            self.tick = opts.tick_s
+        else:
+            self.tick = LIVE_TICK_S if self.live else (DEFAULT_TICK_S if self.can_preempt else 0.0)
+        self.ticked = False  # the instant being settled is a tick (``live``: its first cycle looks at the whole depth)
         self.decay_every = cfg.fair_share_half_life_s / 100.0
         self.last_decay = -math.inf
         self.tick_at = math.inf
 
         # Carries out each cycle's result (raylane.scheduling.apply), with this replay's hooks below.
-        self.apply = Applier(state, self, rule=SETTLE, max_examined=opts.max_examined)
+        self.resizes_at_once = not self.live  # (read by the Applier as it is made)
+        self.apply = Applier(state, self, rule=LIVE if self.live else SETTLE, max_examined=opts.max_examined)
         self.events: List[Tuple[float, int, int, int]] = []
         self.ckpts: List[Tuple[float, int, int]] = []  # (due, job, attempt), kept only when preemption is on
         self.pending_gpus: Dict[float, int] = {}  # queued gang GPUs -> pending workloads of that size
@@ -202,9 +213,10 @@ class Replay:
     def apply_instant(self, t: float) -> bool:
         """Apply the tick, the arrivals and the events at ``t``; whether anything changed."""
         changed = False
+        self.ticked = t == self.tick_at
         if t == self.tick_at:
             self.tick_at = math.inf
-            changed = self.state.pending_count() > 0
+            changed = self.state.pending_count() > 0 or (self.live and not self._quiet())
         # With a runtime model, what ends at ``t`` is known to what arrives at ``t`` (as on the live plane, where a
         # release and a submission at one instant come in that order): the arrivals come after the events.
         if self.model is None:
@@ -263,7 +275,8 @@ class Replay:
         if self.fleet is not None:
             self.fleet.sample()
         tick = self.tick
-        if tick > 0 and pending and self.tick_at == math.inf:
+        # (``live``: also while a running elastic gang may grow into free GPUs, as the live plane's ticks grow it)
+        if tick > 0 and (pending or (self.live and self.elastic_running)) and self.tick_at == math.inf:
             self.tick_at = (math.floor(t / tick) + 1) * tick
 
     # ------------------------------------------------------------------------------------------------- cycles
@@ -291,6 +304,9 @@ class Replay:
             if now - self.last_decay >= self.decay_every:
                 state.decay(now)
                 self.last_decay = now
+            if self.live and (k > 0 or not self.ticked):
+                # A cycle a change asked for (the control plane's cycle-only tick) looks at the queues' heads only.
+                max_examined = min(self.opts.max_examined, LIVE_CHANGE_EXAMINED)
             snap = state.snapshot(limit=max_examined)
             if self.fleet is not None:  # the node types scale-up could add (flavor quotas read them)
                 snap = replace(snap, growable_types=self.fleet.growable_types)
@@ -318,37 +334,66 @@ class Replay:
         except ValueError as e:  # a resize the state refuses
             raise SimulationError(f"at t={now:.0f}s: {e}") from None
 
-    # The Applier's hooks: what the simulated world does around each step.
-    resizes_at_once = True  # a resize takes its new size at once, then no progress for the restart overhead
+    # The Applier's hooks: what the simulated world does around each step. ``resizes_at_once`` (set in __init__):
+    # with ``trace`` fidelity a resize takes its new size at once, then no progress for the restart overhead; with
+    # ``live`` it waits for its gang to yield.
 
     def admitted(self, adm: Admit, lease: Lease, now: float) -> None:
         self._start(adm, lease, now)
 
     def may_resize(self, rz: Resize, lease: Lease, now: float) -> bool:
         j, c = self.index.get(rz.workload.id), self.jobs
-        if j is None or c.start_at[j] < 0 or c.stop_req[j] >= 0:
+        if j is None or c.start_at[j] < 0 or (c.stop_req[j] >= 0 and not self.live):
             raise SimulationError(f"resize of {rz.workload.id} at t={now:.0f}s: allowed only for a running "
                                   "lease that is not stopping")
+        if self.live:
+            # As the control plane: not while its gang starts (it could not yield), nor until it has run its
+            # grace period or checkpointed since (a stop asked earlier would likely be forced).
+            every = c.ckpt_every[j] if c.ckpt_every[j] > 0 else math.inf
+            return c.stop_req[j] < 0 and now >= c.live_at[j] + min(lease.workload.cls.grace_period_s, every)
         return True
 
     def resizing(self, rz: Resize, grown: Optional[Lease], stop, now: float) -> None:
-        self._resize(rz, grown, now)
+        if stop is None:
+            self._resize(rz, grown, now)
+            return
+        # ``live``: the gang is asked to yield; it goes on at its new size once it has (``resized``).
+        if self._ask_stop(self.index[rz.workload.id], stop, now):
+            self.apply.stopped(rz.workload.id, now)
+
+    def resized(self, rz: Resize, lease: Lease, stop, now: float) -> None:
+        j = self.index[rz.workload.id]
+        self.jobs.stop_req[j] = -1.0
+        self._resize(rz, lease, now)
 
     def stopping(self, stop, lease: Lease, now: float) -> bool:
         """A lease told to stop stops after the stop delay (an event), or at once."""
+        return self._ask_stop(self.index[stop.workload_id], stop, now)
+
+    def _ask_stop(self, j: int, stop, now: float) -> bool:
         c = self.jobs
-        j = self.index[stop.workload_id]
+        if self.live and stop.cause == "preemption":
+            c.preemptions[j] += 1  # a preempted gang whose work is done before it yields ends, preempted once
         c.stop_req[j] = now
         c.stop_cause[j] = stop.cause
-        if self.opts.stop_delay_s > 0:
-            heappush(self.events, (now + self.opts.stop_delay_s, _STOPPED, j, c.attempt[j]))
+        delay = self.opts.stop_delay_s
+        if self.live:
+            if now < c.live_at[j]:
+                return True  # its gang is not running yet: nothing to stop, the lease is freed at once
+            left = max(0.0, stop.deadline - now)
+            c.forced[j] = delay > left
+            delay = min(delay, left)  # stopped by force at its deadline
+        if delay > 0:
+            heappush(self.events, (now + delay, _STOPPED, j, c.attempt[j]))
             return False
         return True
 
     def requeue_as(self, lease: Lease, stop, now: float) -> Tuple[Workload, float]:
-        j = self.index[lease.id]
+        j, c = self.index[lease.id], self.jobs
         self._ended(j, now)
-        return self._back(j, lease, now, self.jobs.stop_req[j], self.jobs.stop_cause[j])
+        if self.live:  # it worked until it stopped; one that yielded in time saved a checkpoint as it did
+            return self._back(j, lease, now, now, c.stop_cause[j], kept_all=not c.forced[j])
+        return self._back(j, lease, now, c.stop_req[j], c.stop_cause[j])
 
     def requeued(self, lease: Lease, w: Workload, stop, now: float, attained: float) -> None:
         c = self.jobs
@@ -398,11 +443,15 @@ class Replay:
         if self.fleet is not None:
             self.where[j] = tuple(adm.placement)
             self.fleet.busy(adm.placement)
-        c.held[j], c.ovh[j] = g.total.gpu, 0.0
+        # ``live``: no progress until its gang has started (the hand-over).
+        handover = self.opts.handover_s if self.live else 0.0
+        c.held[j], c.ovh[j] = g.total.gpu, handover
+        c.live_at[j] = now + handover
+        c.forced[j] = False
         c.rate[j] = c.curve[j].rate(g.workers, c.gang0[j].workers)
-        heappush(self.events, (now + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
+        heappush(self.events, (now + handover + c.remaining[j] / c.rate[j], _FINISH, j, c.attempt[j]))
         if self.can_preempt and c.ckpt_every[j] > 0:
-            heappush(self.ckpts, (now + c.ckpt_every[j], j, c.attempt[j]))
+            heappush(self.ckpts, (now + handover + c.ckpt_every[j], j, c.attempt[j]))
         if self.limits:
             c.attempt_at[j] = now
             self._push_limit(j)
@@ -511,7 +560,8 @@ class Replay:
         for k in stops:
             self._stopped(k, now)
 
-    def _back(self, j: int, lease: Lease, now: float, until: float, cause: str) -> Tuple[Workload, float]:
+    def _back(self, j: int, lease: Lease, now: float, until: float, cause: str,
+              kept_all: bool = False) -> Tuple[Workload, float]:
         """What goes back to the queue for job ``j``, whose lease (ended at ``now``) did its work until ``until`` (a
         stop's request, or a failure), keeping the work up to its last checkpoint (the checkpoints of a resized lease
         count from the end of its restart overhead); and until when its service counts."""
@@ -520,12 +570,14 @@ class Replay:
         prog = max(0.0, until - c.start_at[j] - c.ovh[j])  # seconds of progress, at ``c.rate[j]``
         # 1e-9: a run that ends on a checkpoint keeps it, though float sums of the times fall just short.
         kept = math.floor(prog / every + 1e-9) * every if every > 0 else 0.0
+        if kept_all and every > 0:
+            kept = prog  # a checkpoint saved as it stopped
         kept = min(max(kept, 0.0), c.remaining[j] / c.rate[j], prog)
         c.lost[j] += prog - kept
         self.lost_gpu_s[cause] += (prog - kept) * c.held[j]
         self.requeues[cause] += 1
         c.remaining[j] -= kept * c.rate[j]
-        if cause == "preemption":
+        if cause == "preemption" and not self.live:  # (``live``: counted when asked, as the control plane does)
             c.preemptions[j] += 1
         c.attempt[j] += 1
         w = lease.workload

@@ -22,7 +22,8 @@ from raylane.sim.traces import SPEEDUP_ALLOWED, Speedup, Trace, TraceJob, parse_
 
 __all__ = ["ESTIMATES", "DEFAULT_CLASS", "DEFAULT_RESIZE_OVERHEAD_S", "DEFAULT_TICK_S", "CAUSES",
            "DEFAULT_STARTUP_S", "DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_SPOT_RECLAIM_PER_HOUR", "ELASTIC_SPEEDUP_ALLOWED",
-           "SimOptions", "SimResult", "SimulationError", "speedup_table", "ReplayInputs"]
+           "SimOptions", "SimResult", "SimulationError", "speedup_table", "ReplayInputs", "FIDELITIES",
+           "LIVE_TICK_S", "LIVE_CHANGE_EXAMINED"]
 
 ESTIMATES = ("none", "exact", "noisy", "declared", "predicted", "predicted-declared")
 
@@ -36,6 +37,23 @@ DEFAULT_RESIZE_OVERHEAD_S = 60.0
 
 # Seconds between clock-triggered cycles when preemption is on and ``tick_s`` is left to the simulator.
 DEFAULT_TICK_S = 300.0
+
+# How closely a replay follows the live control plane (``SimOptions.fidelity``):
+# - ``trace``: cycles on DEFAULT_TICK_S and at every change, repeated at an instant until they settle (the SETTLE rule
+#   of raylane.scheduling.apply); a stop frees its lease ``stop_delay_s`` after it is asked, keeping the work up to
+#   the last periodic checkpoint before the request; a resize takes its size at once; no hand-over. Cheap: months of
+#   trace in seconds.
+# - ``live``: what the control plane does (raylane.control): a full cycle every LIVE_TICK_S, and a cycle of the
+#   queues' first LIVE_CHANGE_EXAMINED workloads after each change, again at the same instant only when one freed
+#   something at once (the LIVE rule); a stop takes ``stop_delay_s`` capped at its class's grace period (the control
+#   plane stops a gang by force at the deadline), and a gang that yields in time keeps all its work (the training
+#   loop saves a checkpoint when asked to stop) while one stopped by force keeps its last periodic checkpoint; a
+#   resize waits for its gang to yield (a growth is booked at once); each admission's gang starts ``handover_s``
+#   after it (Ray Train's start): a stop before then frees the lease at once, and a resize waits until the gang
+#   has run its class's grace period or checkpointed. The default for journal replays.
+FIDELITIES = ("trace", "live")
+LIVE_TICK_S = 1.0
+LIVE_CHANGE_EXAMINED = 64
 
 # Why a lease went back to its queue. A replay of autoscaled groups adds "reclaim" (a spot node taken back).
 CAUSES = ("preemption", "drain", "failure")
@@ -89,10 +107,16 @@ class SimOptions:
     # Sigma of the log-normal factor of ``noisy`` estimates (0.5: half of them within about x0.7..x1.4).
     noise_sigma: float = 0.5
     seed: int = 0
-    # Seconds from a preemption decision to the victim's resources being free (the sim's stand-in for the grace).
+    # Seconds from a preemption decision to the victim's resources being free (the sim's stand-in for the grace;
+    # ``live`` fidelity caps it at each class's grace period).
     stop_delay_s: float = 0.0
-    # Seconds between clock-triggered cycles; None: DEFAULT_TICK_S when preemption is on, else none.
+    # Seconds between clock-triggered cycles; None: DEFAULT_TICK_S when preemption is on, else none (``live``:
+    # LIVE_TICK_S).
     tick_s: Optional[float] = None
+    # How closely the replay follows the live control plane: ``trace`` or ``live`` (see FIDELITIES).
+    fidelity: str = "trace"
+    # Seconds from an admission to its gang running (Ray Train's start), ``live`` fidelity only.
+    handover_s: float = 0.0
     max_examined: int = MAX_EXAMINED
     # A guard against cycles that never settle at one instant (that would be a bug in a policy).
     max_cycles_per_instant: int = 10_000
@@ -112,6 +136,13 @@ class SimOptions:
     def __post_init__(self):
         if self.estimates not in ESTIMATES:
             raise FatalError(f"estimates {self.estimates!r}: allowed: {', '.join(ESTIMATES)}")
+        if self.fidelity not in FIDELITIES:
+            raise FatalError(f"fidelity {self.fidelity!r}: allowed: {', '.join(FIDELITIES)}")
+        h = self.handover_s
+        if not (isinstance(h, (int, float)) and math.isfinite(h) and h >= 0):
+            raise FatalError(f"hand-over {h!r}: allowed: seconds >= 0")
+        if h and self.fidelity != "live":
+            raise FatalError(f"hand-over {h!r}: allowed only with fidelity 'live' (the trace fidelity models none)")
         if self.placement not in PLACEMENTS:
             raise FatalError(f"placement {self.placement!r}: allowed: {', '.join(PLACEMENTS.names())}")
         speedup_table(self.elastic_speedup)
