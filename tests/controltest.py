@@ -7,7 +7,8 @@
   the actor would feed it, with its effects settled the way the actor settles them (``raylane.control.actor``):
   commit the journal, then each effect in order, recorded in ``effects`` for the test to read. A ``Reserve`` is
   placed at once by default (the host lists the group ``CREATED`` and ``reservation_ready`` follows); ``placing``
-  ``"later"`` leaves it ``PENDING`` until the test calls ``place``, ``"fail"`` fails it (``reservation_failed``).
+  ``"later"`` leaves it ``PENDING`` until the test calls ``place``, ``"fail"`` fails it (``reservation_failed``). A
+  checkpoint's pinned copy is made and removed on disk as the actor does (``PinCheckpoint``, ``DropPin``).
 
 Words: a node's *name* is the test's (``gpu-a``); its *id* is a 56-hex-digit id derived from the name, as Ray's are.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Dict, List, Optional
 
+from raylane.control import checkpoints as ckrefs
 from raylane.control import effects as fx
 from raylane.control.journal import Journal
 from raylane.control.state import ControlState, Host
@@ -161,6 +163,10 @@ class Harness:
         elif isinstance(e, fx.RemoveReservation):
             self.host.pgs.pop(e.pg_name, None)
             self.unplaced.pop(e.pg_name, None)
+        elif isinstance(e, fx.PinCheckpoint):
+            self.cs.pin_copied(e.workload_id, e.path, ckrefs.copy_pin(e.source, e.path))
+        elif isinstance(e, fx.DropPin):
+            ckrefs.drop_copy(e.path)
 
     def take(self, kind: Optional[type] = None) -> List[fx.Effect]:
         """The effects carried out since the last ``take`` (of type ``kind`` only, if given)."""

@@ -202,7 +202,7 @@ def test_a_restart_rebuilds_the_requests_from_the_journal_and_asks_nothing_twice
     at = time.strftime("%H:%M", time.localtime(h.clock()))
     h.clock.advance(300)
     h.restart()
-    assert set(h.cs.scale_requests) == {wid}
+    assert set(h.cs.scale.requests) == {wid}
     h.tick()
     assert [d["event"] for d in scale_entries(h, wid)] == ["requested"]
     assert f"requested {at}" in h.record(wid).reason

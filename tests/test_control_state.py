@@ -826,6 +826,31 @@ def test_checkpoint_reference_that_can_never_resolve_is_refused_or_failed(make, 
     assert rec.attempts == 0
 
 
+def test_a_pinned_copy_is_an_effect_and_one_that_fails_is_journaled_and_made_again(make, tmp_path, monkeypatch):
+    # The state journals the pin, then asks for the copy (PinCheckpoint), which the actor makes once the pin is
+    # committed. A copy that fails is journaled on the consumer; resolving its checkpoint pins it again from the
+    # original, while that is on disk.
+    from raylane.control import checkpoints as ckrefs
+
+    h = make()
+    runs = tmp_path / "runs" / "src3"
+    src = submit(h, "src3", "team-a", "pretrain", config={"max_steps": 100, "checkpoint_every": 10})
+    _rotate(h, src, runs, 10)
+    real = ckrefs.copy_pin
+    monkeypatch.setattr(ckrefs, "copy_pin", lambda source, path: "OSError: no space left on device")
+    ft = submit(h, "ft-copy", "team-b", "finetune", config={"init_from": {"workload": src, "step": 10}})
+    pinned = str(runs / "_pinned" / "checkpoint_00000010")
+    assert h.take(fx.PinCheckpoint) == [fx.PinCheckpoint(ft, str(runs / "checkpoint_00000010"), pinned)]
+    (kind, data), = h.journal(ft)[-1:]
+    assert kind == "event" and "OSError: no space left on device" in data["note"] and pinned in data["note"]
+    monkeypatch.setattr(ckrefs, "copy_pin", real)
+    assert h.call("resolve_checkpoint", workload_id=ft) == {"path": pinned, "step": 10, "source": src}
+    assert (runs / "_pinned" / "checkpoint_00000010" / "state.pt").read_bytes() == b"weights at 10"
+    assert h.kinds(ft) == ["submitted", "pinned", "pinned", "event", "pinned"]
+    h.call("cancel", workload_id=ft)  # no consumer holds the copy any more: it goes
+    assert h.take(fx.DropPin) == [fx.DropPin(pinned)] and not (runs / "_pinned" / "checkpoint_00000010").exists()
+
+
 # --------------------------------------------------------------------------------------------- recovery
 def test_a_restart_keeps_the_queue_and_the_leases_whose_groups_exist(make):
     h = make()
@@ -937,7 +962,7 @@ def test_a_pending_workload_gets_an_eta_after_the_lease_it_waits_for(make):
     # The gauge of the next tick still reads that forecast, where the admitted workload had the longest wait: it
     # shows no wait for the team and class now.
     h.tick()
-    assert second in h.cs._etas
+    assert second in h.cs.queue_etas.last
     waits = {dict(k[1])["team"]: v for k, v in metrics.snapshot("raylane_queue_eta_wait_seconds").items()
              if dict(k[1]).get("workload_class") == "pretrain"}
     assert waits["team-a"] == -1

@@ -1,5 +1,5 @@
 """The control plane's queue ETAs by method, without Ray: ``ControlState.etas`` forecasts by replay while at most
-``ETA_REPLAY_MAX_PENDING`` workloads are pending and by reservation plan beyond (``raylane.control.state_views``),
+``ETA_REPLAY_MAX_PENDING`` workloads are pending and by reservation plan beyond (``raylane.control.state_etas``),
 driven by the fake clock and host of ``tests/controltest.py`` on the Ray tests' cluster (two nodes of 2 GPUs,
 ``policies/local.yaml``). The threshold is lowered for the test so that a handful of workloads cross it.
 """
@@ -9,7 +9,7 @@ import pytest
 
 import raylane.forecast as fc
 import raylane.forecast.replay as fc_replay
-from raylane.control import state_views
+from raylane.control import state_etas
 from tests.controltest import Harness
 from tests.raytest import local_policy, spec
 
@@ -32,7 +32,7 @@ def methods(monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(fc_replay, "forecast", recorded)
-    monkeypatch.setattr(state_views, "ETA_REPLAY_MAX_PENDING", 3)
+    monkeypatch.setattr(state_etas, "ETA_REPLAY_MAX_PENDING", 3)
     return asked
 
 
@@ -127,12 +127,12 @@ def test_a_forecast_under_way_answers_the_one_before_and_starts_no_other(h):
 def test_a_forecast_that_fails_keeps_the_etas_before_it(h):
     held, ids = _first_forecast(h, 2)
     before = h.cs.etas()
-    h.clock.advance(state_views.ETA_EVERY_S)
+    h.clock.advance(state_etas.ETA_EVERY_S)
     h.tick()
     run, done = held.held.pop(0)
     done(None, 0.01, 0.01)  # what the actor's host gives for a forecast that raised
     assert h.cs.etas() is before and set(before) == set(ids)
-    h.clock.advance(state_views.ETA_EVERY_S)
+    h.clock.advance(state_etas.ETA_EVERY_S)
     h.tick()
     assert len(held.held) == 1, "no forecast after a failed one"
 
@@ -141,8 +141,8 @@ def test_forecasts_take_at_most_their_share_of_the_control_planes_time(h):
     # A forecast that took 3 s of CPU: the next waits 3 / ETA_MAX_SHARE = 30 s, past both ETA_EVERY_S and the
     # second after which a workload with no ETA asks for one.
     cost = 3.0
-    wait = cost / state_views.ETA_MAX_SHARE
-    assert wait > state_views.ETA_EVERY_S
+    wait = cost / state_etas.ETA_MAX_SHARE
+    assert wait > state_etas.ETA_EVERY_S
     held, _ = _first_forecast(h, 2, cpu_s=cost)
     started = h.clock()
     _waiting(h, 1, prefix="x")
@@ -271,7 +271,7 @@ def test_another_teams_rows_carry_the_forecast_but_not_what_it_rests_on(tmp_path
 
 def test_the_interval_gauges_export_the_longest_wait_at_each_end(learned):
     h, running, waiting = learned
-    h.clock.advance(state_views.ETA_EVERY_S)
+    h.clock.advance(state_etas.ETA_EVERY_S)
     h.tick()  # a new forecast, and the gauges from it
     now = h.clock()
     e = h.cs.etas()[waiting]

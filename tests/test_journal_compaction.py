@@ -123,7 +123,7 @@ def test_a_compaction_moves_ended_workloads_out_of_memory_and_a_restart_rebuilds
     assert sizes["live_entries"] < live_before / 2
     assert not set(ended) & set(live_ids(h)) and set(live) <= set(live_ids(h))
     assert state_of(h, ids) == before  # read back from the archive by id
-    assert not set(ended) & set(h.cs._ledger.workloads)  # the cost ledger forgot them too ...
+    assert not set(ended) & set(h.cs.costs.ledger.workloads)  # the cost ledger forgot them too ...
     assert h.call("cost") == cost  # ... and reads them back from the archive for a report
 
     h.restart()

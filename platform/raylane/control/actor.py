@@ -45,6 +45,7 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from raylane.control import api
+from raylane.control import checkpoints as ckrefs
 from raylane.control import effects as fx
 from raylane.control import ends, unpickle
 from raylane.control.journal import Journal
@@ -349,6 +350,10 @@ class ControlShell:
         elif isinstance(e, fx.RequestNodes):
             # A GCS round trip (the coordinator is found by name): off the loop, on a thread of the default pool.
             asyncio.get_event_loop().run_in_executor(None, request_nodes, e)
+        elif isinstance(e, fx.PinCheckpoint):  # hard links, quick: on the loop
+            self.cs.pin_copied(e.workload_id, e.path, ckrefs.copy_pin(e.source, e.path))
+        elif isinstance(e, fx.DropPin):
+            ckrefs.drop_copy(e.path)
         else:
             raise TypeError(f"unknown effect {e!r}")
 

@@ -2,8 +2,9 @@
 
 A fine-tune names another workload's checkpoint instead of a directory. This module owns what the control actor
 decides about such a reference, with no Ray in it: parsing it, finding its source, whether it can resolve now,
-later, or never, and where the pinned copy of the checkpoint lives. The actor journals what it decides and does
-the file work with ``pin_copy`` / ``drop_copy``.
+later, or never, and where the pinned copy of the checkpoint lives. The state machine journals what it decides and
+asks for the file work as effects (``effects.PinCheckpoint``, ``effects.DropPin``: ``raylane.control.state_pins``);
+the actor carries them out with ``copy_pin`` / ``drop_copy``.
 
 Words:
 - *source*: the workload whose checkpoint is named; *consumer*: the workload that names it.
@@ -25,7 +26,8 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 
 from raylane.errors import ValidationError
 
-__all__ = ["CheckpointRef", "parse_ref", "step_of", "Verdict", "judge", "pin_dir", "pin_copy", "drop_copy"]
+__all__ = ["CheckpointRef", "parse_ref", "step_of", "Verdict", "judge", "pin_dir", "pin_copy", "copy_pin",
+           "drop_copy"]
 
 LATEST = "latest"
 PIN_FOLDER = "_pinned"
@@ -161,6 +163,16 @@ def pin_copy(src: str, dst: str) -> str:
     except OSError:  # another copy won the race
         shutil.rmtree(tmp, ignore_errors=True)
     return dst
+
+
+def copy_pin(src: str, dst: str) -> Optional[str]:
+    """``pin_copy`` as the actor carries out a ``PinCheckpoint``: None once the copy is there, else what stopped it
+    (the state machine journals it)."""
+    try:
+        pin_copy(src, dst)
+    except OSError as exc:  # shutil.Error too: the source went, a file system refused, ...
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def drop_copy(path: str) -> None:

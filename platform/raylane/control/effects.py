@@ -71,4 +71,22 @@ class RequestNodes:
     expire_s: float
 
 
-Effect = Union[Reserve, RemoveReservation, KillWorkers, StopJob, RunProbes, Wake, CloseRun, RequestNodes]
+@dataclass(frozen=True)
+class PinCheckpoint:
+    """Copy the checkpoint directory ``source`` to ``path`` (its pinned copy, out of the reach of the source's
+    retention: ``raylane.control.checkpoints.pin_copy``, hard links where it can; there already: nothing to do),
+    then report it (``ControlState.pin_copied``: done, or what stopped it)."""
+    workload_id: str
+    source: str
+    path: str
+
+
+@dataclass(frozen=True)
+class DropPin:
+    """Remove the pinned copy of a checkpoint at ``path`` (no consumer holds it any more; gone already: nothing
+    to do)."""
+    path: str
+
+
+Effect = Union[Reserve, RemoveReservation, KillWorkers, StopJob, RunProbes, Wake, CloseRun, RequestNodes,
+               PinCheckpoint, DropPin]

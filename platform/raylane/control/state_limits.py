@@ -1,25 +1,25 @@
-"""Run limits in the control plane (a mixin of ``ControlState``): a workload class's ``max_runtime`` enforced on the
-ticks, journaled, and carried out as its ``on_max_runtime`` says.
+"""Run limits in the control plane (a role of ``raylane.control.state.ControlState``): a workload class's
+``max_runtime`` enforced on the ticks, journaled, and carried out as its ``on_max_runtime`` says.
 
 The rule is ``raylane.scheduling.runlimit``'s (the simulator applies the same one); this module owns when it is
 checked and what is done then:
 - *the index*: a heap of (due time, workload id, attempt start), one entry per lease of a class with a limit, pushed
-  at its admission; a full tick pops what fell due (``_enforce_run_limits``), so a tick's work grows with the
+  at its admission (``track``); a full tick pops what fell due (``enforce``), so a tick's work grows with the
   limits that fall due, not with the leases. An entry whose attempt has ended since is stale and dropped. It is
   built from the leases when first needed and again after a policy change (the classes' limits may have changed).
 - *reached*: a ``RUNNING`` gang past its limit is asked to save a checkpoint and stop within its class's grace
   period (a ``run_limit`` entry; the record is ``PREEMPTING`` with the reason), and stopped by force after it, as a
-  preemption's victim is (``_enforce_deadlines``). A lease not running yet (its driver is starting the gang, or
+  preemption's victim is (``Leases.enforce_deadlines``). A lease not running yet (its driver is starting the gang, or
   restarting it after a resize) is checked again at the next full tick; one stopping already for a preemption is
   left to it.
-- *its gang stopped* (``_end_run_limited``, from ``_release_lease``): ``requeue``: back to its queue at its original
-  place, with its service; ``stop``: it ends ``FAILED``, outcome ``max runtime``, with the reason, its MLflow run
-  closed and its Ray job stopped if its driver does not exit, as after a cancel.
+- *its gang stopped* (``end_run_limited``, from ``Leases.release_lease``): ``requeue``: back to its queue at its
+  original place, with its service; ``stop``: it ends ``FAILED``, outcome ``max runtime``, with the reason, its
+  MLflow run closed and its Ray job stopped if its driver does not exit, as after a cancel.
 """
 from __future__ import annotations
 
 import heapq
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from raylane.control import effects as fx
 from raylane.control.journal import Kind
@@ -27,15 +27,30 @@ from raylane.control.records import Record, State
 from raylane.scheduling import lifecycle, runlimit
 
 
-class RunLimitCalls:
-    """Needs of the state machine: ``records``, ``state``, ``policy``, ``pipes``, ``cancel_grace_s``, ``_append``,
-    ``_emit``, ``_poke``, ``_remove_pg``."""
+class RunLimits:
+    """The index of run limits and what is done when one is reached. Handed the records, the ``ClusterState`` and
+    the policy (getters: a policy reload replaces both), the pipeline book (a stage's job is its pipeline's driver),
+    the cancel grace period, ``append``, ``emit``, ``poke`` and ``remove_pg`` (``Leases.remove_pg``)."""
 
-    # (due, workload id, attempt start); None until first needed. ``_limits_policy``: the policy it was built for.
-    _limit_due: Optional[List[Tuple[float, str, float]]] = None
-    _limits_policy: Any = None
+    def __init__(self, *, records, state: Callable[[], Any], policy: Callable[[], Any], pipes, cancel_grace_s: float,
+                 append: Callable[..., Any], emit: Callable[[fx.Effect], None], poke: Callable[[], None],
+                 remove_pg: Callable[[Record], None]):
+        self.records, self.pipes, self.cancel_grace_s = records, pipes, cancel_grace_s
+        self._state, self._policy = state, policy
+        self._append, self._emit, self._poke, self._remove_pg = append, emit, poke, remove_pg
+        # (due, workload id, attempt start); None until first needed. ``_limits_policy``: the policy it was built for.
+        self._limit_due: Optional[List[Tuple[float, str, float]]] = None
+        self._limits_policy: Any = None
 
-    def _track_run_limit(self, rec: Record) -> None:
+    @property
+    def state(self):
+        return self._state()
+
+    @property
+    def policy(self):
+        return self._policy()
+
+    def track(self, rec: Record) -> None:
         """``rec`` was just admitted: index when its attempt reaches its class's limit, if it has one."""
         if self._limit_due is not None and self._limits_policy is self.policy:
             self._push_run_limit(rec)  # otherwise the next full tick indexes every lease, this one included
@@ -55,7 +70,7 @@ class RunLimitCalls:
             if rec is not None:
                 self._push_run_limit(rec)
 
-    def _enforce_run_limits(self, now: float) -> None:
+    def enforce(self, now: float) -> None:
         """Gangs whose attempt (or, for ``stop``, whose attempts together) reached their class's ``max_runtime`` are
         asked to stop (see the module's *reached*)."""
         if self._limit_due is None or self._limits_policy is not self.policy:
@@ -86,7 +101,7 @@ class RunLimitCalls:
                      note=f"{reason} (its gang has {grace:g}s to save a checkpoint and stop)")
         lifecycle.begin_stop(self.state, rec.id)
 
-    def _end_run_limited(self, rec: Record, now: float, outcome: str, step: Optional[int]) -> bool:
+    def end_run_limited(self, rec: Record, now: float, outcome: str, step: Optional[int]) -> bool:
         """The gang of ``rec`` stopped (``outcome``: yielded, or by force): if it stopped for its run limit, it goes
         back to its queue or ends, as its class says; False when it stopped for something else (a preemption)."""
         limit = rec.run_limit

@@ -1,4 +1,5 @@
-"""The control plane's pipeline calls and pipeline service (a mixin of ``ControlState``; see docs/pipelines.md).
+"""The control plane's pipeline calls and pipeline service (a role of ``raylane.control.state.ControlState``; see
+docs/pipelines.md).
 
 ``pipeline_submit`` checks a ``kind: pipeline`` spec whole (its shape, its DAG, every stage's workload against the
 policy and the cluster: one stage that could never run refuses the pipeline, named), plans it on the nodes in
@@ -6,17 +7,17 @@ service (``raylane.planning``), journals the pipeline and then one record per st
 duration is planned with the median of the runtime its record would be predicted (``self.runtimes``, the control
 plane's ``RuntimeBook``), and the plan's explanation (the pipeline's ``planner`` text) names each such stage and what
 the prediction rests on; with no history to predict from, the pipeline is refused, naming the stage. Every stage
-waits in the actor's held set (as a consumer of a checkpoint does) until the stages it needs have succeeded; then it
-queues like any workload, under its team's quota, preferring its planned node and then the nodes that hold its inputs.
-Each tick ``_service_pipelines`` ends pipelines whose stages have all ended, and re-plans the stages not started when
-a stage runs longer than ``pipelines.overrun`` times its estimate (a predicted one: the seconds journaled at submit);
-a lost node re-plans at once (``_replan_for_node``).
+is held (``state_pins.Pins``, as a consumer of a checkpoint is) until the stages it needs have succeeded
+(``may_go``); then it queues like any workload, under its team's quota, preferring its planned node and then the
+nodes that hold its inputs. Each full tick ``service`` ends pipelines whose stages have all ended, and re-plans the
+stages not started when a stage runs longer than ``pipelines.overrun`` times its estimate (a predicted one: the
+seconds journaled at submit); a lost node re-plans at once (``replan_for_node``).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from raylane.auth import Principal
 from raylane.config.loader import load_spec_from_dict
@@ -26,18 +27,44 @@ from raylane.control import effects as fx
 from raylane.control import pipelines as pl
 from raylane.control.journal import Kind
 from raylane.control.records import Record, State
+from raylane.control.state_requests import journal_submitted
 from raylane.errors import ConflictError, InfeasibleError, NotFoundError, ValidationError
 from raylane.runtimes import human_s
 
 log = logging.getLogger("raylane.control")
 
 
-class PipelineCalls:
-    """Needs of the state machine: ``records``, ``journal``, ``state``, ``policy``, ``gate``, ``pipes`` (a PipelineBook),
-    ``_waiting``, ``_append``, ``_append_submitted``, ``_refresh_nodes``, ``_release_if_ready``, ``_poke``."""
+class Pipelines:
+    """Pipelines in the control plane: their calls, their stages' gate and node preference, their service.
+
+    Its book is the ``PipelineBook`` (``pipes``). Handed the records, the journal, the ``ClusterState`` and the policy
+    (getters: a policy reload replaces both), the gate (owners and what a caller may read), the runtime book (a stage
+    with no declared duration is planned with its prediction), the clock, ``append``, ``emit``, ``poke``, and what
+    it asks of the other roles: ``refresh_nodes`` (Ray's node table read now: ``NodeService.refresh``), ``feasible``
+    (``ScaleUp.feasible``), ``hold`` (a stage held until its inputs are done: ``Pins.hold``), ``core`` (a record's
+    core workload, with its stage's node preference) and ``cancel`` (``Leases.cancel``)."""
+
+    def __init__(self, *, records, journal, state: Callable[[], Any], policy: Callable[[], Any], gate, pipes,
+                 runtimes, clock: Callable[[], float], append: Callable[..., Any],
+                 emit: Callable[[fx.Effect], None], poke: Callable[[], None], refresh_nodes: Callable[[], bool],
+                 feasible: Callable[[Any], Any], hold: Callable[[Record], None], core: Callable[[Record], Any],
+                 cancel: Callable[..., None]):
+        self.records, self.journal, self.gate, self.pipes, self.runtimes = records, journal, gate, pipes, runtimes
+        self._state, self._policy, self.clock = state, policy, clock
+        self._append, self._emit, self._poke = append, emit, poke
+        self._refresh_nodes, self._feasible, self._hold = refresh_nodes, feasible, hold
+        self._core, self._cancel = core, cancel
+
+    @property
+    def state(self):
+        return self._state()
+
+    @property
+    def policy(self):
+        return self._policy()
 
     # ------------------------------------------------------------------------------------------------ calls
-    def _api_pipeline_submit(self, p: Principal, req: api.PipelineSubmit) -> Dict[str, Any]:
+    def submit(self, p: Principal, req: api.PipelineSubmit) -> Dict[str, Any]:
         from raylane.config import pipeline as ps
         from raylane.planning import PLANNERS, CpSatPlanner
 
@@ -62,7 +89,7 @@ class PipelineCalls:
             except ValidationError as exc:
                 errors += [(f"stages.{stage}.workload.{f}", v, a) for f, v, a in exc.errors]
                 continue
-            why = self.feasible(w)
+            why = self._feasible(w)
             if why is not None:
                 infeasible.append(f"stage {stage}: {why}")
             ref = ckrefs.parse_ref(parsed[stage].config.get(ckrefs.ref_key(s)), f"config.{ckrefs.ref_key(s)}")
@@ -102,11 +129,10 @@ class PipelineCalls:
             clean = cleans[stage]
             rec = Record(ids[stage], clean, now)
             self.records[rec.id] = rec
-            self._append_submitted(rec, clean, now, None, p)
-            self._waiting.add(rec.id)
-            self._release_if_ready(rec)
+            journal_submitted(self.journal, rec, clean, now, None, p)
+            self._hold(rec)
         self._poke()
-        return self._pipeline_view(p, self.pipes.runs[pid], specs=specs)
+        return self.view(p, self.pipes.runs[pid], specs=specs)
 
     def _predict_undeclared(self, spec, cleans: Dict[str, Dict[str, Any]], ids: Dict[str, str], now: float,
                             p: Principal) -> Dict[str, Dict[str, Any]]:
@@ -131,10 +157,10 @@ class PipelineCalls:
                                                "predict one from") for s in missing])
         return out
 
-    def _api_pipeline_status(self, p: Principal, req: api.PipelineStatus) -> Dict[str, Any]:
-        return self._pipeline_view(p, self._pipeline(req.workload_id))
+    def status(self, p: Principal, req: api.PipelineStatus) -> Dict[str, Any]:
+        return self.view(p, self._pipeline(req.workload_id))
 
-    def _api_pipeline_output(self, p: Principal, req: api.PipelineOutput) -> None:
+    def output(self, p: Principal, req: api.PipelineOutput) -> None:
         run = self._pipeline(req.workload_id)
         if req.stage not in run.stages:
             raise ValidationError("pipeline output", [("stage", req.stage, f"one of {', '.join(run.stages)}")])
@@ -147,7 +173,7 @@ class PipelineCalls:
             raise NotFoundError(f"no pipeline {pid!r}")
         return run
 
-    def _pipeline_view(self, p: Principal, run: pl.PipelineRun, specs: Optional[Dict[str, Any]] = None):
+    def view(self, p: Principal, run: pl.PipelineRun, specs: Optional[Dict[str, Any]] = None):
         stages = []
         for stage, wid in run.stages.items():
             rec = self.records.get(wid)
@@ -173,9 +199,10 @@ class PipelineCalls:
         return out
 
     # ------------------------------------------------------------------------------------------- service
-    def _pipeline_gate(self, rec: Record) -> bool:
+    def may_go(self, rec: Record) -> bool:
         """For a held record: False while it is a stage whose inputs are not done (its reason says which), or
-        once it failed because one never will be; True when it may go on (not a stage, or its inputs are done)."""
+        once it failed because one never will be (its end lets go of its hold); True when it may go on (not a stage,
+        or its inputs are done)."""
         got = self.pipes.stage_of(rec.id)
         if got is None:
             return True
@@ -185,7 +212,6 @@ class PipelineCalls:
         if verdict == "ready":
             return True
         if verdict == "never":
-            self._waiting.discard(rec.id)
             self._append(Kind.FINISHED, rec, state=State.FAILED, outcome="pipeline input failed",
                          note=f"failed without running: {why}")
             self._emit(fx.Wake(rec.id))
@@ -193,7 +219,8 @@ class PipelineCalls:
         rec.reason, rec.position, rec.reason_data = why, None, {"type": "WaitingForInputs"}
         return False
 
-    def _stage_prefer(self, rec: Record, w):
+    def stage_prefer(self, rec: Record, w):
+        """``w`` preferring its stage's planned node, then those that hold its inputs (not a stage: ``w``)."""
         got = self.pipes.stage_of(rec.id)
         if got is None:
             return w
@@ -202,7 +229,8 @@ class PipelineCalls:
         prefer = pl.preferred_nodes(run, stage, placements)
         return replace(w, gang=replace(w.gang, prefer=prefer)) if prefer else w
 
-    def _service_pipelines(self, now: float) -> None:
+    def service(self, now: float) -> None:
+        """A full tick: pipelines whose stages have all ended end; a stage that overruns re-plans the rest."""
         for run in self.pipes.active():
             states = {w: self.records[w].state.value for w in run.stages.values() if w in self.records}
             end = pl.end_state(run, states)
@@ -217,7 +245,8 @@ class PipelineCalls:
                 self._replan(run, now, f"stage {', '.join(late)} ran over {self.policy.pipelines.overrun:g}x its "
                                        f"estimate", overrun=late)
 
-    def _replan_for_node(self, node_id: str, now: float) -> None:
+    def replan_for_node(self, node_id: str, now: float) -> None:
+        """The node ``node_id`` was lost: re-plan each pipeline that counted on it."""
         for run in self.pipes.active():
             started = {s for s, w in run.stages.items() if w in self.records and self.records[w].admitted_at}
             if any((run.plan.get(s) or {}).get("node") == node_id for s in run.stages if s not in started) or any(
@@ -275,7 +304,8 @@ class PipelineCalls:
                 self.state.enqueue(self._core(rec))
         self._poke()
 
-    def _cancel_pipeline_stages(self, run: pl.PipelineRun, why: str) -> None:
+    def cancel_stages(self, run: pl.PipelineRun, why: str) -> None:
+        """Cancel every stage of ``run`` not ended."""
         for w in run.stages.values():
             rec = self.records.get(w)
             if rec is not None and not rec.state.terminal:

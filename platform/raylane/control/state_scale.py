@@ -1,4 +1,4 @@
-"""Scale-up: the control plane's side of Ray's autoscaler (a mixin of ``ControlState``).
+"""Scale-up: the control plane's side of Ray's autoscaler (a role of ``raylane.control.state.ControlState``).
 
 On each full tick the gangs the cycle left waiting for capacity make demand (``raylane.scheduling.autoscale``): new
 nodes of the cluster file's growable node groups, within each group's ``max`` and each team's monthly budget. What
@@ -24,7 +24,7 @@ first made, so a restart neither asks twice nor forgets what it asked.
 from __future__ import annotations
 
 import time as _time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from raylane.config.cluster import ClusterFile, NodeGroup
 from raylane.control import effects as fx
@@ -55,7 +55,7 @@ EXPIRE_S = 120.0
 # it starts again.
 FEASIBLE_MEMO_MAX = 4096
 
-__all__ = ["RENEW_S", "EXPIRE_S", "ScaleCalls", "request_data", "request_from", "whole_node_ask"]
+__all__ = ["RENEW_S", "EXPIRE_S", "ScaleUp", "request_data", "request_from", "whole_node_ask"]
 
 
 def _res(r: Resources) -> Dict[str, float]:
@@ -100,19 +100,27 @@ def _duration(s: Optional[float]) -> str:
     return f"{s // 60} min" if s >= 60 and s % 60 == 0 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s} s"
 
 
-class ScaleCalls:
-    """Scale-up for ``ControlState``: the groups it may grow, the requests standing and the ask last sent."""
+class ScaleUp:
+    """Scale-up for ``ControlState``: owns the groups it may grow, the requests standing, the ask last sent and the
+    gangs that wait for a node before they preempt. Handed the records, the journal, the ``ClusterState`` and the
+    policy (getters: a policy reload replaces both), ``emit``, ``month_spend`` (each team's spend this month:
+    ``state_costs.Costs``) and ``reason_of`` (the reason the cycle gave a pending gang: ``state_reasons``)."""
 
-    def _init_scale(self, cluster: Optional[Mapping[str, Any]]) -> None:
+    def __init__(self, cluster: Optional[Mapping[str, Any]], *, records, journal, state: Callable[[], Any],
+                 policy: Callable[[], Any], emit: Callable[[fx.Effect], None],
+                 month_spend: Callable[[float], Dict[str, float]], reason_of: Callable[[str], Any]):
         """``cluster``: the cluster file as a dict (None: no group can grow, and nothing is ever asked)."""
+        self.records, self.journal = records, journal
+        self._state, self._policy = state, policy
+        self._emit, self._month_spend, self._reason_of = emit, month_spend, reason_of
         groups: Tuple[NodeGroup, ...] = ()
         if cluster is not None:
             from raylane.config.loader import _validate
 
             groups = tuple(g for g in _validate(ClusterFile, dict(cluster), "control cluster file", []).nodes
                            if g.growable)
-        self.scale_groups: Tuple[NodeGroup, ...] = groups
-        self.scale_requests: Dict[str, NodeRequest] = {}  # gang id -> its standing request, in queue order
+        self.groups: Tuple[NodeGroup, ...] = groups
+        self.requests: Dict[str, NodeRequest] = {}  # gang id -> its standing request, in queue order
         self._scale_since: Dict[str, float] = {}  # gang id -> when its request was first made
         self._scale_memo: Dict[Tuple, Any] = {}
         self._scale_sent: Optional[Tuple] = None  # the last ask sent: (bundles, selectors)
@@ -123,32 +131,41 @@ class ScaleCalls:
         self._scale_noted: set = set()  # gangs whose reason carries a scale-up note
         # Gang id -> the time until which it preempts nobody, waiting for a new node (its class's wait_for_scale_up):
         # the cycle reads it (``Snapshot.scale_wait``).
-        self.scale_hold: Dict[str, float] = {}
+        self.hold: Dict[str, float] = {}
+
+    @property
+    def state(self):
+        return self._state()
+
+    @property
+    def policy(self):
+        return self._policy()
 
     # ---------------------------------------------------------------------------------------------- replay
-    def _scale_apply(self, e: Entry) -> None:
+    def apply(self, e: Entry) -> None:
+        """Replay: a journaled ``scale`` entry."""
         event = e.data.get("event")
         if event == "requested":
-            self.scale_requests[e.workload_id] = request_from(e.workload_id, e.data)
+            self.requests[e.workload_id] = request_from(e.workload_id, e.data)
             self._scale_since.setdefault(e.workload_id, e.ts)
         elif event == "withdrawn":
-            self.scale_requests.pop(e.workload_id, None)
+            self.requests.pop(e.workload_id, None)
             if not e.data.get("replaced"):
                 self._scale_since.pop(e.workload_id, None)
 
     # --------------------------------------------------------------------------------------------- reading
-    def live_scale_groups(self) -> Tuple[ScaleGroup, ...]:
+    def live_groups(self) -> Tuple[ScaleGroup, ...]:
         """The growable groups with the nodes of their node type that exist now."""
         counts: Dict[str, int] = {}
         for n in self.state.nodes.values():
             counts[n.node_type] = counts.get(n.node_type, 0) + 1
-        return tuple(g.scale_group(counts.get(g.node_type, 0)) for g in self.scale_groups)
+        return tuple(g.scale_group(counts.get(g.node_type, 0)) for g in self.groups)
 
     def potential_nodes(self) -> List[Node]:
         """Empty nodes of every growable group up to its ``max`` beyond the nodes of its type that exist: what
         a submission is judged feasible against besides the nodes in service."""
         out: List[Node] = []
-        for g in self.live_scale_groups():
+        for g in self.live_groups():
             out.extend(g.empty_nodes(max(0, g.max - g.count)))
         return out
 
@@ -161,7 +178,7 @@ class ScaleCalls:
         it is remembered while the state, its node version, the nodes the groups may add and the admission rule
         stay the same: a burst of one shape is judged once, not once a submission."""
         st = self.state
-        potential = self.potential_nodes() if self.scale_groups else []
+        potential = self.potential_nodes() if self.groups else []
         key = (id(st), st.node_version, st.config.admission,
                tuple((n.id, n.capacity, n.node_type, n.features, n.datasets, tuple(sorted(n.labels.items())))
                      for n in potential))
@@ -182,35 +199,35 @@ class ScaleCalls:
     def hold_for_scale_up(self, wid: str, now: float) -> None:
         """A gang just queued waits for a node before it preempts (its class's ``wait_for_scale_up``), until the
         next full tick's demand says whether one is asked for it (then from when it was asked) or not (no wait)."""
-        if self.scale_groups:
+        if self.groups:
             wait = self._scale_wait_of(wid)
             if wait > 0:
-                self.scale_hold[wid] = now + wait
+                self.hold[wid] = now + wait
 
     def _team_spend(self, now: float) -> Tuple[TeamSpend, ...]:
         budgets = {name: t.budget for name, t in self.policy.teams.items() if t.budget}
         if not budgets:
             return ()
-        spent = self.month_spend(now)
+        spent = self._month_spend(now)
         return tuple(TeamSpend(team, b, spent.get(team, 0.0)) for team, b in sorted(budgets.items()))
 
     # ------------------------------------------------------------------------------------------------ tick
-    def _plan_scale(self, pending: Iterable[Pending], now: float) -> Optional[Demand]:
+    def plan(self, pending: Iterable[Pending], now: float) -> Optional[Demand]:
         """The demand of ``pending`` (a full tick's cycle), its changes journaled, reasons noted and the ask sent
         when it changed or is due for renewal. Nothing when no group can grow."""
-        if not self.scale_groups:
+        if not self.groups:
             return None
-        groups = self.live_scale_groups()
+        groups = self.live_groups()
         snap = ScaleSnapshot(tuple(pending), groups, self._team_spend(now), self.policy.budget_stop_share,
-                             tuple(self.scale_requests.values()), self._flavor_room())
+                             tuple(self.requests.values()), self._flavor_room())
         demand = compute_demand(snap, memo=self._scale_memo)
-        admitted = {wid for wid in self.scale_requests
+        admitted = {wid for wid in self.requests
                     if (rec := self.records.get(wid)) is not None and rec.state not in (
                         State.PENDING, State.CANCELLED, State.REJECTED)}
-        changes = diff_requests(self.scale_requests.values(), demand, admitted=admitted)
+        changes = diff_requests(self.requests.values(), demand, admitted=admitted)
         for w in changes.withdraw:
             replaced = type(w.reason).__name__ == "Replaced"
-            self.scale_requests.pop(w.request.workload, None)
+            self.requests.pop(w.request.workload, None)
             self.journal.append(Kind.SCALE, w.request.workload, event="withdrawn", group=w.request.group,
                                 nodes=w.request.nodes, reason=str(w.reason), replaced=replaced)
             if not replaced:
@@ -218,8 +235,8 @@ class ScaleCalls:
         for r in changes.add:
             self.journal.append(Kind.SCALE, r.workload, event="requested", **request_data(r))
             self._scale_since.setdefault(r.workload, now)
-        self.scale_requests = {r.workload: r for r in demand.requests}
-        self.scale_hold = {r.workload: self._scale_since[r.workload] + wait for r in demand.requests
+        self.requests = {r.workload: r for r in demand.requests}
+        self.hold = {r.workload: self._scale_since[r.workload] + wait for r in demand.requests
                            if (wait := self._scale_wait_of(r.workload)) > 0}
         self._note_scale(demand)
         ask = whole_node_ask(demand.nodes_by_group(), {g.name: g for g in groups})
@@ -243,7 +260,7 @@ class ScaleCalls:
             spot = " spot" if r.spot else ""
             notes[r.workload] = (f"waiting for {r.nodes} new {r.group}{spot} node{'s' if r.nodes != 1 else ''} "
                                  f"({r.node_type}): requested {at}, typical start {_duration(r.startup_s)}")
-            until = self.scale_hold.get(r.workload)
+            until = self.hold.get(r.workload)
             if until is not None:
                 notes[r.workload] += (f"; it preempts nobody before {_time.strftime('%H:%M:%S', _time.localtime(until))}"
                                       f" (its class waits {_duration(self._scale_wait_of(r.workload))} for scale-up)")
@@ -252,7 +269,7 @@ class ScaleCalls:
                 notes[w.workload] = f"no new node asked for: {w.reason}"
         for wid in self._scale_noted | set(notes):
             rec = self.records.get(wid)
-            base = self._reason_of.get(wid)
+            base = self._reason_of(wid)
             if rec is None or rec.state is not State.PENDING or base is None:
                 continue
             note = notes.get(wid)
