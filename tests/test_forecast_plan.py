@@ -253,17 +253,3 @@ def _holes_of(p, level):
     return out + [(start, float("inf"))] if start is not None else out
 
 
-def test_a_static_ordering_walks_the_merged_queues_as_the_head_keys_do():
-    # Where the head key is the queue key, the walk merges the team queues by it (``_Order.merged``): the same
-    # order as the heap of head keys, re-keyed after each workload, that fair share needs.
-    import raylane.forecast.plan as fp
-    from tests.bench.bench_eta import speed_scene
-
-    st, now = speed_scene(seed=3, nodes=12, pending=1300, teams=4)
-    assert st.config.ordering == "priority"
-    ledger = fp.QuotaLedger(st.teams, st.usage)
-    merged = fp._Order(st, ledger, [], st.pending())
-    by_heap = fp._Order(st, ledger, [], st.pending())
-    by_heap.merged = False
-    assert merged.merged and len({w.team for w in st.pending()}) == 4
-    assert [w.id for w in merged] == [w.id for w in by_heap]

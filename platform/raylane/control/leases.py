@@ -1,8 +1,10 @@
 """Leases in the control plane: admission into a reservation, preemption, resize, grace deadlines and release (a role
 of ``raylane.control.state.ControlState``).
 
-``apply`` carries out what one scheduling cycle decided (its preemptions, resizes and admissions, in that order);
-the other methods carry a lease through its life: admitted (journaled, booked in the ``ClusterState``, its
+``apply`` carries out what one scheduling cycle decided through ``raylane.scheduling.apply.Applier`` (the one place
+every driver of the core carries out a cycle: its order, stops, deadlines, resizes, requeues and the LIVE
+cycle-again rule), this role being the Applier's driver: its hooks journal each step and emit its effects. The
+other methods carry a lease through its life: admitted (journaled, booked in the ``ClusterState``, its
 reservation asked for), placed (``reservation_ready``) or rolled back and requeued (``reservation_failed``), asked
 to save a checkpoint and stop within its class's grace period (a preemption, or a resize whose gang restarts at the
 new size: ``finish_resize``), stopped by force once that deadline has passed (``enforce_deadlines``), released back
@@ -27,8 +29,9 @@ from raylane.control import effects as fx
 from raylane.control.journal import Kind
 from raylane.control.records import Record, State
 from raylane.control.state_nodes import GiB
-from raylane.scheduling import Admit, RAY_STRATEGY, lifecycle
-from raylane.scheduling.types import SPOT_LABEL, Resize, Resources
+from raylane.scheduling import Admit, RAY_STRATEGY
+from raylane.scheduling.apply import LIVE, Applier, Stop
+from raylane.scheduling.types import SPOT_LABEL, Lease, Resize, Resources, Workload
 
 # A workload's reservation (Ray placement group) is named after it and the lease it holds: PG_PREFIX + its id + "." +
 # the number of its admissions and resizes so far (``pg_name_for``). A name is never used twice: what Ray says late of
@@ -81,6 +84,10 @@ class Leases:
         # of the hand-over. A resize waits until the gang is heard, so that it can yield (``resize``).
         self._starting: Dict[str, float] = {}
         self._preemptor_cls: Dict[str, str] = {}  # victim id -> its preemptor's class (the preemptions metric)
+        self._ap: Optional[Applier] = None  # the Applier of the ClusterState now (``applier``)
+        # What the release under way journals (``release_lease``, ``finish_resize``, ``_rollback``): read by the
+        # Applier's hooks ``requeued`` and ``resized``.
+        self._release: Dict[str, Any] = {}
 
     @property
     def state(self):
@@ -91,19 +98,105 @@ class Leases:
     def policy(self):
         return self._policy()
 
+    @property
+    def applier(self) -> Applier:
+        """The Applier of the ``ClusterState`` now; made anew for a new state (a restart, a policy reload), its book
+        of stops read from the records (a gang asked to stop, with its deadline; a resize, with its new size)."""
+        st = self.state
+        if self._ap is None or self._ap.state is not st:
+            ap = self._ap = Applier(st, self, rule=LIVE)
+            for wid, lease in st.leases.items():
+                rec = self.records.get(wid)
+                if rec is None or not rec.state.stopping or rec.stop_deadline is None:
+                    continue
+                rz = None
+                if rec.state is State.RESIZING and rec.resize:
+                    r = rec.resize
+                    rz = Resize(lease.workload, r["from_workers"], r["to_workers"], tuple(r["placement"]),
+                                tuple(tuple(d) for d in r["devices"]), r.get("reason", ""))
+                ap.stops[wid] = Stop(wid, rec.stop_deadline, rec.stop_deadline,
+                                     cause="resize" if rz is not None else "preemption", resize=rz)
+        return self._ap
+
     # ------------------------------------------------------------------------------------- a cycle's result
-    def apply(self, result, now: float) -> None:
-        """Carry out a cycle's decisions: its victims asked to stop, its resizes begun, its admissions reserved."""
-        for p in result.preempted:
-            for vid in p.victims:
-                self.preempt(vid, p.reason, now, p.preemptor.cls.name)
-        for rz in result.resized:
-            self.resize(rz, now)
-        for a in result.admitted:
-            self.admit(a, now)
+    def apply(self, result, now: float) -> bool:
+        """Carry out a cycle's decisions (``Applier.apply``): its admissions reserved, its resizes begun, its
+        victims asked to stop (those not started yet released at once). Whether to cycle again at once."""
+        return self.applier.apply(result, now)
+
+    # The Applier's hooks.
+    resizes_at_once = False  # a resize waits for its gang to yield
+
+    def admitted(self, a: Admit, lease: Lease, now: float) -> None:
+        self.admit(a, now, booked=True)
+
+    def may_resize(self, rz: Resize, lease: Lease, now: float) -> bool:
+        rec = self.records.get(rz.workload.id)
+        if rec is None or rec.state is not State.RUNNING:
+            # Not started yet (its driver is handing the reservation over to Ray Train) or stopping already: the
+            # core decides again on the next cycle, from the books as they are then.
+            return False
+        grace = self.policy.workload_class(rec.cls).grace_period_s
+        handed = self._starting.get(rec.id)
+        # Ray Train is still starting its workers: the loop hears a stop only once it runs (at its checkpoints), so
+        # a resize asked now would likely run out its grace period and be forced. The core decides again next
+        # cycle; once the gang is heard from, or a grace period after the hand-over, it goes ahead.
+        return handed is None or now - handed >= grace
+
+    def resizing(self, rz: Resize, grown: Optional[Lease], stop: Optional[Stop], now: float) -> None:
+        rec = self.records[rz.workload.id]
+        attained = grown.workload.attained_gpu_s if grown is not None else rec.attained_gpu_s
+        self._append(Kind.RESIZING, rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
+                     placement=list(rz.placement), devices=[list(d) for d in rz.devices], reason=rz.reason,
+                     deadline=stop.deadline, attained_gpu_s=attained, note=f"resizing: {rz.reason}")
+        metrics.RESIZES.inc(team=rec.team, workload_class=rec.cls,
+                            direction="grow" if rz.to_workers > rz.from_workers else "shrink")
+
+    def stopping(self, stop: Stop, lease: Lease, now: float) -> bool:
+        rec = self.records[stop.workload_id]
+        started = rec.state in (State.RUNNING, State.RESIZING)
+        self._preemptor_cls[rec.id] = stop.preemptor.cls.name if stop.preemptor is not None else stop.cause
+        self._append(Kind.PREEMPTING, rec, deadline=stop.deadline, reason=stop.reason,
+                     note=f"preempted: {stop.reason}")
+        if not started:
+            # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
+            self._release = {"outcome": "preempted before start"}
+        return not started
+
+    def requeued(self, lease: Lease, w: Workload, stop: Optional[Stop], now: float, attained: float) -> None:
+        rec = self.records[lease.id]
+        how, self._release = self._release, {}
+        if "rollback" in how:
+            self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s,
+                         note=f"admission rolled back: {how['rollback']}")
+            return
+        outcome, step = how.get("outcome", "stopped"), how.get("step")
+        metrics.PREEMPTIONS.inc(team=rec.team, workload_class=rec.cls,
+                                preemptor_class=self._preemptor_cls.pop(rec.id, ""),
+                                outcome="forced" if "by force" in outcome else "graceful")
+        self.remove_pg(rec)
+        self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
+                     note=f"back in the queue ({outcome})")
+        self._poke()
+
+    def resized(self, rz: Resize, lease: Lease, stop: Stop, now: float) -> None:
+        rec = self.records[lease.id]
+        how, self._release = self._release, {}
+        step = how.get("step")
+        r = rec.resize
+        self._confirmed.discard(rec.id)
+        self.remove_pg(rec)
+        self._append(Kind.RESIZED, rec, from_workers=r["from_workers"], to_workers=r["to_workers"],
+                     placement=list(r["placement"]), devices=r["devices"], pg_name=pg_name_for(rec),
+                     attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
+                     note=f"resized from {r['from_workers']} to {r['to_workers']} workers ({how.get('how', '')}); "
+                          f"restarts from its checkpoint on {', '.join(n[:8] for n in r['placement'])}")
+        self._reserve(rec, lease.workload, rec.placement)
+        self._poke()
 
     # ------------------------------------------------------------------------------- admission, reservation
-    def admit(self, a: Admit, now: float) -> None:
+    def admit(self, a: Admit, now: float, booked: bool = False) -> None:
+        """Journal an admission and ask for its reservation (``booked``: the Applier booked it in the state)."""
         rec = self.records[a.workload.id]
         pg_name = pg_name_for(rec)
         self._confirmed.discard(rec.id)
@@ -113,7 +206,8 @@ class Leases:
                      devices=[list(d) for d in a.devices], **(choice or {}),
                      note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
                           + (" (borrowing)" if a.borrowing else "") + (f": {choice['why']}" if choice else ""))
-        lifecycle.admit(self.state, a, now)
+        if not booked:
+            self.applier.state.start(a, now)
         self.limits.track(rec)  # when its class's max_runtime falls due (state_limits)
         w = a.workload
         metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())
@@ -165,9 +259,11 @@ class Leases:
 
     def _rollback(self, rec: Record, why: str) -> None:
         if rec.id in self.state.leases:
-            lease = lifecycle.end(self.state, rec.id, self.clock())
-            self._append(Kind.REQUEUED, rec, attained_gpu_s=rec.attained_gpu_s, note=f"admission rolled back: {why}")
-            lifecycle.requeue(self.state, lease, self.clock(), rec.attained_gpu_s)
+            now = self.clock()
+            lease = self.applier.ended(rec.id, now)
+            self._release = {"rollback": why}
+            # back with the service it had when admitted (none of this lease's)
+            self.applier.requeue(lease, None, now, (lease.workload, lease.start_time))
         self._poke()
 
     def ready(self, rec: Record) -> bool:
@@ -204,66 +300,23 @@ class Leases:
 
     # -------------------------------------------------------------------------------- preemption, resize
     def preempt(self, wid: str, reason: str, now: float, preemptor_class: str = "") -> None:
+        """Ask ``wid``'s gang to stop (a drain, a node out of service): as a cycle's victim is (``Applier.stop``);
+        one not started yet is released at once."""
         rec = self.records[wid]
-        if rec.state is State.PREEMPTING:
+        if rec.state is State.PREEMPTING or wid not in self.state.leases:
             return
-        self._preemptor_cls[wid] = preemptor_class
-        started = rec.state in (State.RUNNING, State.RESIZING)
-        grace = self.policy.workload_class(rec.cls).grace_period_s
-        if rec.state is State.RESIZING:
-            # Stopping already for a resize: it now stops for good (back to the queue), keeping its deadline.
-            grace = max(0.0, (rec.stop_deadline or now + grace) - now)
-        self._append(Kind.PREEMPTING, rec, deadline=now + grace, reason=reason, note=f"preempted: {reason}")
-        lifecycle.begin_stop(self.state, wid)
-        if not started:
-            # Nothing runs on the reservation yet: there is nothing to checkpoint, release at once.
-            self.release_lease(rec, now, outcome="preempted before start")
-
-    def resize(self, rz: Resize, now: float) -> None:
-        """Carry out a ``Resize`` of a running elastic gang: journal it, ask the gang to save a checkpoint and stop
-        (as for a preemption, within its class's grace period), and restart it at the new size once it has stopped
-        (``finish_resize``). Growth books the new workers' capacity at once, so nothing else is admitted into it
-        meanwhile; a shrink keeps the whole gang booked until it has stopped, so what it frees is never promised
-        twice (the preemptor it shrinks for waits for it, as for a stop)."""
-        rec = self.records.get(rz.workload.id)
-        if rec is None or rec.state is not State.RUNNING or rec.id not in self.state.leases:
-            # Not started yet (its driver is handing the reservation over to Ray Train) or stopping already: the
-            # core decides again on the next cycle, from the books as they are then.
-            return
-        grace = self.policy.workload_class(rec.cls).grace_period_s
-        handed = self._starting.get(rec.id)
-        if handed is not None and now - handed < grace:
-            # Ray Train is still starting its workers: the loop hears a stop only once it runs (at its checkpoints),
-            # so a resize asked now would likely run out its grace period and be forced. The core decides again
-            # next cycle; once the gang is heard from, or a grace period after the hand-over, it goes ahead.
-            return
-        grow = rz.to_workers > rz.from_workers
-        attained = rec.attained_gpu_s
-        grown = lifecycle.begin_resize(self.state, rz, now)  # a shrink keeps the whole gang booked until it stops
-        if grown is not None:
-            attained = grown.workload.attained_gpu_s
-        self._append(Kind.RESIZING, rec, from_workers=rz.from_workers, to_workers=rz.to_workers,
-                     placement=list(rz.placement), devices=[list(d) for d in rz.devices], reason=rz.reason,
-                     deadline=now + grace, attained_gpu_s=attained, note=f"resizing: {rz.reason}")
-        metrics.RESIZES.inc(team=rec.team, workload_class=rec.cls, direction="grow" if grow else "shrink")
+        ap = self.applier
+        if ap.stop(wid, now, preemptor_class or "preemption", reason=reason):
+            ap.stopped(wid, now)
 
     def finish_resize(self, rec: Record, now: float, how: str, step: Optional[int] = None) -> None:
-        """The gang stopped for its resize: the lease goes on at the new size on the nodes the core chose (a new
-        reservation, handed over to Ray Train as at an admission); the driver restarts the gang from its checkpoint."""
-        rz = rec.resize
-        lease = self.state.leases[rec.id]  # fails loudly if the lease is gone
-        lease = lifecycle.finish_shrink(self.state, Resize(
-            lease.workload, lease.workload.gang.workers, rz["to_workers"], tuple(rz["placement"]),
-            tuple(tuple(d) for d in rz["devices"]), rz["reason"]), now)
-        self._confirmed.discard(rec.id)
-        self.remove_pg(rec)
-        self._append(Kind.RESIZED, rec, from_workers=rz["from_workers"], to_workers=rz["to_workers"],
-                     placement=list(rz["placement"]), devices=rz["devices"], pg_name=pg_name_for(rec),
-                     attained_gpu_s=lease.workload.attained_gpu_s, step=step if step is not None else rec.step,
-                     note=f"resized from {rz['from_workers']} to {rz['to_workers']} workers ({how}); restarts from "
-                          f"its checkpoint on {', '.join(n[:8] for n in rz['placement'])}")
-        self._reserve(rec, lease.workload, rec.placement)
-        self._poke()
+        """The gang stopped for its resize (``Applier.stopped``): the lease goes on at the new size on the nodes the
+        core chose (a new reservation, handed over to Ray Train as at an admission: ``resized``); the driver
+        restarts the gang from its checkpoint."""
+        if rec.id not in self.state.leases:
+            raise KeyError(rec.id)  # fails loudly if the lease is gone
+        self._release = {"how": how, "step": step}
+        self.applier.stopped(rec.id, now)
 
     # ------------------------------------------------------------------------------- deadlines, release
     def enforce_deadlines(self, now: float) -> None:
@@ -290,17 +343,10 @@ class Leases:
         if rec.id not in self.state.leases:
             return
         if self.limits.end_run_limited(rec, now, outcome, step):  # it stopped for its run limit, not a preemption
+            self.applier.stops.pop(rec.id, None)
             return
-        lease = lifecycle.end(self.state, rec.id, now)
-        metrics.PREEMPTIONS.inc(team=rec.team, workload_class=rec.cls,
-                                preemptor_class=self._preemptor_cls.pop(rec.id, ""),
-                                outcome="forced" if "by force" in outcome else "graceful")
-        attained = lifecycle.attained_gpu_s(lease, now)
-        self.remove_pg(rec)
-        self._append(Kind.REQUEUED, rec, attained_gpu_s=attained, step=step if step is not None else rec.step,
-                     note=f"back in the queue ({outcome})")
-        lifecycle.requeue(self.state, lease, now, attained)
-        self._poke()
+        self._release = {"outcome": outcome, "step": step}
+        self.applier.stopped(rec.id, now)  # ends, requeues (``requeued``)
 
     def cancel(self, rec: Record, by: str, note: str, job_stop_at: Optional[float] = None) -> None:
         """Out of the queue or off its lease, journaled as cancelled, its gang stopped, its waiters woken.
@@ -308,7 +354,7 @@ class Leases:
         if self.state.is_pending(rec.id):
             self.state.dequeue(rec.id)
         elif rec.id in self.state.leases:
-            lifecycle.end(self.state, rec.id, self.clock())
+            self.applier.ended(rec.id, self.clock())
             self.remove_pg(rec)
         self._append(Kind.CANCELLED, rec, by=by, note=note, job_stop_at=job_stop_at, close_run=True)
         self.kill_gang(rec)

@@ -2,12 +2,13 @@
 computes ``squeue --start`` (list scheduling over an availability profile).
 
 This module owns ``plan(state, now)``. It takes the pending workloads in the order the live policy's cycle would
-walk them now (``ORDERINGS``' head keys over the team queues, each team's users ordered by their shares where its
-rule says so) and gives each the earliest start ``>=`` its *ready* time at which, for its whole expected runtime,
-(a) its gang fits all or nothing on nodes in service, per worker on single nodes (a share of a GPU on one GPU
-device, whole GPUs on wholly free devices, as the live placement counts them), and (b) its team's quota holds it,
-given the running leases' expected ends and the reservations already made. Each workload then holds its
-reservation in the profiles. Which reservations bind later work follows the policy's backfill rule:
+walk them now (the cycle's own queue walk, ``raylane.scheduling.queuewalk``: ``ORDERINGS``' head keys over the team
+queues, each team's users ordered by their shares where its rule says so) and gives each the earliest start ``>=``
+its *ready* time at which, for its whole expected runtime, (a) its gang fits all or nothing on nodes in service,
+per worker on single nodes (a share of a GPU on one GPU device, whole GPUs on wholly free devices, as the live
+placement counts them), and (b) its team's quota holds it, given the running leases' expected ends and the
+reservations already made. Each workload then holds its reservation in the profiles. Which reservations bind
+later work follows the policy's backfill rule:
 - *EASY* (backfill ``easy``, up to ``EASY_MAX_PENDING`` pending): only the *head*'s, the first workload in queue
   order not yet planned. Any later workload that can start before the head's reservation does, earliest first
   (ties in queue order), and takes that room first; then the next head. Room is held for no other workload, as the
@@ -45,7 +46,8 @@ let in by preemption is planned after the leases it would preempt; preemptions a
 leases, are); arrivals after ``now``; backfill ``none`` (planned conservatively, as any rule but EASY); the live
 placement's choice of one node (EASY there lets a later workload in only on the node the placement policy picks;
 the plan takes any node with room); in-quota-first and user caps within a cycle; under EASY, a team's head key
-re-read as its work is planned to start; CPU and memory on nodes (quotas of CPU and memory are held); placement
+re-read as its work is planned to start (and otherwise, under a cohort tree, the other teams' keys: only the team's
+own is, ``QueueWalk(cohorts=False)``); CPU and memory on nodes (quotas of CPU and memory are held); placement
 groups (``group``), preferred nodes and flavor quotas; the growth of elastic gangs (each is planned at its minimum,
 as admitted).
 """
@@ -71,10 +73,10 @@ from raylane.forecast.types import (
     remaining_runtime,
 )
 from raylane.scheduling import ADMISSIONS, ORDERINGS, ClusterState, LeaseState, QuotaLedger
-from raylane.scheduling.capacity import _returned_devices, _shift
-from raylane.scheduling.ordering.base import StaticOrdering
-from raylane.scheduling.types import RESOURCE_NAMES, SPOT_LABEL, Team, Workload, device_count, node_devices
-from raylane.scheduling.users import held_by_user, order_by_user
+from raylane.scheduling.capacity import returned_devices, shift_devices
+from raylane.scheduling.queuewalk import QueueWalk
+from raylane.scheduling.types import RESOURCE_NAMES, SPOT_LABEL, Workload, device_count, node_devices
+from raylane.scheduling.users import held_by_user
 
 __all__ = ["plan"]
 
@@ -89,7 +91,6 @@ EASY_MAX_PENDING = 400
 # How many ends a wait names as the ones that closed it.
 _NAMED = 2
 _WID = operator.itemgetter(2)  # of an end (time, GPUs, workload id)
-_NO_TEAM = Team("", {})
 # The length classes of holes (seconds): a minute, times 4 up to about 11 days, and the rest (tails run for ever).
 # A hole of a class whose lower bound is at least a workload's runtime is long enough for it wherever it starts.
 _CLASSES = (0.0,) + tuple(60.0 * 4 ** i for i in range(8))
@@ -359,8 +360,8 @@ class _Plan:
                 if i < len(lease.devices) and lease.devices[i]:
                     idx = lease.devices[i]
                 else:  # a lease that names no devices: what the state would give back (the most used ones)
-                    idx = _returned_devices(scratch[nid], g)
-                scratch[nid] = _shift(scratch[nid], idx, g, +1)
+                    idx = returned_devices(scratch[nid], g)
+                scratch[nid] = shift_devices(scratch[nid], idx, g, +1)
                 for j in idx:
                     if j < len(units):
                         changes[units[j]].append((at, g if g < 1 else 1.0))
@@ -448,7 +449,7 @@ class _Plan:
         targets = {w.id for w in self.pending if wanted is None or w.id in wanted}
         out: Dict[str, Eta] = {}
         last = now + horizon_s
-        order = _Order(state, self.ledger, self.requeued, self.pending)
+        order = self._walk()
         ready = {w.id: at for w, at in self.requeued}
         gangs: Dict[Tuple, Tuple[_Gang, Optional[Tuple[str, Wait]]]] = {}
         empty = QuotaLedger(state.teams, {})
@@ -469,8 +470,9 @@ class _Plan:
                 start, nodes, waits, why = self._explain(w, gang, r, self._find(w, gang, r, d))
             if start is not None:
                 self._book(w, gang, start, d, nodes)
-                if start <= now + _EPS:
-                    order.took(w)
+                if start <= now + _EPS:  # it starts now: its team holds it (for the head keys that read that)
+                    self.ledger.add(w.team, w.gang.total)
+                    order.took(w.team)
             if w.id not in targets:
                 continue
             if start is None:
@@ -502,7 +504,7 @@ class _Plan:
         # (workload, gang, ready, runtime, never) in queue order (the order as it stands now: a team's head key is
         # not re-read as its work is planned to start)
         items = []
-        for w in _Order(state, self.ledger, self.requeued, self.pending):
+        for w in self._walk():
             key = _shape(w)
             got = gangs.get(key)
             if got is None:
@@ -563,6 +565,22 @@ class _Plan:
                     continue
                 settle(pos, found)
         return out
+
+    def _walk(self) -> QueueWalk:
+        """The pending workloads, and those terminating leases will requeue (with the service they will have had),
+        in the order the live cycle walks them now (``raylane.scheduling.queuewalk``). A team is re-keyed after a
+        workload of its own starts now (``QueueWalk.took``), and only that team, under a cohort tree too."""
+        state, cfg = self.state, self.state.config
+        # (read without ``snapshot``, which would fill the state's caches: the state is left as it was)
+        queues: Dict[str, List[Workload]] = {}
+        for w in self.pending:  # team by team, each in its queue order (``state.pending()``)
+            queues.setdefault(w.team, []).append(w)
+
+        def held(team: str):
+            return held_by_user([lease for lease in state.leases.values() if lease.team == team])
+
+        return QueueWalk(queues, state.teams, self.ledger, ORDERINGS.get(cfg.ordering), cfg,
+                         requeued=[w for w, _ in self.requeued], held=held, cohorts=False)
 
     def _still_fits(self, w: Workload, gang: _Gang, found, d: float) -> bool:
         """Whether ``found`` (``_find``'s start and nodes for ``w``) still holds after the reservations made since:
@@ -1051,81 +1069,3 @@ def _shape(w: Workload) -> Tuple:
 
 def _with_attained(w: Workload, attained: float) -> Workload:
     return replace(w, attained_gpu_s=attained)
-
-
-# --------------------------------------------------------------------------------------------------- order
-
-
-class _View:
-    """A team as an ordering's head key reads it (``OrderingPolicy.head_key``'s ``team``)."""
-
-    __slots__ = ("team", "usage", "ledger")
-
-    def __init__(self, team: Team, ledger: QuotaLedger):
-        self.team, self.usage, self.ledger = team, ledger.used(team.name), ledger
-
-
-class _Order:
-    """The pending workloads (and those terminating leases will requeue) in the order the live cycle walks them
-    now: each team queue in its queue order (its users' shares first where its rule says so), merged by the
-    ordering's head key; a team is re-keyed after a workload of its own starts now, as the cycle re-keys after an
-    admission (fair share reads what a team holds)."""
-
-    def __init__(self, state: ClusterState, ledger: QuotaLedger, requeued: Sequence[Tuple[Workload, float]],
-                 pending: Sequence[Workload]):
-        cfg = state.config
-        self.cfg, self.ledger = cfg, ledger
-        self.order = order = ORDERINGS.get(cfg.ordering)
-        # (read without ``snapshot``, which would fill the state's caches: the state is left as it was)
-        queues: Dict[str, List[Workload]] = {}
-        for w in pending:  # team by team, each in its queue order (``state.pending()``)
-            queues.setdefault(w.team, []).append(w)
-        for w, _ in requeued:
-            q = queues.setdefault(w.team, [])
-            keys = [order.queue_key(x, cfg) for x in q]
-            q.insert(bisect_right(keys, order.queue_key(w, cfg)), w)
-        by_user = False
-        for t in state.teams.values():
-            q = queues.get(t.name)
-            if q and t.users is not None and t.users.fair:
-                leases = [lease for lease in state.leases.values() if lease.team == t.name]
-                queues[t.name] = list(order_by_user(tuple(q), t, held_by_user(leases), cfg))
-                by_user = True
-        self.queues = queues
-        # Where the head key is the queue key (no team's usage read) and every team queue is in queue-key order, the
-        # walk is a merge of the queues by that key (the keys end in the workload id, so there are no ties).
-        self.merged = isinstance(order, StaticOrdering) and not by_user
-        self.views = {t: _View(state.teams.get(t, _NO_TEAM), ledger) for t in queues}
-        self.cursor = {t: 0 for t in queues}
-        self.heap = [(self._key(t), i, t) for i, t in enumerate(queues) if queues[t]]
-        heapq.heapify(self.heap)
-        self.seq = len(self.heap)
-
-    def _key(self, team: str) -> Tuple:
-        view = self.views[team]
-        view.usage = self.ledger.used(team)
-        return self.order.head_key(self.queues[team][self.cursor[team]], view, self.cfg)
-
-    def __iter__(self):
-        if self.merged:
-            key, cfg = self.order.queue_key, self.cfg
-            yield from heapq.merge(*self.queues.values(), key=lambda w: key(w, cfg))
-            return
-        heap, queues, cursor = self.heap, self.queues, self.cursor
-        while heap:
-            team = heap[0][2]
-            q = queues[team]
-            i = cursor[team]
-            cursor[team] = i + 1
-            w = q[i]
-            yield w  # ``took`` may change what the team holds before its next key is read
-            if i + 1 < len(q):
-                self.seq += 1
-                heapq.heapreplace(heap, (self._key(team), self.seq, team))
-            else:
-                heapq.heappop(heap)
-
-    def took(self, w: Workload) -> None:
-        """``w`` starts now: its team holds its resources from now on (for the head keys that read it)."""
-        self.ledger.add(w.team, w.gang.total)
-

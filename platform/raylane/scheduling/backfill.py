@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Protocol, Sequence, Tuple
 
-from raylane.scheduling.capacity import Capacity, Devices, WorkerDevices, _shift, choose_devices, gpu_slots
+from raylane.scheduling.capacity import Capacity, Devices, WorkerDevices, choose_devices, gpu_slots, shift_devices
 from raylane.scheduling.leaseorder import InEndOrder, static_end
 from raylane.scheduling.placement import place
 from raylane.scheduling.registry import Registry
@@ -144,7 +144,7 @@ class Easy:
                     idx = choose_devices(d, g)
                 if idx is None:
                     return False
-                devs[nid] = _shift(d, idx, g, -1)
+                devs[nid] = shift_devices(d, idx, g, -1)
             if any(gpu_slots(d, res.head_gpu) < res.head_workers[nid] for nid, d in devs.items()):
                 return False  # room in the sum, but the head's workers would not fit on the devices left
         for nid, u in use.items():

@@ -26,6 +26,9 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from raylane.scheduling.recorded import Recorded
 from raylane.scheduling.types import GPU_EPS, Node, Resources, node_devices
 
+__all__ = ["Capacity", "Devices", "WorkerDevices", "choose_devices", "gpu_slots", "partial", "pick_devices",
+           "returned_devices", "shift_devices"]
+
 _GPU, _CPU, _MEMORY = attrgetter("gpu"), attrgetter("cpu"), attrgetter("memory")
 _NOTHING = Resources()
 _MANY = 1 << 30
@@ -70,9 +73,11 @@ def choose_devices(devs: Devices, g: float) -> Optional[WorkerDevices]:
     return out if len(out) == k else None
 
 
-def _returned_devices(devs: Devices, g: float) -> WorkerDevices:
-    """For a give-back whose devices are not known: the most used devices that can take ``g`` back, highest index
-    first (where ``node_devices`` puts what is used)."""
+def returned_devices(devs: Devices, g: float) -> WorkerDevices:
+    """Which devices a worker of ``g`` GPUs gives back to when its lease does not name the ones it held: the most
+    used devices that can take ``g`` back, highest index first (where ``node_devices`` puts what is used). With
+    ``shift_devices`` it is how ``Capacity.give``, ``ClusterState`` and the forecast's plan return such a worker's
+    GPUs, so that all three count them on the same devices."""
     if g <= 0:
         return ()
     order = sorted(range(len(devs)), key=lambda i: (devs[i], -i))
@@ -84,8 +89,10 @@ def _returned_devices(devs: Devices, g: float) -> WorkerDevices:
     return tuple(order[:int(round(g))])
 
 
-def _shift(devs: Devices, idx: WorkerDevices, g: float, sign: int) -> Devices:
-    """``devs`` with a worker of ``g`` GPUs on devices ``idx`` taken (sign -1) or given back (+1)."""
+def shift_devices(devs: Devices, idx: WorkerDevices, g: float, sign: int) -> Devices:
+    """``devs`` (free shares) with a worker of ``g`` GPUs on devices ``idx`` taken (``sign`` -1) or given back (+1):
+    a share of a GPU rounded to 9 places (the same shares whatever the order of takes and gives), whole devices
+    exactly. ``devs`` is not changed."""
     if not idx:
         return devs
     out = list(devs)
@@ -96,6 +103,7 @@ def _shift(devs: Devices, idx: WorkerDevices, g: float, sign: int) -> Devices:
         for i in idx:
             out[i] += sign  # whole devices: 1.0 <-> 0.0, exact
     return tuple(out)
+
 
 
 def partial(devs: Devices) -> bool:
@@ -116,7 +124,7 @@ def pick_devices(devs: Dict[str, Devices], placement: Sequence[str], g: float) -
         idx = choose_devices(d, g)
         if idx is None:
             raise ValueError(f"node {nid}: no GPU device has room for {g:g} GPU (free shares {list(d)})")
-        local[nid] = _shift(d, idx, g, -1)
+        local[nid] = shift_devices(d, idx, g, -1)
         out.append(idx)
     return tuple(out)
 
@@ -211,18 +219,18 @@ class Capacity(Recorded):
         free = self.free[node_id] - res
         if res.gpu % 1:
             free = free.rounded()  # shares of a GPU: the same free count whatever the order of takes and gives
-        self._set(node_id, free, _shift(devs, devices, res.gpu, -1))
+        self._set(node_id, free, shift_devices(devs, devices, res.gpu, -1))
         return devices
 
     def give(self, node_id: str, res: Resources, devices: Optional[WorkerDevices] = None) -> None:
         """Give back one worker of ``res`` on ``node_id``: exactly ``devices``, when known."""
         devs = self.dev[node_id]
         if not devices and res.gpu > 0:
-            devices = _returned_devices(devs, res.gpu)
+            devices = returned_devices(devs, res.gpu)
         free = self.free[node_id] + res
         if res.gpu % 1:
             free = free.rounded()
-        self._set(node_id, free, _shift(devs, devices or (), res.gpu, +1))
+        self._set(node_id, free, shift_devices(devs, devices or (), res.gpu, +1))
 
     def take_placement(self, placement: Tuple[str, ...], per_worker: Resources,
                        devices: Sequence[WorkerDevices] = ()) -> Tuple[WorkerDevices, ...]:
@@ -257,7 +265,7 @@ class Capacity(Recorded):
             share = g if g < 1 else 1.0
             if any(d[i] < share - GPU_EPS for i in idx):
                 return False
-            local[nid] = _shift(d, idx, g, -1)
+            local[nid] = shift_devices(d, idx, g, -1)
         return True
 
     def pick(self, placement: Sequence[str], per_worker: Resources) -> Tuple[WorkerDevices, ...]:

@@ -28,7 +28,6 @@ ceiling even without all of its own candidates is known to fail without trying e
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import replace
 from itertools import compress
 from operator import attrgetter
@@ -43,7 +42,8 @@ from raylane.scheduling.leaseorder import InEndOrder
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.placement import PLACEMENTS, place
 from raylane.scheduling.preemption import PREEMPTIONS, PreemptionContext, find_victims
-from raylane.scheduling.users import cap_reason, held_by_user, order_by_user, user_cap
+from raylane.scheduling.queuewalk import HeldByUser, QueueWalk
+from raylane.scheduling.users import cap_reason, held_by_user, user_cap
 from raylane.scheduling.working import Working
 from raylane.scheduling.types import (
     SPOT_LABEL,
@@ -76,14 +76,6 @@ from raylane.scheduling.types import (
 MAX_EXAMINED = 500
 
 
-class _TeamView:
-    # ``ledger``: what every team uses now, for orderings that compare cohorts (fair share under a cohort tree).
-    __slots__ = ("team", "usage", "ledger")
-
-    def __init__(self, team: Team, usage: Resources, ledger: Optional[QuotaLedger] = None):
-        self.team, self.usage, self.ledger = team, usage, ledger
-
-
 def team_usage(leases) -> Dict[str, Resources]:
     usage: Dict[str, Resources] = {}
     for l in leases:
@@ -101,29 +93,11 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     w8 = _Walk(snapshot, now, admission, BACKFILLS.get(cfg.backfill), PREEMPTIONS.get(cfg.preemption), order)
     teams = snapshot.teams
 
-    # 1. Merge the team queues by the ordering's head key; a team with a user rule first orders its own queue by
-    #    its users' shares (``raylane.scheduling.users``).
-    ledger, queues, head_key = w8.ledger, snapshot.queues, order.head_key
+    # 1. The team queues merged by the ordering's head key (``raylane.scheduling.queuewalk``); a team with a user
+    #    rule first orders its own queue by its users' shares (``raylane.scheduling.users``).
+    ledger = w8.ledger
     ruled = [t for t in teams.values() if t.users is not None]
-    if ruled:
-        queues = w8.with_user_rules(ruled, queues)
-    views = {team: _TeamView(teams.get(team, _NO_TEAM), ZERO, ledger) for team, q in queues.items() if q}
-
-    def key_of(team: str, w: Workload) -> Tuple:
-        view = views[team]
-        view.usage = ledger.used(team)
-        return head_key(w, view, cfg)
-
-    heap: List[Tuple[Tuple, int, str]] = []
-    keys: Dict[str, Tuple] = {}
-    cursor: Dict[str, int] = {}
-    seq = 0
-    for team in views:
-        cursor[team] = 0
-        keys[team] = key_of(team, queues[team][0])
-        heap.append((keys[team], seq, team))
-        seq += 1
-    heapq.heapify(heap)
+    walk = QueueWalk(snapshot.queues, teams, ledger, order, cfg, held=w8.user_rules(ruled) if ruled else None)
 
     # 2. Walk the merged queue: admit, preempt or explain (``_Walk.decide``). Borrowers wait for a second pass
     #    (Kueue's rule: work within its nominal quota goes first), so capacity that a team reclaims is not lent out
@@ -131,42 +105,21 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     defer = admission.protects_in_quota
     deferred: List[Tuple[Workload, int, Resources]] = []
     position = 0
-    while heap and position < max_examined and w8.budget > 0:
-        team = heap[0][2]
-        q = queues[team]
-        i = cursor[team]
-        w = q[i]
-        cursor[team] = i + 1
-        if i + 1 < len(q):
-            seq += 1
-            keys[team] = key_of(team, q[i + 1])
-            heapq.heapreplace(heap, (keys[team], seq, team))
-        else:
-            heapq.heappop(heap)
+    while walk and position < max_examined and w8.budget > 0:
+        team, w = walk.next()
         position += 1
         w = _at_minimum(w)
         need = w.gang.total
         if defer and not ledger.within_nominal(team, need):
             deferred.append((w, position, need))
             continue
-        admitted = w8.decide(w, position, need)
-        if admitted and ledger.tree is not None:
-            # Under a cohort tree a head key may read what the team's cohorts hold (fair share): re-key every team.
-            heap = [(key_of(t, queues[t][cursor[t]]), s, t) for _, s, t in heap]
-            heapq.heapify(heap)
-            keys.update((t, k) for k, _, t in heap)
-        elif admitted and i + 1 < len(q):
-            # Re-key this team: what it holds changed, and its head key may depend on that (fair share).
-            key = key_of(team, q[i + 1])
-            if key != keys[team]:
-                keys[team] = key
-                heap = [(key, s, t) if t == team else (k, s, t) for k, s, t in heap]
-                heapq.heapify(heap)
+        if w8.decide(w, position, need):
+            walk.took(team)  # what it holds changed, and a head key may read that (fair share)
 
     # 2b. The window is full and borrowers wait: in-quota work past it takes the last borrowers' places.
-    skipped: List[Workload] = []  # borrowers the cursors passed without examining them
-    if deferred and heap and position >= max_examined:
-        skipped = _in_quota_past_window(w8, queues, heap, cursor, key_of, max_examined, position, deferred)
+    skipped: List[Workload] = []  # borrowers the walk passed over without examining them
+    if deferred and walk and position >= max_examined:
+        skipped = _in_quota_past_window(w8, walk, max_examined, position, deferred)
 
     # 3. The borrowers, in queue order, while the admission budget lasts.
     for w, pos, need in deferred:
@@ -180,7 +133,7 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
         def waiting_priority() -> Optional[int]:
             """The highest class priority of any workload still waiting (examined or not)."""
             prios = [p.workload.cls.priority for p in w8.pending]
-            prios += [w.cls.priority for team, q in queues.items() for w in q[cursor.get(team, 0):]]
+            prios += [w.cls.priority for w in walk.rest()]
             prios += [w.cls.priority for w in skipped]
             return max(prios, default=None)
         w8.grow(waiting_priority)
@@ -190,35 +143,28 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     return CycleResult(tuple(w8.admitted), tuple(w8.preempted), tuple(w8.pending), tuple(w8.resized))
 
 
-def _in_quota_past_window(w8: "_Walk", queues, heap, cursor, key_of, limit: int, position: int,
-                          deferred: List) -> List[Workload]:
+def _in_quota_past_window(w8: "_Walk", walk: QueueWalk, limit: int, position: int, deferred: List) -> List[Workload]:
     """Decide, in queue order, the workloads past the window that are within their team's nominal quota, among each
     team's first ``limit`` (which every snapshot a cycle of that depth is given holds), each in the place of the last
     borrower still ``deferred`` (taken out: not reached in this cycle, so no more than ``limit`` are examined); the
-    borrowers past the window are not reached either. ``heap``: the merged queue where step 2 left it. Returns the
-    borrowers taken out or passed over: they still wait.
+    borrowers past the window are not reached either. ``walk``: where step 2 left it. Returns the borrowers taken
+    out or passed over: they still wait.
 
     Cost: a team over its nominal quota is passed over whole; another's queue is read from its cursor to its next
     workload within quota (``_next_within``), each workload once in the step."""
     ledger, skipped = w8.ledger, []
-    while heap and deferred and w8.budget > 0:
-        _, s, team = heap[0]
-        q, i = queues[team], cursor[team]
+    while walk and deferred and w8.budget > 0:
+        team = walk.head()
+        q, i = walk.queues[team], walk.cursor[team]
         end = min(len(q), limit)
         j = _next_within(ledger, team, q, i, end)
         if j >= end:
-            heapq.heappop(heap)
+            walk.drop()
         elif j > i:
             skipped += q[i:j]
-            cursor[team] = j  # its next in-quota workload may come after another team's: order by that one
-            heapq.heapreplace(heap, (key_of(team, q[j]), s, team))
+            walk.skip_to(j)  # its next in-quota workload may come after another team's: order by that one
         else:
-            cursor[team] = i + 1
-            if i + 1 < end:
-                heapq.heapreplace(heap, (key_of(team, q[i + 1]), s, team))
-            else:
-                heapq.heappop(heap)
-            w = _at_minimum(q[i])
+            w = _at_minimum(walk.next(end)[1])
             skipped.append(deferred.pop()[0])
             position += 1
             w8.decide(w, position, w.gang.total)
@@ -248,7 +194,6 @@ def _next_within(ledger, team: str, q, i: int, end: int) -> int:
     return end
 
 
-_NO_TEAM = Team("", {})
 _STATE = attrgetter("state")
 _IS_STOPPING = LeaseState.TERMINATING.__eq__
 
@@ -373,28 +318,30 @@ class _Walk:
         # Quota answers: (ledger, team, need) -> (``ledger.changes`` then, the answer).
         self.checks: Dict[Tuple, Tuple[int, object]] = {}
         # Teams whose users are capped: team -> (the team, its cap in GPUs, GPUs per user held now and admitted in
-        # this cycle). None: no team has a cap (``with_user_rules``).
+        # this cycle). None: no team has a cap (``user_rules``).
         self.user_caps: Optional[Dict[str, Tuple[Team, float, Dict]]] = None
 
-    def with_user_rules(self, ruled: List[Team], queues):
-        """``queues`` with the queue of each team of ``ruled`` whose rule is ``fair`` ordered by its users' shares;
-        the caps of those with ``max_share`` kept for ``decide``."""
-        snap, out = self.snapshot, dict(queues)
+    def user_rules(self, ruled: List[Team]) -> HeldByUser:
+        """For the teams of ``ruled`` (those with a user rule): the caps of those with ``max_share``, kept for
+        ``decide``; returns what the walk asks to order a ``fair`` team's queue by its users' shares (GPUs each of
+        the team's users holds now, the same book the caps count on)."""
+        snap, held = self.snapshot, {}
         by_team = snap.leases_by_team
+
+        def held_of(name: str):
+            got = held.get(name)
+            if got is None:
+                leases = by_team.get(name, ()) if by_team is not None else [l for l in snap.leases if l.team == name]
+                got = held[name] = held_by_user(leases)
+            return got
+
         for t in ruled:
-            q = queues.get(t.name)
             cap = user_cap(t)
-            if not q and cap is None:
-                continue
-            leases = by_team.get(t.name, ()) if by_team is not None else [l for l in snap.leases if l.team == t.name]
-            held = held_by_user(leases)
-            if q and t.users.fair:
-                out[t.name] = order_by_user(q, t, held, self.cfg)
             if cap is not None:
                 if self.user_caps is None:
                     self.user_caps = {}
-                self.user_caps[t.name] = (t, cap, held)
-        return out
+                self.user_caps[t.name] = (t, cap, held_of(t.name))
+        return held_of
 
     def _over_user_cap(self, w: Workload, gpus: float):
         """``UserShareExceeded`` when ``w``'s user may not take ``gpus`` more GPUs of its team, else None."""

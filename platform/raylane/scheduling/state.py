@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from raylane.errors import NotFoundError
-from raylane.scheduling.capacity import _returned_devices, _shift, choose_devices, pick_devices
+from raylane.scheduling.capacity import choose_devices, pick_devices, returned_devices, shift_devices
 from raylane.scheduling.leaseorder import LeaseOrder, SortedLeases, static_end
 from raylane.scheduling.ordering import ORDERINGS
 from raylane.scheduling.backfill import BACKFILLS
@@ -137,10 +137,10 @@ class ClusterState:
                 if devices:
                     idx = devices[i]
                 elif g > 0:  # a lease that names no devices (some of its nodes were gone when it started)
-                    idx = (choose_devices(n.devices, g) if sign < 0 else _returned_devices(n.devices, g)) or ()
+                    idx = (choose_devices(n.devices, g) if sign < 0 else returned_devices(n.devices, g)) or ()
                 else:
                     idx = ()
-                devs = _shift(n.devices, idx, g, sign)
+                devs = shift_devices(n.devices, idx, g, sign)
                 self.nodes[nid] = replace(n, free=free, devices=devs)
         self._nodes_cache = None
 
