@@ -112,3 +112,33 @@ def test_sim_from_journal_on_the_command_line(journal, tmp_path):
     assert run["jobs"]["finished"] == 3
     bad = CliRunner().invoke(app, ["--from-journal", journal, "--generate", "heavy-tail"])
     assert bad.exit_code != 0 and "--from-journal" in bad.output
+
+
+def test_the_live_figures_and_the_gangs_hand_over_come_from_the_journal(journal, tmp_path):
+    # The fixture's gangs report no hand-over (``running``); a journal that records one: work counts from there.
+    j = Journal(journal)
+    j.append("submitted", "h", ts=T0 + 50, spec=_spec("h", "team-a", "pretrain"), submit_time=T0 + 50)
+    j.append("admitted", "h", ts=T0 + 50, placement=[NODE_A])
+    j.append("running", "h", ts=T0 + 53, job_id="raysubmit_h")
+    j.append("finished", "h", ts=T0 + 63, state="SUCCEEDED")
+    j.close()
+    got = trace_from_journal(journal, load_policy(POLICY))
+    jobs = {t.id: t for t in got.trace.jobs}
+    assert jobs["h"].duration == pytest.approx(10.0)  # 53..63: its gang's run, not the 3 s of hand-over
+    assert got.handover_s == pytest.approx(3.0) and got.stop_delay_s == pytest.approx(1.0)
+    assert got.ends == {"x": 25.0, "w": 35.0, "e": 48.0, "h": 63.0} and got.preemptions["x"] == 1
+    live = got.live_summary()
+    assert live["jct"]["mean"] == pytest.approx((25 + 9 + 8 + 13) / 4) and live["preemptions"]["total"] == 1
+    # The replay plays them: live fidelity, the hand-over and the stop delay measured.
+    r = simulate_journal(got, load_policy(POLICY))
+    assert r.options.fidelity == "live" and r.options.handover_s == pytest.approx(3.0)
+    k = [t.id for t in r.jobs].index("h")
+    assert r.finish[k] - r.first_start[k] == pytest.approx(13.0)  # its hand-over again, then its work
+    res = CliRunner().invoke(app, ["--from-journal", journal, "--policy", str(POLICY)])
+    assert res.exit_code == 0, res.output
+    assert "live (the journal)" in res.output and "hand-over 3.0s" in res.output
+    res = CliRunner().invoke(app, ["--from-journal", journal, "--policy", str(POLICY), "--json", "--out",
+                                   str(tmp_path)])
+    assert json.loads((tmp_path / "summary.json").read_text())["live"]["jobs"]["finished"] == 4
+    bad = CliRunner().invoke(app, ["--generate", "heavy-tail", "--nodes", "2", "--handover", "30s"])
+    assert bad.exit_code != 0 and "--handover" in bad.output and "--fidelity live" in bad.output

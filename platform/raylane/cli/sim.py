@@ -21,6 +21,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Dict, List, Tuple
 
 import typer
@@ -146,7 +147,14 @@ def _sim(a: SimArgs) -> None:
     trace = journal.trace if journal is not None else trace_of(a, spec)
     base, teams, classes, default_class = policy_of(a, trace, flags.checkpoint_s,
                                                   journal.policy if journal is not None else None)
-    runs = runs_of(a, flags, base, SimOptions(seed=a.seed, outages=outages))
+    base_opts = SimOptions(seed=a.seed, outages=outages)
+    if journal is not None:
+        # What the live plane ran: its fidelity, and the gangs' hand-over and stop delay as the journal measured them
+        # (a resize restarts its gang: a hand-over again); flags override each.
+        handover = journal.handover_s or 0.0
+        base_opts = replace(base_opts, fidelity="live", handover_s=handover, stop_delay_s=journal.stop_delay_s or 0.0,
+                            **({"resize_overhead_s": handover} if journal.handover_s is not None else {}))
+    runs = runs_of(a, flags, base, base_opts)
     _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
                f"{trace.gpu_seconds() / 3600:,.0f} GPU-hours over {hours(trace.span())}; "
                f"load {trace.gpu_seconds() / max(trace.span() * spec.total_gpus, 1e-9):.2f} on {spec.describe()}",
@@ -154,19 +162,24 @@ def _sim(a: SimArgs) -> None:
     t0 = time.perf_counter()
     results = run_replays(trace, spec, runs, teams=teams, classes=classes, default_class=default_class,
                           show_progress=a.progress and sys.stderr.isatty())
-    _report(a, trace, spec, results, t0)
+    _report(a, trace, spec, results, t0, journal)
     if any(r.partial for _, r in results):
         raise typer.Exit(130)
 
 
-def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str, SimResult]], t0: float) -> None:
+def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str, SimResult]], t0: float,
+            journal=None) -> None:
     """The table (or the JSON report with ``--json``) on stdout, what was left out on stderr, the files of
-    ``--out``. ``t0``: when the replays began (the report's wall time counts from it)."""
+    ``--out``. ``t0``: when the replays began (the report's wall time counts from it). ``journal``: a replayed
+    journal, whose live figures are shown beside the replays' (and are the report's ``live``)."""
     summaries = {label: summarize(r) for label, r in results}
     meta = {"trace": trace.source, "format": trace.format, "window": {"start": a.start, "end": a.end,
                                                                       "limit": a.limit},
             "cluster": spec.describe(), "wall_s": time.perf_counter() - t0}
     report = report_json(summaries, meta)
+    live = journal.live_summary() if journal is not None else None
+    if live is not None:
+        report["live"] = jsonable(live)
     table = render_table(summaries)
     for label, r in results:
         if r.rejected:
@@ -178,6 +191,8 @@ def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str
         _out.print(table)
         for label, r in results:
             _print_run_lines(label, r, summaries[label])
+        if live is not None:
+            _print_live(live, summaries)
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -189,6 +204,29 @@ def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str
 
             written += [p.name for p in write_plots(results, a.out)]
         _err.print(f"wrote {', '.join(written)} to {a.out}", markup=False)
+
+
+def _print_live(live: Dict[str, Any], summaries: Dict[str, Dict[str, Any]]) -> None:
+    """The live plane's figures (the journal's) beside each replay's: what a what-if is measured against."""
+    def span(x: float) -> str:
+        if x != x:
+            return "-"
+        return f"{x:.0f}s" if x < 120 else f"{x / 60:.1f}m" if x < 7200 else f"{x / 3600:.1f}h"
+
+    def row(label: str, s: Dict[str, Any]) -> str:
+        j, q = s["jct"], s["queueing"]
+        return (f"{label:<24} {s['jobs']['finished']:>6} {span(j['mean']):>9} {span(j['p50']):>9} "
+                f"{span(j['p95']):>9} {span(q['mean']):>9} {s['preemptions']['total']:>6}")
+
+    _out.print(f"{'':<24} {'ended':>6} {'JCT mean':>9} {'JCT p50':>9} {'JCT p95':>9} {'wait':>9} {'preempt':>6}",
+               markup=False)
+    _out.print(row("live (the journal)", live), markup=False)
+    for label, s in summaries.items():
+        _out.print(row(f"replay: {label}", s), markup=False)
+    h, d = live.get("handover_s"), live.get("stop_delay_s")
+    _out.print("live gangs: hand-over " + (f"{h:.1f}s" if h is not None else "not recorded") + ", stop delay "
+               + (f"{d:.1f}s" if d is not None else "none measured") + " (medians; the replay plays them)",
+               markup=False)
 
 
 def _print_run_lines(label: str, r: SimResult, s: Dict[str, Any]) -> None:

@@ -141,6 +141,14 @@ class SimArgs:
     tick: Optional[float] = flag(
         None, help="seconds between clock-triggered cycles (default: 300 when preemption is on, else none)")
     max_examined: Optional[int] = flag(None, help="workloads a cycle looks at, at most")
+    fidelity: Optional[str] = flag(
+        None, help="how closely the replay follows the live control plane: trace (cycles every 300 s and at each "
+                   "change, settled at once; cheap) or live (a cycle a second, stop delays capped at each class's "
+                   "grace, resizes that wait for the gang, hand-over); default: live with --from-journal, else "
+                   "trace")
+    handover: Optional[str] = flag(
+        None, help="with --fidelity live: time from an admission to its gang running (Ray Train's start), e.g. "
+                   "30s; default: the journal's measured median with --from-journal, else 0")
     placement: Optional[List[str]] = flag(
         None, "--placement", help="placement of jobs whose trace names none (default pack); repeatable: one run per "
                                   "placement, to compare them (e.g. on stranded GPUs)")

@@ -31,6 +31,7 @@ from raylane.sim.generate import MIXES, generate, write_csv
 from raylane.sim.outages import Outages, load_node_events, parse_outage
 from raylane.sim.presets import COMPARISON, PRESETS, apply_preset, get_preset
 from raylane.sim.traces import FORMATS, Trace, load_trace
+from raylane.sim.types import FIDELITIES
 
 __all__ = ["Flags", "parse_flags", "journal_of", "outages_of", "trace_of", "policy_of", "runs_of", "run_replays",
            "jsonable", "split_list", "hours"]
@@ -200,6 +201,16 @@ def parse_flags(a: SimArgs) -> Flags:
             overhead = parse_duration(a.resize_overhead)
         except ValueError:
             errors.append(("--resize-overhead", a.resize_overhead, "a duration >= 0 like 0, 60 or 2m"))
+    handover = None
+    if a.handover is not None:
+        try:
+            handover = parse_duration(a.handover)
+        except ValueError:
+            errors.append(("--handover", a.handover, "a duration >= 0 like 0, 30 or 30s"))
+    if a.fidelity is not None and a.fidelity not in FIDELITIES:
+        errors.append(("--fidelity", a.fidelity, "one of " + ", ".join(FIDELITIES)))
+    elif handover and (a.fidelity or ("live" if a.from_journal else "trace")) != "live":
+        errors.append(("--handover", a.handover, "only with --fidelity live (the trace fidelity models none)"))
     idle = None
     if a.idle_timeout is not None:
         try:
@@ -221,7 +232,8 @@ def parse_flags(a: SimArgs) -> Flags:
               **config}
     options = {k: v for k, v in dict(estimates=a.estimates, noise_sigma=a.noise_sigma, stop_delay_s=a.stop_delay,
                                      tick_s=a.tick, max_examined=a.max_examined, elastic_speedup=a.elastic_speedup,
-                                     resize_overhead_s=overhead, idle_timeout_s=idle,
+                                     resize_overhead_s=overhead, idle_timeout_s=idle, fidelity=a.fidelity,
+                                     handover_s=handover,
                                      spot_reclaim_per_hour=reclaim).items() if v is not None}
     return Flags(names, config, options, ckpt, outage_kw)
 

@@ -9,7 +9,8 @@ What each job becomes:
 - *submit*: its submit time, counted from the first submission (``Trace.origin`` is that wall-clock time).
 - *gang*: its spec's gang (workers, per-worker GPUs, CPUs and memory, placement, node features, elastic bounds),
   as the control plane's scheduling core saw it (``spec.to_core`` under the policy).
-- *duration* (its work): the time it held its lease in its last attempt, plus, for each earlier attempt that was
+- *duration* (its work): the time its gang ran in its last attempt (from its hand-over to Ray Train, ``running``,
+  to its end; from its admission in journals that record no hand-over), plus, for each earlier attempt that was
   stopped (preempted or lost with a node), the time up to that attempt's last checkpoint: the work it kept. What a
   stopped attempt ran past its last checkpoint was lost and is not work; a resize keeps it all (the gang saves a
   checkpoint as it stops). An elastic gang's time counts in proportion to its workers over its submitted size
@@ -18,6 +19,11 @@ What each job becomes:
 - *estimate*: the spec's runtime estimate, if it gave one.
 Left out (counted in ``Trace.skipped``, named in ``Trace.notes``): rejected submissions (refused at submit, they
 never queued), and workloads still pending at the journal's end (no runtime is known).
+
+What the live plane did, for ``raylane sim --from-journal`` to print beside the replay (``JournalReplay.live``):
+each job's first admission and end and its preemptions; and how long its gangs took to start (admission to
+``running``: ``handover_s``, the median) and to stop when asked (``stop_delay_s``, the median): what a replay with
+``fidelity="live"`` plays.
 
 Nodes: every node the journal saw join (``node`` entries), with its GPUs, node type, and (in journals from this
 release on) its CPUs, memory and feature tags; where those are missing they are not modelled (give ``--cluster``
@@ -55,6 +61,26 @@ class JournalReplay:
     # The nodes the journal saw lost (failures, never back: Ray gives a node that returns a new id) and drained
     # (back in service when uncordoned), in the trace's time.
     outages: Outages = Outages()
+    # Workload id -> when it ended and how many times it was preempted, live (seconds from the trace's origin).
+    ends: Dict[str, float] = field(default_factory=dict)
+    preemptions: Dict[str, int] = field(default_factory=dict)
+    # The medians of the gangs' measured hand-over (admission to running) and stop delay (a stop asked to the
+    # attempt's end); None where the journal has none.
+    handover_s: Optional[float] = None
+    stop_delay_s: Optional[float] = None
+
+    def live_summary(self) -> Dict[str, Any]:
+        """The live plane's figures over the jobs of the trace: JCT (submit to end), queueing (submit to first
+        admission), preemptions, makespan (first submit to last end), in the shape of ``summarize``'s."""
+        from raylane.sim.metrics import dist
+
+        jobs = [j for j in self.trace.jobs if j.id in self.ends]
+        return {"jobs": {"finished": len(jobs)},
+                "jct": dist([self.ends[j.id] - j.submit for j in jobs]),
+                "queueing": dist([self.starts[j.id] - j.submit for j in jobs if j.id in self.starts]),
+                "preemptions": {"total": sum(self.preemptions.get(j.id, 0) for j in self.trace.jobs)},
+                "makespan_s": max(self.ends.values(), default=0.0),
+                "handover_s": self.handover_s, "stop_delay_s": self.stop_delay_s}
 
     def cluster(self) -> "JournalCluster":
         """The journal's nodes as the simulator command's cluster."""
@@ -132,14 +158,27 @@ class _Life:
     first_start: Optional[float] = None
     ended: bool = False
     rejected: bool = False
+    admitted_at: Optional[float] = None  # the current attempt's admission, until its gang runs
+    end: Optional[float] = None
+    preemptions: int = 0
 
     def hold(self, ts: float, workers: int) -> None:
         self.held_from, self.workers = ts, workers
         self.last_checkpoint = None
+        self.admitted_at = ts
         if self.first_start is None:
             self.first_start = ts
 
+    def running(self, ts: float) -> Optional[float]:
+        """Its gang runs from ``ts`` (the hand-over): its work counts from there; the hand-over's seconds."""
+        if self.admitted_at is None or self.held_from is None:
+            return None
+        took = ts - self.admitted_at
+        self.held_from, self.admitted_at = ts, None
+        return took
+
     def stop(self, ts: float, kept_all: bool) -> None:
+        self.admitted_at = None
         if self.held_from is None:
             return
         upto = ts if kept_all else (self.last_checkpoint if self.last_checkpoint is not None else self.held_from)
@@ -157,8 +196,10 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
     nodes: Dict[str, Tuple[Resources, str, frozenset]] = {}
     last_policy: Optional[Dict[str, Any]] = None
     node_events: List[Tuple[float, str, str]] = []
+    handovers: List[float] = []
+    entries = list(read_entries(path))
     last_ts = 0.0
-    for e in read_entries(path):
+    for e in entries:
         last_ts = max(last_ts, e.ts)
         if e.kind == "policy":
             last_policy = e.data.get("policy")
@@ -187,6 +228,12 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
             life.hold(e.ts, len(e.data.get("placement") or ()) or 1)
         elif e.kind == "checkpointed":
             life.last_checkpoint = e.ts
+        elif e.kind == "running":
+            took = life.running(e.ts)
+            if took is not None:
+                handovers.append(took)
+        elif e.kind == "preempting" and e.data.get("preemption", True):
+            life.preemptions += 1
         elif e.kind in _STOPS:
             # A resize stops the gang after a checkpoint and restarts it (kept: up to the stop); a requeue keeps the
             # work up to the last checkpoint of the attempt.
@@ -196,6 +243,7 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
         elif e.kind in _ENDS:
             life.stop(e.ts, kept_all=True)
             life.ended = True
+            life.end = e.ts
     for st in read_nodes_snapshot(path):
         # A node whose `joined` entry passed the retention: the last compaction's node book still knows it.
         if st.get("state") != "lost" and st["id"] not in nodes:
@@ -218,6 +266,8 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
     with_cpu = any(cap.cpu > 0 for cap, _, _ in nodes.values())
     with_memory = any(cap.memory > 0 for cap, _, _ in nodes.values())
     starts: Dict[str, float] = {}
+    ends: Dict[str, float] = {}
+    preemptions: Dict[str, int] = {}
     for wid, life in lives.items():
         if life.rejected:
             skipped += 1
@@ -239,6 +289,9 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
             min_workers=g.min_workers, max_workers=g.max_workers, user=w.user, name=life.spec.get("name"),
             entry=entry_digest(life.spec.get("entrypoint") or life.spec.get("command"), life.spec.get("config"))))
         starts[wid] = life.first_start - origin
+        preemptions[wid] = life.preemptions
+        if life.end is not None:
+            ends[wid] = life.end - origin
     jobs.sort(key=lambda j: (j.submit, j.id))
     notes = []
     if skipped - pending:
@@ -252,7 +305,17 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
                   skipped=skipped, notes=notes)
     node_list = [Node(nid, cap, cap, feats, node_type=ntype, devices=(1.0,) * device_count(cap.gpu))
                  for nid, (cap, ntype, feats) in sorted(nodes.items())]
-    return JournalReplay(trace, node_list, last_policy, starts, _outages(node_events, origin))
+    stops = stop_delays(entries)
+    return JournalReplay(trace, node_list, last_policy, starts, _outages(node_events, origin), ends, preemptions,
+                         _median(handovers), _median(stops))
+
+
+def _median(xs: List[float]) -> Optional[float]:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def _outages(events: List[Tuple[float, str, str]], origin: float) -> Outages:
@@ -288,10 +351,13 @@ def simulate_journal(replay: JournalReplay, policy, **options):
     """Replay ``replay`` (``trace_from_journal``) through the simulator under ``policy`` (a ``ClusterPolicy``), on
     the journal's nodes and outages, with runtimes as the control plane knows them: learned from the workloads
     that ended before each instant, the declared estimates folded in (``predicted-declared``, what the live plane's
-    ``raylane.control.learned`` does); ``options``: more ``SimOptions``."""
+    ``raylane.control.learned`` does), and as the live plane runs (``fidelity="live"``, the gangs' measured
+    hand-over and stop delay; a resize restarts the gang: a hand-over again); ``options``: more ``SimOptions``."""
     from raylane.sim.engine import SimOptions, simulate
 
-    opts = SimOptions(**{"estimates": "predicted-declared", **options, "outages": replay.outages})
+    live = {"fidelity": "live", "handover_s": replay.handover_s or 0.0, "stop_delay_s": replay.stop_delay_s or 0.0,
+            "resize_overhead_s": replay.handover_s or 0.0}
+    opts = SimOptions(**{"estimates": "predicted-declared", **live, **options, "outages": replay.outages})
     classes = {name: policy.workload_class(name) for name in policy.classes}
     return simulate(replay.trace, replay.nodes, policy.to_scheduler_config(), teams=policy.core_teams(),
                     options=opts, classes=classes)

@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from raylane.sim.engine import SimResult
 
-__all__ = ["summarize", "capacity", "run_limits", "RUN_LIMIT_FIGURES", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES", "CAPACITY_FIGURES"]
+__all__ = ["summarize", "dist", "capacity", "run_limits", "RUN_LIMIT_FIGURES", "thrash", "cycle_latency", "percentile", "binned", "time_weighted_quantile", "FIGURES", "OUTAGE_FIGURES", "CAPACITY_FIGURES"]
 
 # The headline figures, in table order: (key in the summary, label, unit).
 FIGURES: Tuple[Tuple[str, str, str], ...] = (
@@ -128,7 +128,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-def _dist(values: List[float]) -> Dict[str, float]:
+def dist(values: List[float]) -> Dict[str, float]:
     values.sort()
     n = len(values)
     return {
@@ -244,9 +244,9 @@ def summarize(r: SimResult) -> Dict[str, Any]:
             "total": n, "finished": len(done), "started": len(started), "unfinished": n - len(done),
             "rejected": len(r.rejected),
         },
-        "jct": _dist(jct),
-        "queueing": _dist(queueing),
-        "wait": _dist(wait),
+        "jct": dist(jct),
+        "queueing": dist(queueing),
+        "wait": dist(wait),
         "makespan_s": span,
         "end_time_s": r.end_time,
         "utilization": {"mean": util, "goodput": (gpu_s_used - lost_gpu_s) / (r.total_gpus * span)
