@@ -123,3 +123,4 @@ def test_cycle_again_rules(rule, admitted, pending, resized, budget, examined, w
 def test_an_unknown_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="allowed: live, settle"):
         Applier(make_state(nodes(1), [team("nlp")]), Rec(), rule="eager")
+

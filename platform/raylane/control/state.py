@@ -74,6 +74,7 @@ from raylane.control.state_requests import Requests
 from raylane.control.state_scale import ScaleUp
 from raylane.control.state_views import Views
 from raylane.scheduling import Admit, ClusterState, cycle, lifecycle
+from raylane.scheduling.apply import CYCLE_AGAIN_MAX
 from raylane.scheduling.cycle import MAX_EXAMINED
 from raylane.scheduling.gcpace import gc_paused
 
@@ -124,6 +125,7 @@ class ControlState:
         journal.clock = clock  # entries are timed by the same clock as the decisions
         self.effects: List[fx.Effect] = []  # what Ray must do, in order (take_effects)
         self.wants_cycle = False  # a change wants a scheduling cycle (take_effects clears it)
+        self._change_cycles = 0  # cycles a change asked for since the last full tick (``_poke``)
         self.cycles = 0
 
         # ---- the books
@@ -200,7 +202,11 @@ class ControlState:
         self.effects.append(effect)
 
     def _poke(self) -> None:
-        self.wants_cycle = True
+        """A change wants a cycle soon; past ``CYCLES_PER_TICK`` cycles asked for since the last full tick, it waits
+        for the next one (``CYCLE_AGAIN_MAX`` of raylane.scheduling.apply: a loop of cycles that undo each other,
+        a flip-flop, runs at most that often a tick, never in a tight loop)."""
+        if self._change_cycles < CYCLE_AGAIN_MAX:
+            self.wants_cycle = True
 
     def take_effects(self) -> List["fx.Effect"]:
         """The effects decided since the last call, in order; the caller commits the journal before carrying
@@ -343,6 +349,7 @@ class ControlState:
         work too (Ray's node table, node service, jobs, pipelines, grace deadlines, run limits) and after it the
         gauges, ETAs, costs and scale-up. A tick over ``SLOW_TICK_S`` is logged with the time each part took."""
         self.wants_cycle = False
+        self._change_cycles = 0 if full else self._change_cycles + 1
         now = self.clock()
         took: Dict[str, float] = {}
         mark = perf_counter()

@@ -37,11 +37,15 @@ from raylane.scheduling.types import Admit, CycleResult, Lease, LeaseState, Resi
 if TYPE_CHECKING:
     from raylane.scheduling.state import ClusterState
 
-__all__ = ["LIVE", "SETTLE", "RULES", "Stop", "Driver", "Applier", "cycle_again"]
+__all__ = ["LIVE", "SETTLE", "RULES", "CYCLE_AGAIN_MAX", "Stop", "Driver", "Applier", "cycle_again"]
 
 # The rules for cycling again at the same instant (see the module's *cycle again*).
 LIVE, SETTLE = "live", "settle"
 RULES = (LIVE, SETTLE)
+# Under the LIVE rule, the most cycles changes may ask for between two clock ticks: past it the next cycle waits for
+# the tick, so that cycles whose decisions keep undoing each other (a gang preempted before it started, released,
+# admitted again in place of the one admitted for it) never run in a tight loop.
+CYCLE_AGAIN_MAX = 8
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from raylane.runtimes import RunFeatures
 from raylane.scheduling import lifecycle, runlimit
-from raylane.scheduling.apply import LIVE, SETTLE, Applier
+from raylane.scheduling.apply import CYCLE_AGAIN_MAX, LIVE, SETTLE, Applier
 from raylane.scheduling.flavors import flavor_rooms
 from raylane.scheduling.gcpace import gc_paused
 from raylane.scheduling.state import ClusterState
@@ -118,6 +118,7 @@ class Replay:
             self.tick = opts.tick_s
         else:
             self.tick = LIVE_TICK_S if self.live else (DEFAULT_TICK_S if self.can_preempt else 0.0)
+        self.change_cycles = 0  # ``live``: cycles changes asked for since the last tick
         self.ticked = False  # the instant being settled is a tick (``live``: its first cycle looks at the whole depth)
         self.decay_every = cfg.fair_share_half_life_s / 100.0
         self.last_decay = -math.inf
@@ -299,6 +300,15 @@ class Replay:
         for k in range(self.opts.max_cycles_per_instant):
             if self._quiet() and not (fleet and k == 0 and state.pending_count()):
                 return
+            if self.live:
+                # As the control plane: a tick's first cycle is its full one; the cycles changes ask for between two
+                # ticks are at most CYCLE_AGAIN_MAX, the next waits for the tick.
+                if k == 0 and self.ticked:
+                    self.change_cycles = 0
+                elif self.change_cycles >= CYCLE_AGAIN_MAX:
+                    return
+                else:
+                    self.change_cycles += 1
             if self.can_preempt:
                 self._tell_checkpoints(now)
             if now - self.last_decay >= self.decay_every:
