@@ -152,7 +152,10 @@ def _sim(a: SimArgs) -> None:
         # What the live plane ran: its fidelity, and the gangs' hand-over and stop delay as the journal measured them
         # (a resize restarts its gang: a hand-over again); flags override each.
         handover = journal.handover_s or 0.0
+        # Runtimes as the control plane knew them: learned from what ended before each instant, declared estimates
+        # folded in (raylane.control.learned).
         base_opts = replace(base_opts, fidelity="live", handover_s=handover, stop_delay_s=journal.stop_delay_s or 0.0,
+                            estimates="predicted-declared",
                             **({"resize_overhead_s": handover} if journal.handover_s is not None else {}))
     runs = runs_of(a, flags, base, base_opts)
     _err.print(f"trace {trace.source}: {len(trace.jobs)} jobs, {len(trace.teams)} team(s), "
@@ -215,10 +218,10 @@ def _print_live(live: Dict[str, Any], summaries: Dict[str, Dict[str, Any]]) -> N
 
     def row(label: str, s: Dict[str, Any]) -> str:
         j, q = s["jct"], s["queueing"]
-        return (f"{label:<24} {s['jobs']['finished']:>6} {span(j['mean']):>9} {span(j['p50']):>9} "
+        return (f"{label:<32} {s['jobs']['finished']:>6} {span(j['mean']):>9} {span(j['p50']):>9} "
                 f"{span(j['p95']):>9} {span(q['mean']):>9} {s['preemptions']['total']:>6}")
 
-    _out.print(f"{'':<24} {'ended':>6} {'JCT mean':>9} {'JCT p50':>9} {'JCT p95':>9} {'wait':>9} {'preempt':>6}",
+    _out.print(f"{'':<32} {'ended':>6} {'JCT mean':>9} {'JCT p50':>9} {'JCT p95':>9} {'wait':>9} {'preempt':>6}",
                markup=False)
     _out.print(row("live (the journal)", live), markup=False)
     for label, s in summaries.items():
