@@ -20,7 +20,7 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
-# No warm code checker outlives a test (raylane.codecheck); tests/test_codecheck.py starts its own.
+# No warm code checker outlives a test (raylane.codecheck); tests/launchers/test_codecheck.py starts its own.
 os.environ.setdefault("RAYLANE_CODECHECK_SERVER", "0")
 # A developer's own Raylane token never reaches a test (nor the clusters and drivers tests start): tests pass the
 # tokens they mean to use. The credentials file is the session's own (``_session_credentials``).

@@ -1,5 +1,5 @@
 """Checks KubeRay manifests against KubeRay's own CRD schemas the way the Kubernetes API server would, for
-tests/test_kuberay_manifests.py. Test tooling, not product code: no Ray, no cluster, no network.
+tests/deploy/test_kuberay_manifests.py. Test tooling, not product code: no Ray, no cluster, no network.
 
 The schemas are the `openAPIV3Schema` of API version v1 of KubeRay's CRDs, copied into deploy/kuberay/crds/ (its
 README says from where and how to refresh them). They are *structural* schemas, and the API server applies them in

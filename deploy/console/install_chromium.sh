@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs Chromium from Debian's packages for the web console's browser tests (tests/test_console_browser.py drives
+# Installs Chromium from Debian's packages for the web console's browser tests (tests/console/test_console_browser.py drives
 # it with Playwright; Playwright's own browser download is never used). A no-op when a Chromium is already there.
 #
 #   bash deploy/console/install_chromium.sh          # as root: apt-get install chromium
-#   CHROMIUM=/path/to/chromium .venv/bin/python -m pytest tests/test_console_browser.py   # another build
+#   CHROMIUM=/path/to/chromium .venv/bin/python -m pytest tests/console/test_console_browser.py   # another build
 #
 # Needs apt (Debian/Ubuntu) and root; `apt-get update` runs first when the package lists lack `chromium`.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs promtool (Prometheus' rule checker and rule unit-test runner), which tests/test_deploy.py runs on
+# Installs promtool (Prometheus' rule checker and rule unit-test runner), which tests/deploy/test_deploy.py runs on
 # deploy/prometheus/. No PyPI package ships it, so it comes from Debian's `prometheus` package: the .deb is
 # downloaded (about 19 MB) and only its promtool binary (about 48 MB) is kept, so no Prometheus server is installed
 # or started. A no-op when a promtool is already on PATH or in the target directory.
@@ -44,5 +44,5 @@ install -m 0755 usr/bin/promtool "$PROMTOOL_DIR/promtool"
 echo "promtool: installed $PROMTOOL_DIR/promtool from $deb ($("$PROMTOOL_DIR/promtool" --version 2>&1 | head -1))"
 case ":$PATH:" in
   *":$PROMTOOL_DIR:"*) ;;
-  *) echo "promtool: $PROMTOOL_DIR is not on PATH; tests/test_deploy.py also finds it with PROMTOOL=$PROMTOOL_DIR/promtool" >&2 ;;
+  *) echo "promtool: $PROMTOOL_DIR is not on PATH; tests/deploy/test_deploy.py also finds it with PROMTOOL=$PROMTOOL_DIR/promtool" >&2 ;;
 esac

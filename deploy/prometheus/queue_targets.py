@@ -8,8 +8,8 @@ p95 wait with. Regenerate the file whenever the policy's classes or targets chan
 
     python deploy/prometheus/queue_targets.py policies/default.yaml > deploy/prometheus/raylane_targets.yml
 
-(tests/test_deploy.py checks the file in the repo is this script's output for policies/default.yaml.) A class with
-no target (0) gets no series; nor does one whose target is above the wait histogram's largest finite bucket, since
+(tests/deploy/test_deploy.py checks the file in the repo is this script's output for policies/default.yaml.) A class
+with no target (0) gets no series; nor does one whose target is above the wait histogram's largest finite bucket, since
 a quantile of that histogram cannot exceed that bucket and the alert could never fire.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ daemon or Spring's preloader keep a JVM or an application warm:
 
 A checker exits after ``IDLE_S`` without a request, on ``raylane down``, or on ``stop_checker()``.
 ``RAYLANE_CODECHECK_SERVER=0`` turns it off (every check is then cold). The parent never imports the user's code
-nor Ray; the answer is the same either way (``tests/test_codecheck.py``).
+nor Ray; the answer is the same either way (``tests/launchers/test_codecheck.py``).
 
 Glossary
 - *payload*: one line, a base64 pickle of ``{data, source, working_dir, extra, cwd, env}``.

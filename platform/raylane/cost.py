@@ -40,7 +40,7 @@ GROUPS: Tuple[str, ...] = ("workload", "sweep", "pipeline", "team", "class")
 ENDS = ("requeued", "finished", "cancelled", "rejected")
 # The journal kinds a ledger reads (the actor selects these when it feeds one); ``running`` and ``event`` entries
 # may name the workload's MLflow run (``mlflow_run_id``). Values of ``raylane.control.journal.Kind``, written out:
-# the control plane imports this module, not the other way round (tests/test_journal_kinds.py checks them).
+# the control plane imports this module, not the other way round (tests/control/test_journal_kinds.py checks them).
 KINDS: Tuple[str, ...] = ("submitted", "admitted", "running", "event", *ENDS, "node")
 # How reports name a node with no node-type label, and a node the journal never described.
 UNTYPED = "(no type)"

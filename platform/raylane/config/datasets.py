@@ -45,8 +45,8 @@ __all__ = [
     "split_name_errors",
 ]
 
-# Format -> the ray.data function that reads it (tests/test_datasets_spec.py keeps these and FORMAT_OPTIONS equal to
-# the installed Ray's signatures).
+# Format -> the ray.data function that reads it (tests/config/test_datasets_spec.py keeps these and FORMAT_OPTIONS
+# equal to the installed Ray's signatures).
 READERS: Dict[str, str] = {"parquet": "read_parquet", "csv": "read_csv", "json": "read_json", "images": "read_images"}
 FORMATS: Tuple[str, ...] = tuple(READERS)
 # Reader options a file source may set (passed to ray.data.read_<format> under the same name) -> the formats whose

@@ -14,7 +14,7 @@ Words
 
 The default policy: ``policies/default.yaml`` in the repository is the one documented, reviewed file. The package
 ships a byte-identical copy, ``raylane/config/default_policy.yaml``, so that an installed Raylane works outside the
-repository; ``tests/test_config.py`` fails when the two differ (fix: copy the repository file over the package
+repository; ``tests/config/test_config.py`` fails when the two differ (fix: copy the repository file over the package
 copy). ``default_policy_path()`` returns the repository file when Raylane runs from a checkout, else the copy, so
 an edit to ``policies/default.yaml`` takes effect at once in development.
 """

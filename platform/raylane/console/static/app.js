@@ -8,7 +8,7 @@
 // controls, Unicode format characters such as bidi overrides and zero-width ones, line and paragraph separators,
 // spaces other than the plain one, unassigned and private code points) becomes its escape, as
 // raylane.render.visible does for the command line (Python's str.isprintable rule): another user's text cannot
-// reorder or hide what is drawn around it. tests/test_hostile_output.py holds the two to the same output.
+// reorder or hide what is drawn around it. tests/control/test_hostile_output.py holds the two to the same output.
 const HIDDEN = /(?! )[\p{Cc}\p{Cf}\p{Zs}\p{Zl}\p{Zp}\p{Co}\p{Cs}\p{Cn}]/gu;
 const SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"};
 function shown(v) {
