@@ -1,6 +1,7 @@
 """Raylane's pure scheduling core: it decides, on an immutable snapshot, what runs next and where.
 
-No Ray import, no clock, no randomness: the control actor and the simulator are two drivers of the same ``cycle``.
+No Ray import, no clock, no randomness: the control plane, the simulator, the queue forecast and the tests' driver
+all drive the same ``cycle`` and carry out its result through ``raylane.scheduling.apply``.
 Policies are looked up by name in one registry per axis: ``ORDERINGS``, ``ADMISSIONS``, ``PLACEMENTS``,
 ``BACKFILLS``, ``PREEMPTIONS`` (and how preemption prices its victims, ``VICTIM_COSTS``).
 """

@@ -1,4 +1,4 @@
-"""The discrete-event simulator: a second driver of ``raylane.scheduling.cycle``, with a simulated clock and nodes.
+"""The discrete-event simulator: a driver of ``raylane.scheduling.cycle``, with a simulated clock and nodes.
 
 This module owns the simulated world: the clock, the event queue, each job's true remaining work, its attempts and
 what a preemption costs it. It keeps no scheduling logic of its own: every decision (what starts, where, what is
