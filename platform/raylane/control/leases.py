@@ -128,7 +128,7 @@ class Leases:
     resizes_at_once = False  # a resize waits for its gang to yield
 
     def admitted(self, a: Admit, lease: Lease, now: float) -> None:
-        self.admit(a, now, booked=True)
+        self.admit(a, now)
 
     def may_resize(self, rz: Resize, lease: Lease, now: float) -> bool:
         rec = self.records.get(rz.workload.id)
@@ -195,8 +195,8 @@ class Leases:
         self._poke()
 
     # ------------------------------------------------------------------------------- admission, reservation
-    def admit(self, a: Admit, now: float, booked: bool = False) -> None:
-        """Journal an admission and ask for its reservation (``booked``: the Applier booked it in the state)."""
+    def admit(self, a: Admit, now: float) -> None:
+        """Journal an admission the Applier booked in the state, and ask for its reservation."""
         rec = self.records[a.workload.id]
         pg_name = pg_name_for(rec)
         self._confirmed.discard(rec.id)
@@ -206,8 +206,6 @@ class Leases:
                      devices=[list(d) for d in a.devices], **(choice or {}),
                      note=f"admitted on {', '.join(n[:8] for n in a.placement)}"
                           + (" (borrowing)" if a.borrowing else "") + (f": {choice['why']}" if choice else ""))
-        if not booked:
-            self.applier.state.start(a, now)
         self.limits.track(rec)  # when its class's max_runtime falls due (state_limits)
         w = a.workload
         metrics.ADMISSIONS.inc(team=w.team, workload_class=w.cls.name, borrowing=str(a.borrowing).lower())

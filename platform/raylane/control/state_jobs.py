@@ -17,7 +17,6 @@ from raylane.control import effects as fx
 from raylane.control import ends
 from raylane.control.journal import Kind
 from raylane.control.records import Record, State
-from raylane.scheduling import lifecycle
 
 # A workload queued with a job id the jobs API does not know yet is not taken for gone this long after its submit:
 # `raylane submit` queues it first and submits its driver's job right after (raylane.cli.cluster.submit).
@@ -92,9 +91,8 @@ class JobWatch:
                 continue
             if job is ends.JobState.GONE and now - rec.submit_time < JOB_SUBMIT_GRACE_S:
                 continue  # `raylane submit` queues the workload first, then submits the job that drives it
-            if rec.id in self.state.leases:
-                lifecycle.end(self.state, rec.id, now)
-            elif self.state.is_pending(rec.id):
+            # its lease, if it holds one, is over (raylane.scheduling.apply); else it leaves the queue
+            if self.leases.applier.ended(rec.id, now) is None and self.state.is_pending(rec.id):
                 self.state.dequeue(rec.id)
             self.leases.remove_pg(rec)
             if job is ends.JobState.GONE:

@@ -157,7 +157,7 @@ class NodeService:
         its submit time; its gang is stopped (an all-or-nothing gang cannot go on short of a worker) and resumes
         from its last checkpoint wherever the core places it next."""
         self.event(node_id, "lost", reason="Ray reports the node dead")
-        lost = lifecycle.lose_node(self.state, node_id, now)
+        lost = self.leases.applier.lose_node(node_id, now)  # (and their stops, if they were asked to stop)
         self._node_ids.discard(node_id)
         for lease in lost:
             rec = self.records[lease.id]

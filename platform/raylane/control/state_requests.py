@@ -29,7 +29,6 @@ from raylane.control.journal import Kind
 from raylane.control.records import Record, State
 from raylane.errors import InfeasibleError, NotFoundError, RaylaneError
 from raylane.ids import new_id
-from raylane.scheduling import lifecycle
 
 
 def record_of(records, wid: str) -> Record:
@@ -247,8 +246,7 @@ class Requests:
         elif yielded:
             self.leases.release_lease(rec, now, outcome=f"yielded at step {step}", step=step)
         else:
-            if wid in self.state.leases:
-                lifecycle.end(self.state, wid, now)
+            self.leases.applier.ended(wid, now)  # its lease, if it holds one, is over
             self.leases.remove_pg(rec)
             self._append(Kind.FINISHED, rec, state=state, outcome=outcome, step=step,
                          note=f"{state.lower()}: {detail or outcome}")

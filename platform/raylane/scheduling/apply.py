@@ -135,7 +135,6 @@ class Applier:
         st = self.state
         starts_at = self._starts_at
         for a in result.admitted:
-            self.stops.pop(a.workload.id, None)  # a stop of an earlier lease whose end a driver booked elsewhere
             lease = lifecycle.admit(st, a, now if starts_at is None else starts_at(a, now))
             if self._admitted is not None:
                 self._admitted(a, lease, now)
