@@ -211,10 +211,10 @@ def _report(a: SimArgs, trace: Trace, spec: ClusterSpec, results: List[Tuple[str
 
 def _print_live(live: Dict[str, Any], summaries: Dict[str, Dict[str, Any]]) -> None:
     """The live plane's figures (the journal's) beside each replay's: what a what-if is measured against."""
+    from raylane.runtimes.dist import human_s
+
     def span(x: float) -> str:
-        if x != x:
-            return "-"
-        return f"{x:.0f}s" if x < 120 else f"{x / 60:.1f}m" if x < 7200 else f"{x / 3600:.1f}h"
+        return "-" if x != x else human_s(x)  # (NaN: nothing measured)
 
     def row(label: str, s: Dict[str, Any]) -> str:
         j, q = s["jct"], s["queueing"]

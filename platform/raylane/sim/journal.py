@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from statistics import median
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -307,15 +308,7 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
                  for nid, (cap, ntype, feats) in sorted(nodes.items())]
     stops = stop_delays(entries)
     return JournalReplay(trace, node_list, last_policy, starts, _outages(node_events, origin), ends, preemptions,
-                         _median(handovers), _median(stops))
-
-
-def _median(xs: List[float]) -> Optional[float]:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+                         median(handovers) if handovers else None, median(stops) if stops else None)
 
 
 def _outages(events: List[Tuple[float, str, str]], origin: float) -> Outages:
