@@ -44,14 +44,8 @@ def policy_dict():
     return pol
 
 
-def checkpoint_s(pol, cls: str) -> float:
-    from raylane.config.fields import parse_duration
-
-    v = pol["classes"][cls].get("checkpoint_every", 0)
-    return float(parse_duration(v)) if isinstance(v, str) else float(v or 0)
-
-
 def jobs_of(mix: str, seed: int, n: int, pol):
+    classes = load_policy_from_dict(pol, "policy")
     trace = generate(mix, seed=seed, jobs=n, cluster_gpus=8 * NODES, load=1.1, teams=len(TEAMS))
     rng = random.Random(seed)
     out = []
@@ -66,7 +60,7 @@ def jobs_of(mix: str, seed: int, n: int, pol):
             size, work = max(1, w // 2), max(work, 900.0)
             s["gang"]["workers"] = {"min": size, "max": max(2, 2 * size)}
         out.append(Job(j.id, s, j.submit * SCALE, work, size,
-                       checkpoint_s=checkpoint_s(pol, cls)))
+                       checkpoint_s=classes.workload_class(cls).checkpoint_interval_s))
     return out
 
 
