@@ -178,6 +178,30 @@ class _Life:
         self.held_from, self.admitted_at = ts, None
         return took
 
+    def apply(self, e: Entry) -> Optional[float]:
+        """One entry of the workload's; the seconds of a hand-over it ends (``running``), else None."""
+        if e.kind == "rejected":
+            self.rejected = True
+        elif e.kind == "admitted":
+            self.hold(e.ts, len(e.data.get("placement") or ()) or 1)
+        elif e.kind == "checkpointed":
+            self.last_checkpoint = e.ts
+        elif e.kind == "running":
+            return self.running(e.ts)
+        elif e.kind == "preempting" and e.data.get("preemption", True):
+            self.preemptions += 1
+        elif e.kind in _STOPS:
+            # A resize stops the gang after a checkpoint and restarts it (kept: up to the stop); a requeue keeps the
+            # work up to the last checkpoint of the attempt.
+            self.stop(e.ts, kept_all=e.kind == "resized")
+            if e.kind == "resized":
+                self.hold(e.ts, len(e.data.get("placement") or ()) or 1)
+        elif e.kind in _ENDS:
+            self.stop(e.ts, kept_all=True)
+            self.ended = True
+            self.end = e.ts
+        return None
+
     def stop(self, ts: float, kept_all: bool) -> None:
         self.admitted_at = None
         if self.held_from is None:
@@ -221,30 +245,9 @@ def trace_from_journal(path: str, policy=None) -> JournalReplay:
             lives[e.workload_id] = _Life(e.data["spec"], float(e.data["submit_time"]))
             continue
         life = lives.get(e.workload_id)
-        if life is None:
-            continue
-        if e.kind == "rejected":
-            life.rejected = True
-        elif e.kind == "admitted":
-            life.hold(e.ts, len(e.data.get("placement") or ()) or 1)
-        elif e.kind == "checkpointed":
-            life.last_checkpoint = e.ts
-        elif e.kind == "running":
-            took = life.running(e.ts)
-            if took is not None:
-                handovers.append(took)
-        elif e.kind == "preempting" and e.data.get("preemption", True):
-            life.preemptions += 1
-        elif e.kind in _STOPS:
-            # A resize stops the gang after a checkpoint and restarts it (kept: up to the stop); a requeue keeps the
-            # work up to the last checkpoint of the attempt.
-            life.stop(e.ts, kept_all=e.kind == "resized")
-            if e.kind == "resized":
-                life.hold(e.ts, len(e.data.get("placement") or ()) or 1)
-        elif e.kind in _ENDS:
-            life.stop(e.ts, kept_all=True)
-            life.ended = True
-            life.end = e.ts
+        took = life.apply(e) if life is not None else None
+        if took is not None:
+            handovers.append(took)
     for st in read_nodes_snapshot(path):
         # A node whose `joined` entry passed the retention: the last compaction's node book still knows it.
         if st.get("state") != "lost" and st["id"] not in nodes:
