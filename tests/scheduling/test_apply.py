@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from raylane.scheduling import Admit, CycleResult, LeaseState, Preempt, Resize
-from raylane.scheduling.apply import LIVE, SETTLE, Applier, cycle_again
+from raylane.scheduling import Admit, CycleResult, LeaseState, Preempt, Resize, cycle
+from raylane.scheduling.apply import LIVE, SETTLE, Applier, cycle_again, nominees
+from raylane.scheduling.types import BehindHead, NotReached, Pending, WaitingForPreemption, WorkloadClass
 
-from .builders import ELASTIC, FINETUNE, PRETRAIN, make_state, nodes, obj, running, team, wl
+from .builders import ELASTIC, FINETUNE, PRETRAIN, make_state, nodes, obj, running, summarize, team, wl
 
 
 class Rec:
@@ -124,3 +125,63 @@ def test_an_unknown_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="allowed: live, settle"):
         Applier(make_state(nodes(1), [team("nlp")]), Rec(), rule="eager")
 
+
+
+# -- nominated preemptors ---------------------------------------------------------------------------------------
+
+EVAL = WorkloadClass("eval", priority=150, preemptible=True, min_runtime_s=0)
+WIDE = WorkloadClass("wide", priority=100, preemptible=True)
+LOW = WorkloadClass("low", priority=5, preemptible=True)
+PINNED = WorkloadClass("pinned", priority=300, preemptible=False)
+
+
+def test_a_preemptor_is_nominated_while_it_waits_for_its_victims_and_until_a_cycle_examines_it_again():
+    p, q = wl("p").obj(), wl("q").obj()
+    waiting = result(preempted=[Preempt(p, ("v",), "r")], pending=[Pending(p, WaitingForPreemption(("v",)), 3)])
+    assert nominees(waiting, {}) == ["p"]
+    # not reached by a cycle: it stays; examined and waiting for something else now: it goes
+    assert nominees(result(pending=[Pending(p, NotReached(), 9)]), {"p": None}) == ["p"]
+    assert nominees(result(pending=[Pending(p, BehindHead("x"), 1), Pending(q, WaitingForPreemption(("w",)), 2)]),
+                    {"p": None}) == ["q"]
+    assert nominees(result(admitted=[Admit(p, ("n1",))]), {"p": None}) == []
+
+
+def window_state():
+    """One node of 2 GPUs: team a runs a pinned GPU and queues an eval gang that would borrow the other; team b (its
+    nominal 1 GPU free) queues three 2-GPU gangs (borrowers that cannot start) ahead of its 1-GPU ``b-low``."""
+    return make_state(nodes(1, gpus=2), [team("a", gpu=1, borrow=1), team("b", gpu=1, borrow=1)],
+                      running=[running(wl("a-hold").team("a").gpus(1).cls(PINNED), on=["n1"])],
+                      pending=[wl("a-eval").team("a").gpus(1).cls(EVAL).at(3)]
+                      + [wl(f"b-wide-{i}").team("b").gpus(2).cls(WIDE).at(1 + i) for i in range(3)]
+                      + [wl("b-low").team("b").gpus(1).cls(LOW).at(2)])
+
+
+def test_a_cycle_examines_a_nominated_workload_past_its_window():
+    # A window of 2 reaches a-eval and b-wide-0 only: b-low (within its team's nominal quota, past its team's
+    # first 2) is never looked at, and a-eval takes the free GPU by borrowing.
+    st = window_state()
+    short = summarize(cycle(st.snapshot(limit=2), 10.0, max_examined=2))
+    assert set(short.admitted) == {"a-eval"} and "b-low" not in short.pending
+    # Nominated (it preempted a-eval at a full cycle, and a-eval, not started, was released at once), b-low is
+    # examined by the short cycle too: within its nominal quota it goes first, and a-eval waits.
+    st = window_state()
+    st.nominate(["b-low"])
+    short = summarize(cycle(st.snapshot(limit=2), 10.0, max_examined=2))
+    assert set(short.admitted) == {"b-low"}, short
+    assert short.reason_type("a-eval") != "NotReached"
+
+
+def test_a_gang_released_before_it_started_is_not_readmitted_in_the_room_freed_for_its_preemptor():
+    """Full cycles and short ones in turn, as the control plane runs them: a-eval is admitted once (by a short
+    cycle), preempted once by b-low at the next full one, and b-low is admitted into what it freed."""
+    st = window_state()
+    log = Rec(at_once={"a-eval"})  # not started: released at once
+    apply = Applier(st, log)
+    for t in range(10):
+        full = t % 2 == 1
+        res = cycle(st.snapshot(), float(t)) if full else cycle(st.snapshot(limit=2), float(t), max_examined=2)
+        again = apply.apply(res, float(t))
+        while again:
+            again = apply.apply(cycle(st.snapshot(limit=2), float(t), max_examined=2), float(t))
+    admitted = [wid for kind, wid, *_ in log.log if kind == "admitted"]
+    assert admitted.count("a-eval") == 1 and "b-low" in st.leases, log.log

@@ -19,6 +19,12 @@ Rules, the live plane's (``raylane.control``), written once:
   stop for a resize (``Driver.resizes_at_once``) takes the new size at once, either way.
 - *requeue*: a stopped lease goes back to its queue at its original place with the service it had until its gang
   stopped working (``until``; default: the stop).
+- *nominate*: a workload that preempted and waits for what it freed (``WaitingForPreemption``) is nominated
+  (``ClusterState.nominate``) until a cycle examines it and it waits no more for a victim (it was admitted, or
+  waits for something else): every cycle examines the nominated, past its window too, so that a cycle of a smaller
+  window than the one that chose the victims (the control plane's cycles between full ticks) does not give what
+  they freed to the work ahead of it, the victim first when it stopped at once (a flip-flop, once: admitted in
+  the short cycle, preempted again at the next full tick).
 - *cycle again*: with the ``LIVE`` rule, only when the cycle's decisions freed something at once (a victim stopped
   at once: the control plane's poke after a release); with ``SETTLE``, also when it resized, used its whole
   admission budget, or admitted and ran out of workloads to examine (what one more cycle at the same instant may
@@ -32,12 +38,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Tuple
 
 from raylane.scheduling import lifecycle
-from raylane.scheduling.types import Admit, CycleResult, Lease, LeaseState, Resize, Workload
+from raylane.scheduling.types import (Admit, CycleResult, Lease, LeaseState, NotReached, Resize,
+                                      WaitingForPreemption, Workload)
 
 if TYPE_CHECKING:
     from raylane.scheduling.state import ClusterState
 
-__all__ = ["LIVE", "SETTLE", "RULES", "CYCLE_AGAIN_MAX", "Stop", "Driver", "Applier", "cycle_again"]
+__all__ = ["LIVE", "SETTLE", "RULES", "CYCLE_AGAIN_MAX", "Stop", "Driver", "Applier", "cycle_again", "nominees"]
 
 # The rules for cycling again at the same instant (see the module's *cycle again*).
 LIVE, SETTLE = "live", "settle"
@@ -110,6 +117,16 @@ def cycle_again(result: CycleResult, released: int, rule: str, budget: int, max_
     return bool(result.resized or admitted >= budget or (admitted and admitted + len(result.pending) >= max_examined))
 
 
+def nominees(result: CycleResult, before) -> List[str]:
+    """The workloads nominated after ``result`` (the module's *nominate*), ``before``: those nominated before it."""
+    waiting = [p.workload.id for p in result.pending if isinstance(p.reason, WaitingForPreemption)]
+    if not before:
+        return waiting
+    seen = {a.workload.id for a in result.admitted}
+    seen.update(p.workload.id for p in result.pending if not isinstance(p.reason, NotReached))
+    return [wid for wid in before if wid not in seen] + waiting
+
+
 class Applier:
     """Carries out cycles' results on ``state`` for ``driver``, and keeps the book of the leases told to stop
     (``stops``) until their gangs have."""
@@ -147,6 +164,7 @@ class Applier:
                     at_once.append(vid)
         for vid in at_once:
             self.stopped(vid, now)
+        st.nominate(nominees(result, st.nominated))
         return cycle_again(result, len(at_once), self.rule, st.config.max_admissions_per_cycle, self.max_examined)
 
     def resize(self, rz: Resize, now: float) -> bool:

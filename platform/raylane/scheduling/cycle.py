@@ -17,6 +17,11 @@ Rules that keep the room a preemption makes for the workload it was made for (ea
   would reclaim a borrower admitted now as soon as that admission let it into the window, and the borrower, requeued
   ahead of it, would push it out again.
 - Nothing starts now on what a waiting workload has claimed of the future (capacity or quota).
+- A workload that preempted and still waits for what it freed (*nominated*: ``Snapshot.nominated``, kept by the
+  driver's ``raylane.scheduling.apply.Applier``) is examined in every cycle, past the window too, where the walk
+  would have put it (a borrower in the second pass): a cycle of a smaller window than the one that chose its victims
+  (the control plane's cycles between full ticks) would otherwise give what they freed to the work ahead of it, the
+  victim first when it stopped at once, to be preempted again by the next full cycle.
 - A preemptor takes back fresh admissions before it stops running work: they have not started, so nothing is lost
   (``Displaced``), where starting them would only have them preempted in the next cycle. Never behind a
   reservation, where the preemptor itself might not be allowed to start.
@@ -104,10 +109,13 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     #    again before that team gets it, and no team borrows in this cycle what another team's in-quota work needs.
     defer = admission.protects_in_quota
     deferred: List[Tuple[Workload, int, Resources]] = []
+    nominated = {w.id: w for w in snapshot.nominated}
     position = 0
     while walk and position < max_examined and w8.budget > 0:
         team, w = walk.next()
         position += 1
+        if nominated:
+            nominated.pop(w.id, None)
         w = _at_minimum(w)
         need = w.gang.total
         if defer and not ledger.within_nominal(team, need):
@@ -119,7 +127,21 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     # 2b. The window is full and borrowers wait: in-quota work past it takes the last borrowers' places.
     skipped: List[Workload] = []  # borrowers the walk passed over without examining them
     if deferred and walk and position >= max_examined:
-        skipped = _in_quota_past_window(w8, walk, max_examined, position, deferred)
+        skipped = _in_quota_past_window(w8, walk, max_examined, position, deferred, nominated)
+
+    # 2c. Workloads that preempted and still wait (nominated) that the window did not reach: examined now, in queue
+    #     order, as the walk would have (a borrower among them in the second pass), so that what they freed is not
+    #     given to the work the window holds while they are out of its sight.
+    for w in sorted(nominated.values(), key=lambda w: order.queue_key(w, cfg)):
+        if w8.budget <= 0:
+            break
+        position += 1
+        w = _at_minimum(w)
+        need = w.gang.total
+        if defer and not ledger.within_nominal(w.team, need):
+            deferred.append((w, position, need))
+        elif w8.decide(w, position, need):
+            walk.took(w.team)
 
     # 3. The borrowers, in queue order, while the admission budget lasts.
     for w, pos, need in deferred:
@@ -143,7 +165,8 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -
     return CycleResult(tuple(w8.admitted), tuple(w8.preempted), tuple(w8.pending), tuple(w8.resized))
 
 
-def _in_quota_past_window(w8: "_Walk", walk: QueueWalk, limit: int, position: int, deferred: List) -> List[Workload]:
+def _in_quota_past_window(w8: "_Walk", walk: QueueWalk, limit: int, position: int, deferred: List,
+                          nominated: Dict[str, Workload]) -> List[Workload]:
     """Decide, in queue order, the workloads past the window that are within their team's nominal quota, among each
     team's first ``limit`` (which every snapshot a cycle of that depth is given holds), each in the place of the last
     borrower still ``deferred`` (taken out: not reached in this cycle, so no more than ``limit`` are examined); the
@@ -164,7 +187,9 @@ def _in_quota_past_window(w8: "_Walk", walk: QueueWalk, limit: int, position: in
             skipped += q[i:j]
             walk.skip_to(j)  # its next in-quota workload may come after another team's: order by that one
         else:
-            w = _at_minimum(walk.next(end)[1])
+            w = walk.next(end)[1]
+            nominated.pop(w.id, None)
+            w = _at_minimum(w)
             skipped.append(deferred.pop()[0])
             position += 1
             w8.decide(w, position, w.gang.total)

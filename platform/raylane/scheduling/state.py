@@ -52,6 +52,9 @@ class ClusterState:
         self._queues: Dict[str, List[Tuple[Tuple, Workload]]] = {}
         self._where: Dict[str, Tuple[str, Tuple]] = {}  # pending workload id -> (team, its queue key)
         self._counts: Dict[Tuple[str, str], int] = {}  # (team, class) -> how many of its workloads are pending
+        # Pending workloads that preempted and wait for what they freed (``nominate``), in the order nominated: every
+        # cycle examines them, past its window too (``Snapshot.nominated``).
+        self.nominated: Dict[str, None] = {}
         # team -> {limit: the first `limit` workloads of its queue (None: all)}
         self._queue_cache: Dict[str, Dict[Optional[int], Tuple[Workload, ...]]] = {}
         self._leases_cache: Optional[Tuple[Lease, ...]] = None
@@ -88,6 +91,7 @@ class ClusterState:
             dict(self.usage)
         out._queues = {team: list(q) for team, q in self._queues.items()}
         out._where, out._counts = dict(self._where), dict(self._counts)
+        out.nominated = dict(self.nominated)
         out._queue_cache = {team: dict(c) for team, c in self._queue_cache.items()}
         out._leases_cache = self._leases_cache
         out._team_leases = {team: dict(ls) for team, ls in self._team_leases.items()}
@@ -168,6 +172,7 @@ class ClusterState:
         if got is None:
             raise NotFoundError(f"no pending workload {workload_id!r}")
         team, key = got
+        self.nominated.pop(workload_id, None)
         q = self._queues[team]
         # A queue key does not change while its workload waits: bisect to it (keys may tie where an ordering's
         # key does not end in the id: then the run of equal keys is looked through).
@@ -187,6 +192,20 @@ class ClusterState:
 
     def is_pending(self, workload_id: str) -> bool:
         return workload_id in self._where
+
+    def nominate(self, ids: Iterable[str]) -> None:
+        """The pending workloads that preempted and wait for what they freed are ``ids`` now (the others are
+        not nominated any more); an id not pending is left out, and a workload leaves the book as it leaves its
+        queue."""
+        self.nominated = {wid: None for wid in ids if wid in self._where}
+
+    def _pending_workload(self, workload_id: str) -> Workload:
+        team, key = self._where[workload_id]
+        q = self._queues[team]
+        for i in range(bisect.bisect_left(q, key, key=_KEY), len(q)):
+            if q[i][1].id == workload_id:
+                return q[i][1]
+        raise NotFoundError(f"no pending workload {workload_id!r}")  # pragma: no cover - _where and queues agree
 
     def pending_count(self) -> int:
         return len(self._where)
@@ -374,8 +393,10 @@ class ClusterState:
                 self._seq_cache = dict(self._seq_of)
             self._order_cache = LeaseOrder(*self._by_end.frozen(), *self._by_settle.frozen(), self._seq_cache,
                                            tuple(self._elastic.values()))
+        nominated = tuple(self._pending_workload(wid) for wid in self.nominated)
         return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
-                        usage=dict(self.usage), leases_by_team=by_team, lease_order=self._order_cache)
+                        usage=dict(self.usage), leases_by_team=by_team, lease_order=self._order_cache,
+                        nominated=nominated)
 
 
 def _with_devices(node: Node) -> Node:

@@ -425,6 +425,11 @@ class Snapshot:
     # Node types a growable node group could add (kept by a driver that asks an autoscaler): for flavor quotas, a gang
     # naming no node type is not blocked by quota while one of these is not limited for it or has room.
     growable_types: frozenset = frozenset()
+    # Pending workloads (also in ``queues``, or past a snapshot's ``limit`` there) that preempted in an earlier cycle
+    # and still wait for what they freed: the cycle examines them past its window too (``raylane.scheduling.cycle``),
+    # so that a cycle of a smaller window does not give what they freed to work ahead of them (kept by the driver's
+    # ``Applier``). Empty: none.
+    nominated: Tuple["Workload", ...] = ()
 
     def pending(self) -> Tuple[Workload, ...]:
         return tuple(w for q in self.queues.values() for w in q)
