@@ -53,6 +53,7 @@ from raylane.scheduling import (
     cycle,
     place,
 )
+from raylane.scheduling.apply import Applier
 from raylane.scheduling.admission import QuotaLedger
 from raylane.scheduling.gcpace import gc_paused
 
@@ -148,6 +149,22 @@ class Stats:
                 f"{self.preempted:,} preempted]")
 
 
+class _Gangs:
+    """The ``Applier``'s driver: an admitted gang ends after its duration; one told to stop stops ``GRACE_S``
+    later (``drive`` then calls ``Applier.stopped``, which requeues it)."""
+
+    def __init__(self, ends: Dict[str, float], stops: Dict[str, float], duration: Dict[str, float]):
+        self.ends, self.stops, self.duration = ends, stops, duration
+
+    def admitted(self, a, lease, now: float) -> None:
+        self.ends[a.workload.id] = now + self.duration[a.workload.id]
+
+    def stopping(self, stop, lease, now: float) -> bool:
+        self.ends.pop(stop.workload_id, None)
+        self.stops[stop.workload_id] = now + GRACE_S
+        return False
+
+
 def drive(name: str, config: SchedulerConfig, cycles: int, warmup: int, seed: int = 7,
           scheduler: Callable = cycle, gc_mode: str = "default",
           measure_config: Optional[SchedulerConfig] = None) -> Stats:
@@ -165,6 +182,7 @@ def drive(name: str, config: SchedulerConfig, cycles: int, warmup: int, seed: in
         st.enqueue(feed.new(0.0))
     ends: Dict[str, float] = {}
     stops: Dict[str, float] = {}
+    applier = Applier(st, _Gangs(ends, stops, feed.duration))
     stats = Stats(name)
     now = 0.0
     if gc_mode == "idle":
@@ -190,23 +208,16 @@ def drive(name: str, config: SchedulerConfig, cycles: int, warmup: int, seed: in
                 stats.cycle_cpu_s.append(c2 - c1)
                 stats.admitted += len(res.admitted)
                 stats.preempted += sum(len(p.victims) for p in res.preempted)
-            # Apply the decisions, then let the simulated clock run one step.
-            for a in res.admitted:
-                st.start(a, now)
-                ends[a.workload.id] = now + feed.duration[a.workload.id]
-            for p in res.preempted:
-                for v in p.victims:
-                    st.mark_terminating(v)
-                    ends.pop(v, None)
-                    stops[v] = now + GRACE_S
+            # Apply the decisions (as every driver does: ``Applier``), then let the simulated clock run one step.
+            applier.apply(res, now)
             now += STEP_S
             for wid in [w for w, t in ends.items() if t <= now]:
                 del ends[wid]
-                st.finish(wid, now)
+                applier.ended(wid, now)
                 stats.finished += measured
             for wid in [w for w, t in stops.items() if t <= now]:
                 del stops[wid]
-                st.requeue(st.finish(wid, now), now)
+                applier.stopped(wid, now)
             while st.pending_count() < N_PENDING:
                 st.enqueue(feed.new(now))
             if gc_mode == "idle":
