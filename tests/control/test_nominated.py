@@ -1,4 +1,7 @@
-"""A preemptor keeps what it freed across the control plane's short cycles (issue 46's flip-flop). Ray-free.
+"""The control plane's short cycles against its full ticks (issue 46's flip-flop). Ray-free.
+
+A preemptor keeps what it freed across the short cycles, and a short cycle stops no running gang (the full tick
+decides every stop).
 
 The control plane runs a full cycle each tick (``MAX_EXAMINED`` pending workloads looked at) and, after a change, a
 shorter one (``CHANGE_EXAMINED``). A workload that the short cycle's window does not reach can preempt, at a full
@@ -60,4 +63,22 @@ def test_a_gang_preempted_before_it_started_is_not_readmitted_in_the_room_freed_
     assert h.record(ev.wid).preemptions <= 1, stories
     # and no change asked for more than a few cycles in a row (the driver fails past 50: ``Churn``)
     assert live.most_quiet <= 3, live.most_quiet
+    h.close()
+
+
+def test_a_cycle_between_full_ticks_stops_no_running_gang_the_next_full_tick_does(tmp_path):
+    from raylane.control.records import State
+
+    h = Harness(str(tmp_path / "journal.db"), POLICY, nodes=[("n0", {"gpus": 2, "cpus": 96, "memory_gib": 1024})])
+    h.host.forecast = lambda run, done: done(None, 0.0, 0.0)
+    low = h.call("submit", spec=spec("b-low", "b", "sweep", gpu=2))["id"]
+    h.tick(full=True)
+    h.call("report", workload_id=low, kind="running", job_id=f"raysubmit_{low}")
+    high = h.call("submit", spec=spec("b-eval", "b", "eval", gpu=2))["id"]
+    h.clock.advance(0.02)
+    h.tick(full=False)  # the cycle the submission asks for
+    assert h.record(low).state is State.RUNNING and h.record(high).state is State.PENDING
+    h.clock.advance(0.98)
+    h.tick(full=True)
+    assert h.record(low).state is State.PREEMPTING
     h.close()

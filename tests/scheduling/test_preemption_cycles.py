@@ -3,7 +3,7 @@
 Each of these was a livelock or a wrong victim in the first version of the core (see the commit that added them):
 the room a preemption makes must go to its preemptor, and nothing may be admitted only to be stopped next cycle.
 """
-from raylane.scheduling import Displaced, QuotaExceeded, WaitingForPreemption
+from raylane.scheduling import Displaced, QuotaExceeded, WaitingForPreemption, cycle
 
 from .builders import CRITICAL, PRETRAIN, PROD, SWEEP, decide, make_state, node, nodes, obj, running, team, wl
 from .driver import Driver
@@ -177,3 +177,22 @@ def test_in_quota_work_past_the_window_takes_the_place_of_a_borrower_in_it():
     assert out.admitted == {"c": ("n1",)} and out.preempted == {}
     assert out.positions == {"b1": 1} and "b2" not in out.pending
     assert out.pending["b1"] == QuotaExceeded("nlp", "gpu", used=3, nominal=2, borrowable=0, needed=1)
+
+
+def test_a_cycle_that_may_not_stop_running_leases_only_gives_back_its_own_admissions():
+    """``cycle(..., stops=False)``: the control plane's cycles between full ticks. A preemptor gets no running victim
+    there (the full tick decides what a stop loses), but a workload admitted earlier in that cycle still gives its
+    place back to it (nothing is lost)."""
+    st = make_state(nodes(1, gpus=2), [team("a")],
+                    running=[running(wl("low").team("a").gpus(2).cls(SWEEP), on=["n1"])],
+                    pending=[wl("high").team("a").gpus(2).cls(CRITICAL).at(1)])
+    assert [p.victims for p in cycle(st.snapshot(), 10.0).preempted] == [("low",)]
+    short = cycle(st.snapshot(), 10.0, stops=False)
+    assert short.preempted == () and short.admitted == ()
+    # room for one of two: the first in queue order is admitted, then the higher class takes its place (Displaced)
+    st = make_state(nodes(1, gpus=2), [team("a")], running=[running(wl("low").team("a").gpus(1).cls(SWEEP), on=["n1"])],
+                    pending=[wl("early").team("a").gpus(1).cls(SWEEP).at(1),
+                             wl("later").team("a").gpus(1).cls(PROD).at(2)], ordering="fifo")
+    short = cycle(st.snapshot(), 10.0, stops=False)
+    assert [a.workload.id for a in short.admitted] == ["later"] and short.preempted == (), short
+    assert [(p.workload.id, p.reason) for p in short.pending] == [("early", Displaced("later"))]

@@ -89,6 +89,9 @@ SLOW_TICK_S = 0.25
 # runs on a change, a release or a submission, often one per release: what a change lets in is at the head of the
 # queue, while a cycle's cost grows with what it examines (with a full cluster, every workload past the admitted ones
 # is tried and fails). What lies further waits for the next full tick, which also refreshes every reason shown.
+# Such a cycle stops no running lease (``cycle``'s ``stops``): a preemption, which loses work, is decided by a full
+# tick, on the whole queue, so that a window of it never stops what the full view would keep (and the full tick
+# then lets the victim back in: a stop for nothing).
 # Read when a ``ControlState`` is made (a submission asks for a cycle only if it lands within it) and on each tick.
 CHANGE_EXAMINED = 64
 
@@ -386,7 +389,7 @@ class ControlState:
         lap("snapshot")
         t0 = perf_counter()
         with gc_paused():  # no garbage collection inside a cycle (raylane.scheduling.gcpace)
-            result = cycle(snap, now, max_examined=examined)
+            result = cycle(snap, now, max_examined=examined, stops=full)
         metrics.CYCLE_SECONDS.observe(perf_counter() - t0)
         lap("cycle")
         self.cycles += 1

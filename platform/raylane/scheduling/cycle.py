@@ -89,13 +89,16 @@ def team_usage(leases) -> Dict[str, Resources]:
     return {t: u.rounded() for t, u in usage.items()}
 
 
-def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED) -> CycleResult:
-    """Decide what to admit, what to preempt and why the rest waits."""
+def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED, stops: bool = True) -> CycleResult:
+    """Decide what to admit, what to preempt and why the rest waits. ``stops``: whether it may stop running leases
+    for a preemptor (False: it only gives back admissions of its own, ``Displaced``; the control plane's cycles
+    between full ticks, which see a window of the queues: what a stop loses is decided on the full one)."""
     # 0. The policies, by name, and the working copies of capacity and quota (only those change from here on).
     cfg = snapshot.config
     order = ORDERINGS.get(cfg.ordering)
     admission = ADMISSIONS.get(cfg.admission)
     w8 = _Walk(snapshot, now, admission, BACKFILLS.get(cfg.backfill), PREEMPTIONS.get(cfg.preemption), order)
+    w8.stops = stops
     teams = snapshot.teams
 
     # 1. The team queues merged by the ordering's head key (``raylane.scheduling.queuewalk``); a team with a user
@@ -301,6 +304,7 @@ class _Walk:
     def __init__(self, snapshot: Snapshot, now: float, admission, backfill, preemption, order):
         cfg = snapshot.config
         self.snapshot, self.now, self.cfg = snapshot, now, cfg
+        self.stops = True  # whether running leases may be chosen as victims (``cycle``'s ``stops``)
         self.scale_wait = snapshot.scale_wait
         self.admission, self.backfill, self.preemption = admission, backfill, preemption
         self.cap = Capacity(snapshot.nodes)
@@ -561,6 +565,10 @@ class _Walk:
         could make it succeed, fails again)."""
         pctx, team = self.pctx, w.team
         candidates = self.preemption.candidates(w, pctx)
+        if not self.stops:
+            if not pctx.fresh:
+                return None
+            candidates = (c for c in candidates if c.id in pctx.fresh)  # only this cycle's admissions go back
         if res is not None and pctx.fresh:
             # Behind a reservation the preemptor may not be allowed to start now; giving back an admission for it
             # could then leave both waiting.

@@ -314,8 +314,10 @@ class Replay:
             if now - self.last_decay >= self.decay_every:
                 state.decay(now)
                 self.last_decay = now
-            if self.live and (k > 0 or not self.ticked):
-                # A cycle a change asked for (the control plane's cycle-only tick) looks at the queues' heads only.
+            full = not (self.live and (k > 0 or not self.ticked))
+            if not full:
+                # A cycle a change asked for (the control plane's cycle-only tick) looks at the queues' heads only,
+                # and stops no running lease.
                 max_examined = min(self.opts.max_examined, LIVE_CHANGE_EXAMINED)
             snap = state.snapshot(limit=max_examined)
             if self.fleet is not None:  # the node types scale-up could add (flavor quotas read them)
@@ -323,7 +325,7 @@ class Replay:
             pending_now = state.pending_count()
             c0 = time.perf_counter()
             with gc_paused():  # as the control actor runs it: no collection inside a cycle
-                result = self.cycle(snap, now, max_examined=max_examined)
+                result = self.cycle(snap, now, max_examined=max_examined, stops=full)
             self.cycle_wall.append(time.perf_counter() - c0)
             self.cycle_pending.append(pending_now)
             self.cycles += 1
