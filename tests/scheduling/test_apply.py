@@ -133,6 +133,7 @@ EVAL = WorkloadClass("eval", priority=150, preemptible=True, min_runtime_s=0)
 WIDE = WorkloadClass("wide", priority=100, preemptible=True)
 LOW = WorkloadClass("low", priority=5, preemptible=True)
 PINNED = WorkloadClass("pinned", priority=300, preemptible=False)
+BIG = WorkloadClass("big", priority=200, preemptible=True)
 
 
 def test_a_preemptor_is_nominated_while_it_waits_for_its_victims_and_until_a_cycle_examines_it_again():
@@ -185,3 +186,24 @@ def test_a_gang_released_before_it_started_is_not_readmitted_in_the_room_freed_f
             again = apply.apply(cycle(st.snapshot(limit=2), float(t), max_examined=2), float(t))
     admitted = [wid for kind, wid, *_ in log.log if kind == "admitted"]
     assert admitted.count("a-eval") == 1 and "b-low" in st.leases, log.log
+
+
+def test_a_nominated_workload_is_not_deferred_behind_in_quota_work_while_its_victim_still_counts():
+    """Team p (nominal 4) holds 2 running GPUs and a 1-GPU gang stopping for ``p-big`` (2 GPUs). Counted now, p-big
+    would borrow: it waits for the borrowers' pass, and a window of 2 full of work (its team's requeued eval gang,
+    within the quota now, admitted) gives its place in that pass to team q's in-quota work past the window, so
+    p-big is not reached and the eval gang takes the quota it waits for (the loop: preempted again at the next
+    full cycle). Nominated, p-big is decided in its place and claims the quota first."""
+    def state():
+        return make_state(nodes(1, gpus=8), [team("p", gpu=4, borrow=0), team("q", gpu=4, borrow=0)],
+                          running=[running(wl("p-run").team("p").gpus(2).cls(PINNED), on=["n1"]),
+                                   running(wl("p-stop").team("p").gpus(1).cls(LOW), on=["n1"], terminating=True)],
+                          pending=[wl("p-big").team("p").gpus(2).cls(BIG).at(1),
+                                   wl("p-eval").team("p").gpus(1).cls(EVAL).at(2),
+                                   wl("q-low").team("q").gpus(1).cls(LOW).at(3)])
+    plain = summarize(cycle(state().snapshot(limit=2), 10.0, max_examined=2, stops=False))
+    assert "p-eval" in plain.admitted and "p-big" not in plain.pending, plain
+    st = state()
+    st.nominate(["p-big"])
+    out = summarize(cycle(st.snapshot(limit=2), 10.0, max_examined=2, stops=False))
+    assert "p-eval" not in out.admitted and out.reason_type("p-big") == "WaitingForPreemption", out

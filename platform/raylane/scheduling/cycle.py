@@ -18,10 +18,11 @@ Rules that keep the room a preemption makes for the workload it was made for (ea
   ahead of it, would push it out again.
 - Nothing starts now on what a waiting workload has claimed of the future (capacity or quota).
 - A workload that preempted and still waits for what it freed (*nominated*: ``Snapshot.nominated``, kept by the
-  driver's ``raylane.scheduling.apply.Applier``) is examined in every cycle, past the window too, where the walk
-  would have put it (a borrower in the second pass): a cycle of a smaller window than the one that chose its victims
-  (the control plane's cycles between full ticks) would otherwise give what they freed to the work ahead of it, the
-  victim first when it stopped at once, to be preempted again by the next full cycle.
+  driver's ``raylane.scheduling.apply.Applier``) is examined in every cycle, past the window too, and never waits
+  for the borrowers' pass, even while what it waits for still counts against its team's quota now: a cycle of a
+  smaller window than the one that chose its victims (the control plane's cycles between full ticks) would
+  otherwise give what they freed to other work first, the victim first when it stopped at once (requeued within
+  its team's quota), to be preempted again by the next full cycle.
 - A preemptor takes back fresh admissions before it stops running work: they have not started, so nothing is lost
   (``Displaced``), where starting them would only have them preempted in the next cycle. Never behind a
   reservation, where the preemptor itself might not be allowed to start.
@@ -113,6 +114,7 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED, s
     defer = admission.protects_in_quota
     deferred: List[Tuple[Workload, int, Resources]] = []
     nominated = {w.id: w for w in snapshot.nominated}
+    claimed = frozenset(nominated)  # never deferred as borrowers: they preempted for their room already
     position = 0
     while walk and position < max_examined and w8.budget > 0:
         team, w = walk.next()
@@ -121,7 +123,7 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED, s
             nominated.pop(w.id, None)
         w = _at_minimum(w)
         need = w.gang.total
-        if defer and not ledger.within_nominal(team, need):
+        if defer and not ledger.within_nominal(team, need) and w.id not in claimed:
             deferred.append((w, position, need))
             continue
         if w8.decide(w, position, need):
@@ -133,17 +135,14 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED, s
         skipped = _in_quota_past_window(w8, walk, max_examined, position, deferred, nominated)
 
     # 2c. Workloads that preempted and still wait (nominated) that the window did not reach: examined now, in queue
-    #     order, as the walk would have (a borrower among them in the second pass), so that what they freed is not
-    #     given to the work the window holds while they are out of its sight.
+    #     order, before the borrowers, so that what they freed is not given to the work the window holds while
+    #     they are out of its sight.
     for w in sorted(nominated.values(), key=lambda w: order.queue_key(w, cfg)):
         if w8.budget <= 0:
             break
         position += 1
         w = _at_minimum(w)
-        need = w.gang.total
-        if defer and not ledger.within_nominal(w.team, need):
-            deferred.append((w, position, need))
-        elif w8.decide(w, position, need):
+        if w8.decide(w, position, w.gang.total):
             walk.took(w.team)
 
     # 3. The borrowers, in queue order, while the admission budget lasts.
