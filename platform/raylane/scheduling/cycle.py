@@ -98,8 +98,7 @@ def cycle(snapshot: Snapshot, now: float, *, max_examined: int = MAX_EXAMINED, s
     cfg = snapshot.config
     order = ORDERINGS.get(cfg.ordering)
     admission = ADMISSIONS.get(cfg.admission)
-    w8 = _Walk(snapshot, now, admission, BACKFILLS.get(cfg.backfill), PREEMPTIONS.get(cfg.preemption), order)
-    w8.stops = stops
+    w8 = _Walk(snapshot, now, admission, BACKFILLS.get(cfg.backfill), PREEMPTIONS.get(cfg.preemption), order, stops)
     teams = snapshot.teams
 
     # 1. The team queues merged by the ordering's head key (``raylane.scheduling.queuewalk``); a team with a user
@@ -300,10 +299,10 @@ class _Future:
 class _Walk:
     """The working state of one cycle: only this changes while the cycle decides; the snapshot never does."""
 
-    def __init__(self, snapshot: Snapshot, now: float, admission, backfill, preemption, order):
+    def __init__(self, snapshot: Snapshot, now: float, admission, backfill, preemption, order, stops: bool = True):
         cfg = snapshot.config
         self.snapshot, self.now, self.cfg = snapshot, now, cfg
-        self.stops = True  # whether running leases may be chosen as victims (``cycle``'s ``stops``)
+        self.stops = stops  # whether running leases may be chosen as victims (``cycle``'s ``stops``)
         self.scale_wait = snapshot.scale_wait
         self.admission, self.backfill, self.preemption = admission, backfill, preemption
         self.cap = Capacity(snapshot.nodes)

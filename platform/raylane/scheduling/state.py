@@ -168,26 +168,31 @@ class ClusterState:
         return at
 
     def dequeue(self, workload_id: str) -> Workload:
-        got = self._where.pop(workload_id, None)
-        if got is None:
+        if workload_id not in self._where:
             raise NotFoundError(f"no pending workload {workload_id!r}")
-        team, key = got
+        team, i = self._place(workload_id)
+        del self._where[workload_id]
         self.nominated.pop(workload_id, None)
+        _, w = self._queues[team].pop(i)
+        self._queue_cache.pop(team, None)
+        c = (team, w.cls.name)
+        self._counts[c] -= 1
+        if not self._counts[c]:
+            del self._counts[c]
+        return w
+
+    def _place(self, workload_id: str) -> Tuple[str, int]:
+        """(team, index in its queue) of a pending workload. A queue key does not change while its workload waits:
+        bisect to it (keys may tie where an ordering's key does not end in the id: then the run of equal keys is
+        looked through)."""
+        team, key = self._where[workload_id]
         q = self._queues[team]
-        # A queue key does not change while its workload waits: bisect to it (keys may tie where an ordering's
-        # key does not end in the id: then the run of equal keys is looked through).
         for i in range(bisect.bisect_left(q, key, key=_KEY), len(q)):
             k, w = q[i]
             if k != key:
                 break
             if w.id == workload_id:
-                del q[i]
-                self._queue_cache.pop(team, None)
-                c = (team, w.cls.name)
-                self._counts[c] -= 1
-                if not self._counts[c]:
-                    del self._counts[c]
-                return w
+                return team, i
         raise NotFoundError(f"no pending workload {workload_id!r}")  # pragma: no cover - _where and queues agree
 
     def is_pending(self, workload_id: str) -> bool:
@@ -198,14 +203,6 @@ class ClusterState:
         not nominated any more); an id not pending is left out, and a workload leaves the book as it leaves its
         queue."""
         self.nominated = {wid: None for wid in ids if wid in self._where}
-
-    def _pending_workload(self, workload_id: str) -> Workload:
-        team, key = self._where[workload_id]
-        q = self._queues[team]
-        for i in range(bisect.bisect_left(q, key, key=_KEY), len(q)):
-            if q[i][1].id == workload_id:
-                return q[i][1]
-        raise NotFoundError(f"no pending workload {workload_id!r}")  # pragma: no cover - _where and queues agree
 
     def pending_count(self) -> int:
         return len(self._where)
@@ -393,7 +390,7 @@ class ClusterState:
                 self._seq_cache = dict(self._seq_of)
             self._order_cache = LeaseOrder(*self._by_end.frozen(), *self._by_settle.frozen(), self._seq_cache,
                                            tuple(self._elastic.values()))
-        nominated = tuple(self._pending_workload(wid) for wid in self.nominated)
+        nominated = tuple(self._queues[t][i][1] for t, i in map(self._place, self.nominated))
         return Snapshot(self._nodes_cache, self._leases_cache, queues, dict(self.teams), self.config,
                         usage=dict(self.usage), leases_by_team=by_team, lease_order=self._order_cache,
                         nominated=nominated)
